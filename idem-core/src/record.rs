@@ -1,0 +1,397 @@
+//! The record kept per scope, and the values that travel in and out of it.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::clock::Timestamp;
+use crate::error::InvalidInput;
+use crate::fingerprint::Fingerprint;
+use crate::scope::{Scope, validate_name};
+
+/// The fencing token of one claim: a fresh random UUID per claim or takeover.
+///
+/// Every fenced write names it, and succeeds only while the record is still
+/// in flight under this owner.
+///
+/// ```
+/// use idem_core::OwnerToken;
+///
+/// let a = OwnerToken::generate();
+/// assert_ne!(a, OwnerToken::generate());
+/// assert_eq!(OwnerToken::from_uuid(a.as_uuid()), a);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerToken(Uuid);
+
+impl OwnerToken {
+    /// A new random token.
+    pub fn generate() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// The token a store read back from storage.
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The token as a UUID.
+    pub const fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({})", self.0)
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Proof that a claim holds a scope: what every fenced operation names.
+///
+/// Handlers receive one from a claim and never build one. Store
+/// implementations mint it with [`Lease::issued`] from what the claim wrote.
+///
+/// ```
+/// use idem_core::{decide, ClaimOutcome, ClaimRequest, Fingerprint, OwnerToken, Scope, Timestamp};
+///
+/// let request = ClaimRequest::new(Scope::parse("acme", "order-1")?, Fingerprint::of_bytes(b"body"));
+/// let now = Timestamp::from_unix_millis(1_000);
+/// let ClaimOutcome::Claimed { lease, .. } = decide(None, &request, now, OwnerToken::generate()).outcome
+/// else {
+///     unreachable!("an absent record is claimed");
+/// };
+/// assert_eq!(lease.attempt(), 1);
+/// assert_eq!(lease.expires_at(), now + request.lease_ttl());
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Lease {
+    scope: Scope,
+    owner: OwnerToken,
+    attempt: u32,
+    expires_at: Timestamp,
+    retention: Duration,
+}
+
+impl Lease {
+    /// For store implementations: the lease a claim (or renewal) just wrote.
+    ///
+    /// `retention` is the claim's retention, which completion applies again
+    /// from the moment of completion.
+    pub fn issued(
+        scope: Scope,
+        owner: OwnerToken,
+        attempt: u32,
+        expires_at: Timestamp,
+        retention: Duration,
+    ) -> Self {
+        Self {
+            scope,
+            owner,
+            attempt,
+            expires_at,
+            retention,
+        }
+    }
+
+    /// The scope held.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The fencing token.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// 1 for the first claim, +1 for every takeover.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Until when the lease holds, by the store's clock.
+    pub fn expires_at(&self) -> Timestamp {
+        self.expires_at
+    }
+
+    /// How long the completed record is kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The same lease with a later expiry, as a store returns it from `renew`.
+    pub fn renewed(&self, expires_at: Timestamp) -> Self {
+        Self {
+            expires_at,
+            ..self.clone()
+        }
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("scope", &self.scope)
+            .field("owner", &self.owner)
+            .field("attempt", &self.attempt)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The response kept for replay: status, headers and body, byte for byte.
+///
+/// ```
+/// use idem_core::StoredResponse;
+///
+/// let response = StoredResponse::new(201, b"{\"id\":7}".to_vec())
+///     .with_header("content-type", "application/json");
+/// assert_eq!(response.status(), 201);
+/// assert_eq!(response.header("Content-Type"), Some(&b"application/json"[..]));
+/// assert_eq!(response.size(), 8 + "content-type".len() + "application/json".len());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoredResponse {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// A response with a status code and body and no headers.
+    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            status,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    /// Adds a header; names and order are kept as given, values are bytes.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The status code.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The headers in their original order.
+    pub fn headers(&self) -> &[(String, Vec<u8>)] {
+        &self.headers
+    }
+
+    /// The first header named `name`, compared case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The body.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// Takes the body out.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
+
+    /// The size stores compare with their limit: body bytes plus the bytes of
+    /// every header name and value.
+    pub fn size(&self) -> usize {
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+/// The largest checkpoint data accepted, in bytes of JSON.
+pub const MAX_CHECKPOINT_BYTES: usize = 16 * 1024;
+
+/// A recovery point an owner records, handed to whoever takes the key over.
+///
+/// ```
+/// use idem_core::Checkpoint;
+///
+/// let point = Checkpoint::new("charged", &serde_json::json!({"charge_id": "ch_1"}))?;
+/// assert_eq!(point.name(), "charged");
+/// assert_eq!(point.data()["charge_id"], "ch_1");
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    name: String,
+    data: Value,
+}
+
+impl Checkpoint {
+    /// A named point with small JSON data.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] if the name breaks the key rules (1 to 255 bytes, no
+    /// control characters), the data does not serialise to JSON, or it is
+    /// over [`MAX_CHECKPOINT_BYTES`].
+    pub fn new(name: impl Into<String>, data: &impl Serialize) -> Result<Self, InvalidInput> {
+        let name = name.into();
+        validate_name("checkpoint name", &name)?;
+        let data = serde_json::to_value(data).map_err(|e| InvalidInput::Malformed {
+            field: "checkpoint data",
+            reason: e.to_string(),
+        })?;
+        let len = serde_json::to_string(&data).map(|s| s.len()).unwrap_or(0);
+        if len > MAX_CHECKPOINT_BYTES {
+            return Err(InvalidInput::TooLong {
+                field: "checkpoint data",
+                len,
+                max: MAX_CHECKPOINT_BYTES,
+            });
+        }
+        Ok(Self { name, data })
+    }
+
+    /// Parses a checkpoint a store read back as JSON text.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new), and [`InvalidInput::Malformed`] for invalid JSON.
+    pub fn from_json(name: impl Into<String>, json: &str) -> Result<Self, InvalidInput> {
+        let data: Value = serde_json::from_str(json).map_err(|e| InvalidInput::Malformed {
+            field: "checkpoint data",
+            reason: e.to_string(),
+        })?;
+        Self::new(name, &data)
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The data.
+    pub fn data(&self) -> &Value {
+        &self.data
+    }
+
+    /// The data as compact JSON text, for stores.
+    pub fn data_json(&self) -> String {
+        self.data.to_string()
+    }
+}
+
+/// Whether a record is being worked on or done.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordState {
+    /// An owner holds the key.
+    InFlight {
+        /// Until when the owner holds it.
+        lease_expires_at: Timestamp,
+    },
+    /// The response is stored for replay.
+    Completed {
+        /// The stored response.
+        response: StoredResponse,
+    },
+}
+
+/// Everything a store keeps for one scope (see DESIGN.md, "The record").
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Fingerprint, OwnerToken, Record, Scope, Timestamp};
+///
+/// let now = Timestamp::from_unix_millis(0);
+/// let record = Record::in_flight(
+///     Scope::parse("acme", "k")?,
+///     Fingerprint::of_bytes(b"req"),
+///     OwnerToken::generate(),
+///     1,
+///     now + Duration::from_secs(30),
+///     now + Duration::from_secs(3600),
+/// );
+/// assert!(record.is_in_flight());
+/// assert!(record.is_live(now));
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The scope.
+    pub scope: Scope,
+    /// The fingerprint of the request that first claimed the scope.
+    pub fingerprint: Fingerprint,
+    /// The owner that claimed it last.
+    pub owner: OwnerToken,
+    /// 1 on the first claim, +1 on every takeover.
+    pub attempt: u32,
+    /// In flight or completed.
+    pub state: RecordState,
+    /// The last recovery point the owners wrote.
+    pub checkpoint: Option<Checkpoint>,
+    /// Retention: from this moment the record counts as absent.
+    pub expires_at: Timestamp,
+}
+
+impl Record {
+    /// A record just claimed.
+    pub fn in_flight(
+        scope: Scope,
+        fingerprint: Fingerprint,
+        owner: OwnerToken,
+        attempt: u32,
+        lease_expires_at: Timestamp,
+        expires_at: Timestamp,
+    ) -> Self {
+        Self {
+            scope,
+            fingerprint,
+            owner,
+            attempt,
+            state: RecordState::InFlight { lease_expires_at },
+            checkpoint: None,
+            expires_at,
+        }
+    }
+
+    /// Whether the record still counts at `now` (it has not passed retention).
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        now < self.expires_at
+    }
+
+    /// Whether an owner holds it.
+    pub fn is_in_flight(&self) -> bool {
+        matches!(self.state, RecordState::InFlight { .. })
+    }
+
+    /// The stored response, if completed.
+    pub fn response(&self) -> Option<&StoredResponse> {
+        match &self.state {
+            RecordState::Completed { response } => Some(response),
+            RecordState::InFlight { .. } => None,
+        }
+    }
+
+    /// Whether `lease` may perform a fenced write on this record at `now`:
+    /// still live, in flight, same owner. An expired lease nobody has taken
+    /// over still holds.
+    pub fn is_held_by(&self, lease: &Lease, now: Timestamp) -> bool {
+        self.is_live(now) && self.is_in_flight() && self.owner == lease.owner()
+    }
+}

@@ -1,0 +1,260 @@
+//! The store trait every backend implements, and what it reports about itself.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::decision::ClaimRequest;
+use crate::error::StoreError;
+use crate::record::{Checkpoint, Lease, Record, StoredResponse};
+use crate::scope::Scope;
+
+/// The answer to a claim: one row of the decision table.
+///
+/// Duplicates and mismatches are expected races, so they are values, not errors.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// The caller holds the key: run the work, then complete under `lease`.
+    Claimed {
+        /// The lease to name in every fenced operation.
+        lease: Lease,
+        /// The recovery point a previous owner left (takeovers only).
+        checkpoint: Option<Checkpoint>,
+    },
+    /// Another owner holds a valid lease; try again after `retry_after`
+    /// (HTTP: 409 with `Retry-After`).
+    InProgress {
+        /// The lease's remaining time.
+        retry_after: Duration,
+    },
+    /// The work is done: replay this response.
+    Completed(StoredResponse),
+    /// The key was used for a request with another fingerprint (HTTP: 422).
+    Mismatch,
+}
+
+/// What a store can share with the caller's own writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransactionSharing {
+    /// Nothing: completion commits on its own.
+    None,
+    /// Completion can run inside the caller's transaction on the same database.
+    SameDatabase,
+    /// Completion can be one item of the caller's multi-item transaction.
+    TransactItems,
+}
+
+/// Whether a completed record survives a restart of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Lost when the process or server stops.
+    Volatile,
+    /// Kept on durable storage once acknowledged.
+    Durable,
+    /// The store cannot tell (for example, a server whose settings are hidden).
+    Unknown,
+}
+
+/// Whose clock judges leases and retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClockSource {
+    /// The server's clock: callers' clocks may disagree freely.
+    Server,
+    /// The calling process's clock: callers' clocks must agree within the
+    /// lease's margin.
+    Caller,
+}
+
+/// What a store reports about itself.
+///
+/// ```
+/// use idem_core::{Capabilities, ClockSource, Durability, TransactionSharing};
+///
+/// let caps = Capabilities::new(
+///     TransactionSharing::None,
+///     Durability::Volatile,
+///     ClockSource::Caller,
+///     1 << 20,
+/// );
+/// assert_eq!(caps.max_response_bytes, 1 << 20);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// What the store can share with the caller's business writes.
+    pub transactions: TransactionSharing,
+    /// Whether completed records survive a restart.
+    pub durability: Durability,
+    /// Whose clock judges leases and retention.
+    pub clock: ClockSource,
+    /// The largest [`StoredResponse::size`] the store accepts.
+    pub max_response_bytes: usize,
+}
+
+impl Capabilities {
+    /// Capabilities from each field.
+    pub fn new(
+        transactions: TransactionSharing,
+        durability: Durability,
+        clock: ClockSource,
+        max_response_bytes: usize,
+    ) -> Self {
+        Self {
+            transactions,
+            durability,
+            clock,
+            max_response_bytes,
+        }
+    }
+}
+
+/// A store of idempotency records.
+///
+/// Every store keeps the same contract, proved by the `idem-conformance`
+/// suite. The claim is one atomic decision over the record of a scope:
+///
+/// | record                     | same fingerprint                      | other fingerprint |
+/// |----------------------------|---------------------------------------|-------------------|
+/// | absent or past retention   | `Claimed` (new owner, attempt 1)      | `Claimed`         |
+/// | in flight, lease valid     | `InProgress` (retry after the lease)  | `Mismatch`        |
+/// | in flight, lease expired   | `Claimed`: takeover, attempt + 1, checkpoint carried | `Mismatch` |
+/// | completed                  | `Completed`: replay                   | `Mismatch`        |
+///
+/// Fenced operations (`complete`, `renew`, `release`, `checkpoint`) name a
+/// [`Lease`] and succeed only while the record is live, in flight and owned
+/// by that lease's owner; otherwise they fail with [`StoreError::LostLease`]
+/// and change nothing. An expired lease that nobody has taken over still owns.
+///
+/// The trait is object safe: `Arc<dyn IdempotencyStore>` is a store too.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::IdempotencyStore;
+///
+/// fn takes_any_store(_store: Arc<dyn IdempotencyStore>) {}
+/// fn takes_generic<S: IdempotencyStore>(_store: S) {}
+///
+/// fn forward(store: Arc<dyn IdempotencyStore>) {
+///     takes_generic(store.clone());
+///     takes_any_store(store);
+/// }
+/// ```
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
+    /// Decides and records one claim atomically.
+    ///
+    /// # Contract
+    ///
+    /// The decision table above, in one atomic step: two racing claims of one
+    /// scope never both come back `Claimed`. A record past retention counts as
+    /// absent. A takeover carries the checkpoint to the new owner.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store cannot be reached (the claim
+    /// may or may not have been written: a retry is answered by the table).
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError>;
+
+    /// Stores the response and marks the record completed.
+    ///
+    /// # Contract
+    ///
+    /// In flight with this owner becomes completed with `response` stored
+    /// verbatim, kept for the lease's retention from now.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostLease`] if the lease no longer owns the record;
+    /// [`StoreError::TooLarge`] if the response is over
+    /// [`Capabilities::max_response_bytes`]. Neither writes anything.
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError>;
+
+    /// Pushes the lease's expiry to `extend` from now, for long work.
+    ///
+    /// # Contract
+    ///
+    /// Returns the lease with its new expiry; the record's retention is
+    /// stretched if the lease would outlive it.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostLease`] if the lease no longer owns the record;
+    /// [`StoreError::InvalidInput`] if `extend` is out of the lease range.
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError>;
+
+    /// Deletes the claim, for work that provably did not start, so the client
+    /// may retry at once.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostLease`] if the lease no longer owns the record.
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
+
+    /// Records a recovery point that a takeover will receive.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostLease`] if the lease no longer owns the record.
+    async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+
+    /// Reads the record of a scope, or `None` if absent or past retention.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Backend`].
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError>;
+
+    /// Deletes records past retention and returns how many it deleted.
+    ///
+    /// # Contract
+    ///
+    /// Never deletes a live record. Stores whose server expires records by
+    /// itself may find nothing left to delete.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Backend`].
+    async fn purge_expired(&self) -> Result<u64, StoreError>;
+
+    /// What the store can do.
+    fn capabilities(&self) -> Capabilities;
+}
+
+macro_rules! forward_store {
+    ($($ptr:ident),*) => {$(
+        #[async_trait]
+        impl<T: IdempotencyStore + ?Sized> IdempotencyStore for $ptr<T> {
+            async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+                (**self).claim(request).await
+            }
+            async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+                (**self).complete(lease, response).await
+            }
+            async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+                (**self).renew(lease, extend).await
+            }
+            async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+                (**self).release(lease).await
+            }
+            async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+                (**self).checkpoint(lease, checkpoint).await
+            }
+            async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+                (**self).get(scope).await
+            }
+            async fn purge_expired(&self) -> Result<u64, StoreError> {
+                (**self).purge_expired().await
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+        }
+    )*};
+}
+
+forward_store!(Arc, Box);

@@ -1,0 +1,348 @@
+//! # idem-memory
+//!
+//! An in-process [`IdempotencyStore`] on [moka](https://docs.rs/moka): for
+//! tests, examples and single-process services. Records live in this
+//! process only (not durable, nothing shared across instances), and the
+//! caller's [`Clock`] judges leases and retention, so tests can inject a
+//! [`ManualClock`](idem_core::ManualClock).
+//!
+//! Each decision runs inside one moka `and_compute_with` on the record's
+//! key, which serialises all operations on one scope: a claim reads and
+//! writes atomically, never a get followed by an insert. moka expires every
+//! record at its retention.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, Scope, StoredResponse};
+//! use idem_memory::MemoryStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let request = ClaimRequest::new(Scope::parse("acme", "k1")?, Fingerprint::of_bytes(b"req"));
+//! let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await? else { unreachable!() };
+//! store.complete(&lease, &StoredResponse::new(200, "ok")).await?;
+//! assert_eq!(
+//!     store.claim(&request).await?,
+//!     ClaimOutcome::Completed(StoredResponse::new(200, "ok"))
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::{
+    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability,
+    IdempotencyStore, Lease, OwnerToken, Record, RecordState, Scope, StoreError, StoredResponse,
+    SystemClock, Timestamp, TransactionSharing, async_trait, decide, validate_lease_ttl,
+};
+use moka::Expiry;
+use moka::ops::compute::{CompResult, Op};
+use moka::sync::Cache;
+
+/// The default [`Capabilities::max_response_bytes`]: 1 MiB.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// The in-process store. Cloning is cheap and shares the records.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{ManualClock, Timestamp};
+/// use idem_memory::MemoryStore;
+///
+/// let clock = ManualClock::new(Timestamp::from_unix_millis(0));
+/// let store = MemoryStore::with_clock(clock.clone()).with_max_response_bytes(64 * 1024);
+/// clock.advance(Duration::from_secs(60)); // leases judged by this clock
+/// # let _ = store;
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    records: Cache<Scope, Arc<Record>>,
+    clock: Arc<dyn Clock>,
+    max_response_bytes: usize,
+}
+
+/// Expires each record at its retention, as the store's clock counts it.
+struct RetentionExpiry {
+    clock: Arc<dyn Clock>,
+}
+
+impl RetentionExpiry {
+    fn remaining(&self, record: &Record) -> Option<Duration> {
+        Some(record.expires_at.saturating_duration_since(self.clock.now()))
+    }
+}
+
+impl Expiry<Scope, Arc<Record>> for RetentionExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &Scope,
+        record: &Arc<Record>,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        self.remaining(record)
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &Scope,
+        record: &Arc<Record>,
+        _updated_at: Instant,
+        _remaining: Option<Duration>,
+    ) -> Option<Duration> {
+        self.remaining(record)
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.records.entry_count())
+            .field("clock", &self.clock)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// A store whose leases and retention follow `clock`.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(clock);
+        let records = Cache::builder()
+            .expire_after(RetentionExpiry {
+                clock: Arc::clone(&clock),
+            })
+            .build();
+        Self {
+            records,
+            clock,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        }
+    }
+
+    /// Sets the largest response accepted (see [`StoredResponse::size`]).
+    pub fn with_max_response_bytes(mut self, max: usize) -> Self {
+        self.max_response_bytes = max;
+        self
+    }
+
+    /// Runs `change` on the record only while `lease` holds it, atomically
+    /// with respect to every other operation on the scope.
+    fn fenced(
+        &self,
+        lease: &Lease,
+        change: impl FnOnce(&Record, Timestamp) -> Op<Arc<Record>>,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut held = false;
+        self.records
+            .entry(lease.scope().clone())
+            .and_compute_with(|entry| match entry {
+                Some(entry) if entry.value().is_held_by(lease, now) => {
+                    held = true;
+                    change(entry.value(), now)
+                }
+                _ => Op::Nop,
+            });
+        if held {
+            Ok(())
+        } else {
+            Err(StoreError::LostLease)
+        }
+    }
+
+    fn updated(record: &Record, edit: impl FnOnce(&mut Record)) -> Op<Arc<Record>> {
+        let mut next = record.clone();
+        edit(&mut next);
+        Op::Put(Arc::new(next))
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let now = self.clock.now();
+        let mut outcome = None;
+        self.records
+            .entry(request.scope().clone())
+            .and_compute_with(|entry| {
+                let existing = entry.map(|e| e.into_value());
+                let decision = decide(
+                    existing.as_deref(),
+                    request,
+                    now,
+                    OwnerToken::generate(),
+                );
+                outcome = Some(decision.outcome);
+                match decision.write {
+                    Some(record) => Op::Put(Arc::new(record)),
+                    None => Op::Nop,
+                }
+            });
+        outcome.ok_or_else(|| StoreError::Backend {
+            message: "moka did not run the claim".into(),
+            source: None,
+        })
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let size = response.size();
+        if size > self.max_response_bytes {
+            return Err(StoreError::TooLarge {
+                size,
+                max: self.max_response_bytes,
+            });
+        }
+        self.fenced(lease, |record, now| {
+            Self::updated(record, |r| {
+                r.state = RecordState::Completed {
+                    response: response.clone(),
+                };
+                r.expires_at = now + lease.retention();
+            })
+        })
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        let extend = validate_lease_ttl(extend)?;
+        let mut renewed = None;
+        self.fenced(lease, |record, now| {
+            let until = now + extend;
+            renewed = Some(lease.renewed(until));
+            Self::updated(record, |r| {
+                r.state = RecordState::InFlight {
+                    lease_expires_at: until,
+                };
+                r.expires_at = r.expires_at.max(until);
+            })
+        })?;
+        renewed.ok_or(StoreError::LostLease)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.fenced(lease, |_, _| Op::Remove)
+    }
+
+    async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        self.fenced(lease, |record, _| {
+            Self::updated(record, |r| r.checkpoint = Some(checkpoint.clone()))
+        })
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let now = self.clock.now();
+        Ok(self
+            .records
+            .get(scope)
+            .filter(|r| r.is_live(now))
+            .map(|r| (*r).clone()))
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let expired: Vec<Arc<Scope>> = self
+            .records
+            .iter()
+            .filter(|(_, record)| !record.is_live(now))
+            .map(|(scope, _)| scope)
+            .collect();
+        let mut removed = 0;
+        for scope in expired {
+            let result = self
+                .records
+                .entry(Scope::clone(&scope))
+                .and_compute_with(|entry| match entry {
+                    Some(e) if !e.value().is_live(now) => Op::Remove,
+                    _ => Op::Nop,
+                });
+            if matches!(result, CompResult::Removed(_)) {
+                removed += 1;
+            }
+        }
+        self.records.run_pending_tasks();
+        Ok(removed)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            TransactionSharing::None,
+            Durability::Volatile,
+            ClockSource::Caller,
+            self.max_response_bytes,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{Fingerprint, ManualClock};
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    fn request(key: &str, retention: Duration) -> ClaimRequest {
+        ClaimRequest::new(Scope::parse("t", key).unwrap(), Fingerprint::of_bytes(b"x"))
+            .with_lease_ttl(Duration::from_secs(10))
+            .unwrap()
+            .with_retention(retention)
+            .unwrap()
+    }
+
+    #[test]
+    fn manual_clock_drives_takeover_without_waiting() {
+        runtime().block_on(async {
+            let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
+            let store = MemoryStore::with_clock(clock.clone());
+            let req = request("k", Duration::from_secs(3600));
+            assert!(matches!(store.claim(&req).await.unwrap(), ClaimOutcome::Claimed { .. }));
+            assert!(matches!(store.claim(&req).await.unwrap(), ClaimOutcome::InProgress { .. }));
+            clock.advance(Duration::from_secs(10));
+            let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.unwrap() else {
+                panic!("expected takeover");
+            };
+            assert_eq!(lease.attempt(), 2);
+        });
+    }
+
+    #[test]
+    fn purge_counts_exactly_the_records_past_retention() {
+        runtime().block_on(async {
+            let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
+            let store = MemoryStore::with_clock(clock.clone());
+            for key in ["a", "b", "c"] {
+                store.claim(&request(key, Duration::from_secs(60))).await.unwrap();
+            }
+            store.claim(&request("live", Duration::from_secs(3600))).await.unwrap();
+            clock.advance(Duration::from_secs(61));
+            assert_eq!(store.purge_expired().await.unwrap(), 3);
+            assert_eq!(store.purge_expired().await.unwrap(), 0);
+            assert!(store.get(&Scope::parse("t", "live").unwrap()).await.unwrap().is_some());
+            assert_eq!(store.records.iter().count(), 1);
+        });
+    }
+
+    #[test]
+    fn response_limit_is_configurable_and_advertised() {
+        let store = MemoryStore::new().with_max_response_bytes(10);
+        assert_eq!(store.capabilities().max_response_bytes, 10);
+        assert_eq!(store.capabilities().clock, ClockSource::Caller);
+        assert_eq!(store.capabilities().durability, Durability::Volatile);
+    }
+}
