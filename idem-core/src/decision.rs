@@ -74,7 +74,12 @@ pub fn validate_lease_ttl(ttl: Duration) -> Result<Duration, InvalidInput> {
 ///
 /// [`InvalidInput::OutOfRange`] outside that range.
 pub fn validate_retention(retention: Duration) -> Result<Duration, InvalidInput> {
-    check_range("retention", retention, MAX_RETENTION, "must be 1 ms to 10 years")
+    check_range(
+        "retention",
+        retention,
+        MAX_RETENTION,
+        "must be 1 ms to 10 years",
+    )
 }
 
 impl ClaimRequest {
@@ -311,7 +316,12 @@ mod tests {
     fn record_past_retention_is_claimed_whatever_the_fingerprint() {
         let record = completed();
         for body in [&b"a"[..], b"b"] {
-            let d = decide(Some(&record), &request(body), at(RETENTION), OwnerToken::generate());
+            let d = decide(
+                Some(&record),
+                &request(body),
+                at(RETENTION),
+                OwnerToken::generate(),
+            );
             assert!(matches!(d.outcome, ClaimOutcome::Claimed { .. }));
             assert_eq!(d.write.unwrap().attempt, 1);
         }
@@ -344,7 +354,12 @@ mod tests {
 
     #[test]
     fn valid_lease_other_fingerprint_is_mismatch() {
-        let d = decide(Some(&in_flight()), &request(b"b"), T0, OwnerToken::generate());
+        let d = decide(
+            Some(&in_flight()),
+            &request(b"b"),
+            T0,
+            OwnerToken::generate(),
+        );
         assert_eq!(d.outcome, ClaimOutcome::Mismatch);
         assert!(d.write.is_none());
     }
@@ -352,7 +367,12 @@ mod tests {
     #[test]
     fn lease_one_millisecond_before_expiry_is_still_held() {
         let now = at(LEASE) - Duration::from_millis(1);
-        let d = decide(Some(&in_flight()), &request(b"a"), now, OwnerToken::generate());
+        let d = decide(
+            Some(&in_flight()),
+            &request(b"a"),
+            now,
+            OwnerToken::generate(),
+        );
         assert_eq!(
             d.outcome,
             ClaimOutcome::InProgress {
@@ -386,14 +406,24 @@ mod tests {
 
     #[test]
     fn expired_lease_other_fingerprint_is_mismatch() {
-        let d = decide(Some(&in_flight()), &request(b"b"), at(LEASE), OwnerToken::generate());
+        let d = decide(
+            Some(&in_flight()),
+            &request(b"b"),
+            at(LEASE),
+            OwnerToken::generate(),
+        );
         assert_eq!(d.outcome, ClaimOutcome::Mismatch);
         assert!(d.write.is_none());
     }
 
     #[test]
     fn completed_same_fingerprint_replays() {
-        let d = decide(Some(&completed()), &request(b"a"), at(LEASE), OwnerToken::generate());
+        let d = decide(
+            Some(&completed()),
+            &request(b"a"),
+            at(LEASE),
+            OwnerToken::generate(),
+        );
         assert_eq!(
             d.outcome,
             ClaimOutcome::Completed(StoredResponse::new(200, "done"))
@@ -403,7 +433,12 @@ mod tests {
 
     #[test]
     fn completed_other_fingerprint_is_mismatch() {
-        let d = decide(Some(&completed()), &request(b"b"), T0, OwnerToken::generate());
+        let d = decide(
+            Some(&completed()),
+            &request(b"b"),
+            T0,
+            OwnerToken::generate(),
+        );
         assert_eq!(d.outcome, ClaimOutcome::Mismatch);
     }
 
@@ -412,7 +447,9 @@ mod tests {
         let req = request(b"a")
             .with_retention(Duration::from_secs(1))
             .unwrap();
-        let record = decide(None, &req, T0, OwnerToken::generate()).write.unwrap();
+        let record = decide(None, &req, T0, OwnerToken::generate())
+            .write
+            .unwrap();
         assert_eq!(record.expires_at, T0 + LEASE);
     }
 
@@ -420,14 +457,23 @@ mod tests {
     fn attempt_saturates_instead_of_overflowing() {
         let mut old = in_flight();
         old.attempt = u32::MAX;
-        let d = decide(Some(&old), &request(b"a"), at(LEASE), OwnerToken::generate());
+        let d = decide(
+            Some(&old),
+            &request(b"a"),
+            at(LEASE),
+            OwnerToken::generate(),
+        );
         assert_eq!(d.write.unwrap().attempt, u32::MAX);
     }
 
     #[test]
     fn durations_out_of_range_are_refused() {
         let r = request(b"a");
-        assert!(r.clone().with_lease_ttl(Duration::from_micros(999)).is_err());
+        assert!(
+            r.clone()
+                .with_lease_ttl(Duration::from_micros(999))
+                .is_err()
+        );
         assert!(r.clone().with_lease_ttl(MAX_LEASE + MIN_DURATION).is_err());
         assert!(r.clone().with_retention(Duration::ZERO).is_err());
         assert!(r.with_retention(Duration::MAX).is_err());

@@ -475,8 +475,8 @@ mod tests {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
-            (-1_000_000i64..1_000_000).prop_map(|i| Value::from(i)),
-            (-1e12f64..1e12).prop_map(|f| Value::from(f)),
+            (-1_000_000i64..1_000_000).prop_map(Value::from),
+            (-1e12f64..1e12).prop_map(Value::from),
             "[a-zA-Z0-9 é€😀\"\\\\\n]{0,8}".prop_map(Value::String),
         ];
         leaf.prop_recursive(4, 48, 6, |inner| {

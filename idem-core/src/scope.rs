@@ -240,7 +240,10 @@ mod tests {
 
     #[test]
     fn empty_names_are_refused() {
-        assert_eq!(Tenant::new(""), Err(InvalidInput::Empty { field: "tenant" }));
+        assert_eq!(
+            Tenant::new(""),
+            Err(InvalidInput::Empty { field: "tenant" })
+        );
         assert_eq!(
             IdempotencyKey::new(""),
             Err(InvalidInput::Empty { field: "key" })

@@ -42,6 +42,11 @@ use moka::Expiry;
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
+/// The README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 /// The default [`Capabilities::max_response_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 
@@ -71,7 +76,11 @@ struct RetentionExpiry {
 
 impl RetentionExpiry {
     fn remaining(&self, record: &Record) -> Option<Duration> {
-        Some(record.expires_at.saturating_duration_since(self.clock.now()))
+        Some(
+            record
+                .expires_at
+                .saturating_duration_since(self.clock.now()),
+        )
     }
 }
 
@@ -180,12 +189,7 @@ impl IdempotencyStore for MemoryStore {
             .entry(request.scope().clone())
             .and_compute_with(|entry| {
                 let existing = entry.map(|e| e.into_value());
-                let decision = decide(
-                    existing.as_deref(),
-                    request,
-                    now,
-                    OwnerToken::generate(),
-                );
+                let decision = decide(existing.as_deref(), request, now, OwnerToken::generate());
                 outcome = Some(decision.outcome);
                 match decision.write {
                     Some(record) => Op::Put(Arc::new(record)),
@@ -311,8 +315,14 @@ mod tests {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
             let store = MemoryStore::with_clock(clock.clone());
             let req = request("k", Duration::from_secs(3600));
-            assert!(matches!(store.claim(&req).await.unwrap(), ClaimOutcome::Claimed { .. }));
-            assert!(matches!(store.claim(&req).await.unwrap(), ClaimOutcome::InProgress { .. }));
+            assert!(matches!(
+                store.claim(&req).await.unwrap(),
+                ClaimOutcome::Claimed { .. }
+            ));
+            assert!(matches!(
+                store.claim(&req).await.unwrap(),
+                ClaimOutcome::InProgress { .. }
+            ));
             clock.advance(Duration::from_secs(10));
             let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.unwrap() else {
                 panic!("expected takeover");
@@ -327,13 +337,25 @@ mod tests {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
             let store = MemoryStore::with_clock(clock.clone());
             for key in ["a", "b", "c"] {
-                store.claim(&request(key, Duration::from_secs(60))).await.unwrap();
+                store
+                    .claim(&request(key, Duration::from_secs(60)))
+                    .await
+                    .unwrap();
             }
-            store.claim(&request("live", Duration::from_secs(3600))).await.unwrap();
+            store
+                .claim(&request("live", Duration::from_secs(3600)))
+                .await
+                .unwrap();
             clock.advance(Duration::from_secs(61));
             assert_eq!(store.purge_expired().await.unwrap(), 3);
             assert_eq!(store.purge_expired().await.unwrap(), 0);
-            assert!(store.get(&Scope::parse("t", "live").unwrap()).await.unwrap().is_some());
+            assert!(
+                store
+                    .get(&Scope::parse("t", "live").unwrap())
+                    .await
+                    .unwrap()
+                    .is_some()
+            );
             assert_eq!(store.records.iter().count(), 1);
         });
     }

@@ -1,1 +1,178 @@
+//! # idem-conformance
+//!
+//! The behaviour suite every idem store passes. One `pub async fn` per
+//! behaviour lives in [`cases`], generic over the store; the
+//! [`conformance_suite!`] macro expands to one `#[test]` per case, named after
+//! the behaviour, so a failing store shows exactly which sentence of the
+//! contract it breaks.
+//!
+//! Run it against your own store from any test file, with no imports:
+//!
+//! ```ignore
+//! // tests/conformance.rs
+//! idem_conformance::conformance_suite!(async { my_crate::MyStore::connect("...").await.unwrap() });
+//! ```
+//!
+//! The expression is evaluated once per case, inside that case's tokio
+//! runtime (multi-threaded, so races are real). Every case works in a random
+//! tenant of its own, so cases run in parallel against one server and never
+//! wipe anything. Time-dependent cases use leases of a quarter second and
+//! poll to a deadline; the whole suite takes a few seconds.
+//!
+//! [`all_cases`] lists the same cases as values, for harnesses that run them
+//! another way (this crate's own tests use it to prove that deliberately
+//! broken stores fail).
 
+// A test suite reports failure by panicking, like `assert!`.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use idem_core::IdempotencyStore;
+
+pub mod cases;
+pub mod support;
+
+/// A case boxed for a store type `S`.
+pub type CaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs one case on a fresh multi-threaded runtime; what each generated test calls.
+#[doc(hidden)]
+pub fn __run_case<S, Make, Case, CaseFut>(make: Make, case: Case)
+where
+    S: IdempotencyStore,
+    Make: Future<Output = S>,
+    Case: FnOnce(Arc<S>) -> CaseFut,
+    CaseFut: Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let store = Arc::new(make.await);
+        case(store).await;
+    });
+}
+
+/// Expands to one `#[test]` per conformance case, each building its store
+/// with the given `async` expression.
+///
+/// ```ignore
+/// mod memory {
+///     idem_conformance::conformance_suite!(async { idem_memory::MemoryStore::new() });
+/// }
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr $(,)?) => {
+        $crate::__conformance_cases! { tests($make) }
+    };
+}
+
+/// The one list of cases, expanded as tests or as a list of values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__conformance_cases! {@expand $mode $args [
+            absent_record_is_claimed_at_attempt_one,
+            duplicate_while_lease_valid_is_in_progress,
+            other_fingerprint_while_in_flight_is_mismatch,
+            expired_lease_is_taken_over_with_next_attempt,
+            takeover_carries_the_checkpoint,
+            other_fingerprint_on_expired_lease_is_mismatch,
+            completed_record_replays_its_response,
+            other_fingerprint_on_completed_record_is_mismatch,
+            record_past_retention_is_claimed_afresh,
+            record_past_retention_is_claimed_with_any_fingerprint,
+            stale_owner_cannot_complete_after_takeover,
+            stale_owner_cannot_renew_after_takeover,
+            stale_owner_cannot_release_after_takeover,
+            stale_owner_cannot_checkpoint_after_takeover,
+            owner_with_expired_lease_can_still_complete,
+            completed_record_cannot_be_completed_again,
+            release_lets_the_next_claim_in_at_once,
+            released_lease_cannot_complete,
+            renew_extends_the_lease,
+            checkpoint_is_kept_on_the_record,
+            get_shows_in_flight_and_completed_records,
+            completed_record_past_retention_counts_as_absent,
+            purge_expired_removes_only_what_is_past_retention,
+            tenants_never_share_a_record,
+            separator_laden_scopes_never_collide,
+            non_ascii_scopes_round_trip,
+            concurrent_claims_of_one_key_have_one_winner,
+            concurrent_takeovers_of_an_expired_lease_have_one_winner,
+            concurrent_retries_of_a_completed_key_all_replay,
+            replay_is_byte_exact_for_binary_bodies_and_headers,
+            empty_response_round_trips,
+            response_at_the_advertised_maximum_is_stored_whole,
+            response_over_the_maximum_is_refused_and_nothing_written,
+            runner_executes_once_and_replays_retries,
+            runner_refuses_a_concurrent_duplicate,
+            runner_refuses_a_reused_key_with_another_payload,
+            runner_releases_the_claim_when_nothing_started,
+            runner_keeps_the_claim_when_the_handler_failed,
+            runner_reports_a_lost_lease_instead_of_success,
+            runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key,
+            runner_auto_renewal_holds_the_key_past_the_lease,
+        ]}
+    };
+    (@expand tests($make:expr) [$($case:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__run_case($make, $crate::cases::$case);
+            }
+        )*
+    };
+    (@expand list() [$($case:ident),* $(,)?]) => {
+        vec![$(
+            (stringify!($case), {
+                let case: $crate::CaseFn<S> = |store| Box::pin($crate::cases::$case(store));
+                case
+            })
+        ),*]
+    };
+}
+
+/// Every case with its name, boxed for the store type `S`.
+///
+/// ```
+/// let cases = idem_conformance::all_cases::<idem_memory::MemoryStore>();
+/// assert!(cases.len() >= 25);
+/// ```
+pub fn all_cases<S: IdempotencyStore + ?Sized>() -> Vec<(&'static str, CaseFn<S>)> {
+    __conformance_cases!(list())
+}
+
+/// Runs every case concurrently against one store (each in its own tokio
+/// task, each with a time limit) and returns the names of those that failed.
+///
+/// ```
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let store = std::sync::Arc::new(idem_memory::MemoryStore::new());
+/// assert_eq!(idem_conformance::failing_cases(store).await, Vec::<&str>::new());
+/// # });
+/// ```
+pub async fn failing_cases<S: IdempotencyStore + ?Sized>(store: Arc<S>) -> Vec<&'static str> {
+    let limit = support::DEADLINE * 3;
+    let running: Vec<_> = all_cases::<S>()
+        .into_iter()
+        .map(|(name, case)| {
+            let work = case(Arc::clone(&store));
+            (name, tokio::spawn(tokio::time::timeout(limit, work)))
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (name, handle) in running {
+        if !matches!(handle.await, Ok(Ok(()))) {
+            failed.push(name);
+        }
+    }
+    failed
+}

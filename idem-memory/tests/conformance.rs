@@ -1,0 +1,16 @@
+//! The whole conformance suite against the memory store, directly and through
+//! `Arc<dyn IdempotencyStore>` (the trait object path every swappable service uses).
+
+mod direct {
+    idem_conformance::conformance_suite!(async { idem_memory::MemoryStore::new() });
+}
+
+mod through_dyn {
+    use std::sync::Arc;
+
+    use idem_core::IdempotencyStore;
+
+    idem_conformance::conformance_suite!(async {
+        Arc::new(idem_memory::MemoryStore::new()) as Arc<dyn IdempotencyStore>
+    });
+}

@@ -1,0 +1,930 @@
+//! One function per behaviour of the contract. Each takes a fresh tenant, so
+//! cases run in parallel against one store and never interfere.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Checkpoint, ClaimOutcome, HandlerError, Idempotency, IdempotencyStore, RecordState, RunError,
+    RunOutcome, Scope, StoreError, StoredResponse, Tenant,
+};
+
+use crate::support::*;
+
+// ---- The decision table -------------------------------------------------
+
+/// An absent record is claimed by a new owner at attempt 1, with no checkpoint.
+pub async fn absent_record_is_claimed_at_attempt_one<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let (lease, checkpoint) = must_claim(&*store, &long(&scope, "a")).await;
+    assert_eq!(lease.attempt(), 1);
+    assert_eq!(lease.scope(), &scope);
+    assert_eq!(checkpoint, None);
+    let record = store.get(&scope).await.unwrap().expect("claimed record");
+    assert!(record.is_in_flight());
+    assert_eq!(record.owner, lease.owner());
+}
+
+/// A duplicate while the lease is valid is told to retry within the lease.
+pub async fn duplicate_while_lease_valid_is_in_progress<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    must_claim(&*store, &request).await;
+    match claim(&*store, &request).await {
+        ClaimOutcome::InProgress { retry_after } => {
+            assert!(retry_after > Duration::ZERO, "retry_after is zero");
+            assert!(
+                retry_after <= LONG_LEASE,
+                "retry_after {retry_after:?} beyond the lease"
+            );
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
+/// Another fingerprint while the lease is valid is a mismatch.
+pub async fn other_fingerprint_while_in_flight_is_mismatch<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    must_claim(&*store, &long(&scope, "a")).await;
+    assert_eq!(
+        claim(&*store, &long(&scope, "b")).await,
+        ClaimOutcome::Mismatch
+    );
+}
+
+/// An expired lease is taken over by a new owner at the next attempt.
+pub async fn expired_lease_is_taken_over_with_next_attempt<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let (first, _) = must_claim(&*store, &request).await;
+    let (second, _) = wait_for_claim(&*store, &request).await;
+    assert_eq!(second.attempt(), 2);
+    assert_ne!(second.owner(), first.owner());
+    let (third, _) = wait_for_claim(&*store, &request).await;
+    assert_eq!(third.attempt(), 3);
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.owner, third.owner());
+    assert_eq!(record.attempt, 3);
+}
+
+/// A takeover receives the checkpoint the previous owner recorded.
+pub async fn takeover_carries_the_checkpoint<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let (first, _) = must_claim(&*store, &request).await;
+    let point = Checkpoint::new("charged", &serde_json_value()).unwrap();
+    store.checkpoint(&first, &point).await.unwrap();
+    let (_, carried) = wait_for_claim(&*store, &request).await;
+    assert_eq!(carried, Some(point));
+}
+
+fn serde_json_value() -> impl serde::Serialize {
+    #[derive(serde::Serialize)]
+    struct Point {
+        charge_id: &'static str,
+        amount: u32,
+        tags: [&'static str; 2],
+    }
+    Point {
+        charge_id: "ch_1",
+        amount: 1000,
+        tags: ["a", "ü"],
+    }
+}
+
+/// Another fingerprint on an expired lease is a mismatch, not a takeover.
+pub async fn other_fingerprint_on_expired_lease_is_mismatch<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (first, _) = must_claim(&*store, &short(&scope, "a")).await;
+    outlive(SHORT_LEASE).await;
+    assert_eq!(
+        claim(&*store, &short(&scope, "b")).await,
+        ClaimOutcome::Mismatch
+    );
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.owner, first.owner(), "a mismatch must not take over");
+}
+
+/// A completed record replays its response.
+pub async fn completed_record_replays_its_response<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let stored = response("created");
+    claim_and_complete(&*store, &request, &stored).await;
+    for _ in 0..3 {
+        assert_eq!(
+            claim(&*store, &request).await,
+            ClaimOutcome::Completed(stored.clone())
+        );
+    }
+}
+
+/// Another fingerprint on a completed record is a mismatch.
+pub async fn other_fingerprint_on_completed_record_is_mismatch<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    claim_and_complete(&*store, &long(&scope, "a"), &response("x")).await;
+    assert_eq!(
+        claim(&*store, &long(&scope, "b")).await,
+        ClaimOutcome::Mismatch
+    );
+}
+
+/// A record past retention is claimed afresh, at attempt 1, with the same fingerprint.
+pub async fn record_past_retention_is_claimed_afresh<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let request = brief(short(&scope, "a"));
+    claim_and_complete(&*store, &request, &response("old")).await;
+    wait_until_absent(&*store, &scope).await;
+    let (lease, checkpoint) = must_claim(&*store, &request).await;
+    assert_eq!(lease.attempt(), 1);
+    assert_eq!(checkpoint, None);
+}
+
+/// A record past retention is claimed by a request with any fingerprint.
+pub async fn record_past_retention_is_claimed_with_any_fingerprint<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    claim_and_complete(&*store, &brief(short(&scope, "a")), &response("old")).await;
+    wait_until_absent(&*store, &scope).await;
+    let (lease, _) = must_claim(&*store, &long(&scope, "b")).await;
+    assert_eq!(lease.attempt(), 1);
+}
+
+// ---- Fencing -------------------------------------------------------------
+
+async fn taken_over<S: IdempotencyStore + ?Sized>(
+    store: &S,
+) -> (Scope, idem_core::Lease, idem_core::Lease) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let (stale, _) = must_claim(store, &request).await;
+    let (fresh, _) = wait_for_claim(store, &request).await;
+    (scope, stale, fresh)
+}
+
+/// After a takeover the stale owner cannot complete, and the new owner can.
+pub async fn stale_owner_cannot_complete_after_takeover<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (scope, stale, fresh) = taken_over(&*store).await;
+    assert_lost(
+        "stale complete",
+        store.complete(&stale, &response("stale")).await,
+    );
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert!(record.is_in_flight(), "stale complete changed the record");
+    store.complete(&fresh, &response("fresh")).await.unwrap();
+    assert_eq!(
+        claim(&*store, &short(&scope, "a")).await,
+        ClaimOutcome::Completed(response("fresh"))
+    );
+}
+
+/// After a takeover the stale owner cannot extend the new owner's lease.
+pub async fn stale_owner_cannot_renew_after_takeover<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let (scope, stale, fresh) = taken_over(&*store).await;
+    let before = store.get(&scope).await.unwrap().expect("record");
+    assert_lost("stale renew", store.renew(&stale, LONG_LEASE).await);
+    let after = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(before.state, after.state, "stale renew moved the lease");
+    assert_eq!(after.owner, fresh.owner());
+}
+
+/// After a takeover the stale owner cannot delete the new owner's record.
+pub async fn stale_owner_cannot_release_after_takeover<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (scope, stale, fresh) = taken_over(&*store).await;
+    assert_lost("stale release", store.release(&stale).await);
+    let record = store
+        .get(&scope)
+        .await
+        .unwrap()
+        .expect("stale release deleted the record");
+    assert_eq!(record.owner, fresh.owner());
+}
+
+/// After a takeover the stale owner cannot overwrite the checkpoint.
+pub async fn stale_owner_cannot_checkpoint_after_takeover<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (scope, stale, fresh) = taken_over(&*store).await;
+    let mine = Checkpoint::new("fresh", &1).unwrap();
+    store.checkpoint(&fresh, &mine).await.unwrap();
+    let theirs = Checkpoint::new("stale", &2).unwrap();
+    assert_lost("stale checkpoint", store.checkpoint(&stale, &theirs).await);
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.checkpoint, Some(mine));
+}
+
+/// An owner whose lease expired, but which nobody took over, still completes.
+pub async fn owner_with_expired_lease_can_still_complete<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let (lease, _) = must_claim(&*store, &request).await;
+    outlive(SHORT_LEASE).await;
+    store.complete(&lease, &response("late")).await.unwrap();
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("late"))
+    );
+}
+
+/// A completed record cannot be completed again, even by its owner.
+pub async fn completed_record_cannot_be_completed_again<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let lease = claim_and_complete(&*store, &request, &response("first")).await;
+    assert_lost(
+        "second complete",
+        store.complete(&lease, &response("second")).await,
+    );
+    assert_lost(
+        "renew after complete",
+        store.renew(&lease, LONG_LEASE).await,
+    );
+    assert_lost("release after complete", store.release(&lease).await);
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("first"))
+    );
+}
+
+/// Release deletes the claim, so the next claim gets in at once.
+pub async fn release_lets_the_next_claim_in_at_once<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let (first, _) = must_claim(&*store, &request).await;
+    store.release(&first).await.unwrap();
+    assert_eq!(store.get(&scope).await.unwrap(), None);
+    let (second, _) = must_claim(&*store, &long(&scope, "b")).await;
+    assert_eq!(second.attempt(), 1);
+}
+
+/// A released lease holds nothing: it can neither complete nor release again.
+pub async fn released_lease_cannot_complete<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    store.release(&lease).await.unwrap();
+    assert_lost(
+        "complete after release",
+        store.complete(&lease, &response("x")).await,
+    );
+    assert_lost("release twice", store.release(&lease).await);
+    assert_eq!(store.get(&scope).await.unwrap(), None);
+}
+
+/// Renewal pushes the lease out, so a duplicate stays in progress past the
+/// original expiry.
+pub async fn renew_extends_the_lease<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let (lease, _) = must_claim(&*store, &request).await;
+    let renewed = store.renew(&lease, LONG_LEASE).await.unwrap();
+    assert!(renewed.expires_at() > lease.expires_at());
+    assert_eq!(renewed.owner(), lease.owner());
+    outlive(SHORT_LEASE).await;
+    assert!(matches!(
+        claim(&*store, &request).await,
+        ClaimOutcome::InProgress { .. }
+    ));
+    store.complete(&renewed, &response("done")).await.unwrap();
+}
+
+/// A checkpoint is kept on the record, and a later one replaces it.
+pub async fn checkpoint_is_kept_on_the_record<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    let first = Checkpoint::new("step-1", &serde_json_value()).unwrap();
+    store.checkpoint(&lease, &first).await.unwrap();
+    assert_eq!(
+        store.get(&scope).await.unwrap().unwrap().checkpoint,
+        Some(first)
+    );
+    let second = Checkpoint::new("step-2", &[1, 2, 3]).unwrap();
+    store.checkpoint(&lease, &second).await.unwrap();
+    assert_eq!(
+        store.get(&scope).await.unwrap().unwrap().checkpoint,
+        Some(second)
+    );
+}
+
+/// `get` shows the record in flight and then completed, with what the claim wrote.
+pub async fn get_shows_in_flight_and_completed_records<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    assert_eq!(store.get(&scope).await.unwrap(), None);
+    let (lease, _) = must_claim(&*store, &request).await;
+    let record = store.get(&scope).await.unwrap().expect("in-flight record");
+    assert_eq!(record.scope, scope);
+    assert_eq!(record.fingerprint, request.fingerprint());
+    assert_eq!(record.attempt, 1);
+    match record.state {
+        RecordState::InFlight { lease_expires_at } => {
+            assert_eq!(lease_expires_at, lease.expires_at());
+        }
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    assert!(record.expires_at >= lease.expires_at());
+    store.complete(&lease, &response("done")).await.unwrap();
+    let record = store.get(&scope).await.unwrap().expect("completed record");
+    assert_eq!(record.response(), Some(&response("done")));
+    assert_eq!(record.fingerprint, request.fingerprint());
+}
+
+// ---- Retention -----------------------------------------------------------
+
+/// A completed record past retention counts as absent.
+pub async fn completed_record_past_retention_counts_as_absent<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = brief(short(&scope, "a"));
+    claim_and_complete(&*store, &request, &response("x")).await;
+    assert!(store.get(&scope).await.unwrap().is_some());
+    wait_until_absent(&*store, &scope).await;
+    assert!(matches!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Claimed { .. }
+    ));
+}
+
+/// `purge_expired` deletes nothing that is still live, and what is past
+/// retention stays absent after it.
+pub async fn purge_expired_removes_only_what_is_past_retention<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let tenant = fresh_tenant();
+    let at = |k: &str| Scope::new(tenant.clone(), key(k));
+    let live_done = at("live-completed");
+    let live_flight = at("live-in-flight");
+    claim_and_complete(&*store, &long(&live_done, "a"), &response("keep")).await;
+    must_claim(&*store, &long(&live_flight, "a")).await;
+    let old: Vec<Scope> = (0..3).map(|i| at(&format!("old-{i}"))).collect();
+    for scope in &old {
+        claim_and_complete(&*store, &brief(short(scope, "a")), &response("old")).await;
+    }
+    let old_flight = at("old-in-flight");
+    must_claim(&*store, &brief(short(&old_flight, "a"))).await;
+    for scope in old.iter().chain([&old_flight]) {
+        wait_until_absent(&*store, scope).await;
+    }
+    store.purge_expired().await.unwrap();
+    for scope in old.iter().chain([&old_flight]) {
+        assert_eq!(store.get(scope).await.unwrap(), None);
+    }
+    let kept = store
+        .get(&live_done)
+        .await
+        .unwrap()
+        .expect("purge deleted a live completed record");
+    assert_eq!(kept.response(), Some(&response("keep")));
+    let kept = store
+        .get(&live_flight)
+        .await
+        .unwrap()
+        .expect("purge deleted a live claim");
+    assert!(kept.is_in_flight());
+}
+
+// ---- Isolation -----------------------------------------------------------
+
+/// One key in two tenants is two records.
+pub async fn tenants_never_share_a_record<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let a = Scope::new(fresh_tenant(), key("shared-key"));
+    let b = Scope::new(fresh_tenant(), key("shared-key"));
+    claim_and_complete(&*store, &long(&a, "a"), &response("tenant a")).await;
+    let (lease, _) = must_claim(&*store, &long(&b, "other payload")).await;
+    assert_eq!(lease.attempt(), 1);
+    store.complete(&lease, &response("tenant b")).await.unwrap();
+    assert_eq!(
+        claim(&*store, &long(&a, "a")).await,
+        ClaimOutcome::Completed(response("tenant a"))
+    );
+    assert_eq!(
+        claim(&*store, &long(&b, "other payload")).await,
+        ClaimOutcome::Completed(response("tenant b"))
+    );
+}
+
+/// Tenants and keys holding `:`, `{`, `}`, `/` never meet, however the
+/// separators line up.
+pub async fn separator_laden_scopes_never_collide<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let base = fresh_tenant();
+    let b = base.as_str();
+    let pairs = [
+        (format!("{b}:a"), "b".to_string()),
+        (b.to_string(), "a:b".to_string()),
+        (format!("{b}:a:b"), "c".to_string()),
+        (format!("{b}{{a}}"), "b".to_string()),
+        (format!("{b}{{a"), "}b".to_string()),
+        (format!("{b}/a"), "b".to_string()),
+        (b.to_string(), "a/b".to_string()),
+        (format!("{b}:"), ":".to_string()),
+        (format!("{b}\\"), ":a".to_string()),
+        (format!("{b}%3A"), "a".to_string()),
+    ];
+    let scopes: Vec<Scope> = pairs
+        .iter()
+        .map(|(t, k)| Scope::parse(t, k).unwrap())
+        .collect();
+    for (i, scope) in scopes.iter().enumerate() {
+        let (lease, _) = must_claim(&*store, &long(scope, "same")).await;
+        assert_eq!(lease.attempt(), 1, "scope {i} met an earlier one");
+        store
+            .complete(&lease, &response(&format!("scope {i}")))
+            .await
+            .unwrap();
+    }
+    for (i, scope) in scopes.iter().enumerate() {
+        assert_eq!(
+            claim(&*store, &long(scope, "same")).await,
+            ClaimOutcome::Completed(response(&format!("scope {i}")))
+        );
+    }
+}
+
+/// Non-ASCII tenants and keys are kept and read back exactly.
+pub async fn non_ascii_scopes_round_trip<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let tenant = Tenant::new(format!("mandant-ü-日本-{}", uuid::Uuid::new_v4())).unwrap();
+    let scope = Scope::new(tenant, key("ключ-🔑-{ä}/:"));
+    let lease = claim_and_complete(&*store, &long(&scope, "a"), &response("ok")).await;
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.scope, scope);
+    assert_eq!(lease.scope(), &scope);
+    let near = Scope::new(scope.tenant().clone(), key("ключ-🔑-{a}/:"));
+    assert_eq!(store.get(&near).await.unwrap(), None);
+}
+
+// ---- Concurrency ---------------------------------------------------------
+
+/// 64 concurrent claims of one fresh key: exactly one is claimed, the rest
+/// are in progress.
+pub async fn concurrent_claims_of_one_key_have_one_winner<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let outcomes = concurrently(&store, 64, |store| {
+        let request = request.clone();
+        async move { store.claim(&request).await }
+    })
+    .await;
+    let claimed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(ClaimOutcome::Claimed { .. })))
+        .count();
+    let waiting = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(ClaimOutcome::InProgress { .. })))
+        .count();
+    assert_eq!(claimed, 1, "winners among 64 racing claims: {outcomes:?}");
+    assert_eq!(waiting, 63, "outcomes: {outcomes:?}");
+}
+
+/// 32 concurrent takeovers of one expired lease: exactly one wins.
+pub async fn concurrent_takeovers_of_an_expired_lease_have_one_winner<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    must_claim(&*store, &request).await;
+    outlive(SHORT_LEASE).await;
+    let takeover = long(&scope, "a");
+    let outcomes = concurrently(&store, 32, |store| {
+        let request = takeover.clone();
+        async move { store.claim(&request).await }
+    })
+    .await;
+    let winners: Vec<u32> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Ok(ClaimOutcome::Claimed { lease, .. }) => Some(lease.attempt()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(winners, vec![2], "takeovers: {outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::InProgress { .. })
+        )),
+        "{outcomes:?}"
+    );
+}
+
+/// Concurrent retries of a completed key all replay the same response.
+pub async fn concurrent_retries_of_a_completed_key_all_replay<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    claim_and_complete(&*store, &request, &response("once")).await;
+    let outcomes = concurrently(&store, 16, |store| {
+        let request = request.clone();
+        async move { store.claim(&request).await }
+    })
+    .await;
+    for outcome in outcomes {
+        assert_eq!(outcome.unwrap(), ClaimOutcome::Completed(response("once")));
+    }
+}
+
+// ---- Responses -----------------------------------------------------------
+
+/// Binary bodies and header values, duplicate and mixed-case header names,
+/// and any status come back byte for byte.
+pub async fn replay_is_byte_exact_for_binary_bodies_and_headers<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let body: Vec<u8> = (0..=255u8).chain([0, 0xff, 0xc3, 0x28, 0x00]).collect();
+    let stored = StoredResponse::new(299, body)
+        .with_header("Content-Type", "application/octet-stream")
+        .with_header("set-cookie", "a=1")
+        .with_header("Set-Cookie", "b=2")
+        .with_header("x-binary", vec![0u8, 1, 0xfe, 0xff, b'\r', b'\n'])
+        .with_header("x-empty", Vec::new());
+    claim_and_complete(&*store, &request, &stored).await;
+    match claim(&*store, &request).await {
+        ClaimOutcome::Completed(replayed) => {
+            assert_eq!(replayed.status(), 299);
+            assert_eq!(replayed.headers(), stored.headers());
+            assert_eq!(replayed.body(), stored.body());
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// An empty body and no headers replay as such.
+pub async fn empty_response_round_trips<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let empty = StoredResponse::new(204, Vec::new());
+    claim_and_complete(&*store, &request, &empty).await;
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(empty)
+    );
+}
+
+fn sized_response(size: usize) -> StoredResponse {
+    let header = ("x-size", size.to_string());
+    let overhead = header.0.len() + header.1.len();
+    let body: Vec<u8> = (0..size.saturating_sub(overhead))
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    let response = StoredResponse::new(200, body).with_header(header.0, header.1);
+    assert_eq!(response.size(), size);
+    response
+}
+
+/// A response of exactly the advertised maximum is stored whole.
+pub async fn response_at_the_advertised_maximum_is_stored_whole<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let max = store.capabilities().max_response_bytes;
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let big = sized_response(max);
+    claim_and_complete(&*store, &request, &big).await;
+    match claim(&*store, &request).await {
+        ClaimOutcome::Completed(replayed) => assert!(replayed == big, "large response changed"),
+        other => panic!(
+            "expected a replay, got {:?}",
+            std::mem::discriminant(&other)
+        ),
+    }
+}
+
+/// One byte over the maximum is refused with `TooLarge`, and nothing is
+/// written: the lease still holds and can complete with a smaller response.
+pub async fn response_over_the_maximum_is_refused_and_nothing_written<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let max = store.capabilities().max_response_bytes;
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let (lease, _) = must_claim(&*store, &request).await;
+    match store.complete(&lease, &sized_response(max + 1)).await {
+        Err(StoreError::TooLarge { size, max: limit }) => {
+            assert_eq!(size, max + 1);
+            assert_eq!(limit, max);
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(
+        store
+            .get(&scope)
+            .await
+            .unwrap()
+            .expect("record")
+            .is_in_flight()
+    );
+    store.complete(&lease, &response("small")).await.unwrap();
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("small"))
+    );
+}
+
+// ---- The runner ----------------------------------------------------------
+
+type Outcome = Result<RunOutcome, RunError<String>>;
+
+fn ok(text: &str) -> Result<StoredResponse, HandlerError<String>> {
+    Ok(response(text))
+}
+
+/// The runner executes the handler once and replays it to every retry.
+pub async fn runner_executes_once_and_replays_retries<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let idem = Idempotency::new(store);
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::json(r#"{"qty": 1}"#).unwrap();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for expected_replay in [false, true, true] {
+        let runs = Arc::clone(&runs);
+        let outcome: Outcome = idem
+            .run(scope.clone(), fp, |_ctx| async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                ok("made")
+            })
+            .await;
+        let outcome = outcome.unwrap();
+        assert_eq!(outcome.is_replay(), expected_replay);
+        assert_eq!(outcome.response(), &response("made"));
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A duplicate arriving while the handler runs is refused as in progress.
+pub async fn runner_refuses_a_concurrent_duplicate<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let idem = Idempotency::new(store);
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::of_bytes("a");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let idem = idem.clone();
+        let scope = scope.clone();
+        tokio::spawn(async move {
+            let outcome: Outcome = idem
+                .run(scope, fp, |_ctx| async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    ok("first")
+                })
+                .await;
+            outcome
+        })
+    };
+    started_rx.await.unwrap();
+    let duplicate: Outcome = idem
+        .run(scope.clone(), fp, |_ctx| async { ok("duplicate ran") })
+        .await;
+    match duplicate {
+        Err(ref e @ RunError::InProgress { retry_after }) => {
+            assert!(retry_after > Duration::ZERO);
+            assert_eq!(e.http_status(), Some(409));
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    finish_tx.send(()).unwrap();
+    assert_eq!(
+        first.await.unwrap().unwrap(),
+        RunOutcome::Executed(response("first"))
+    );
+}
+
+/// A key reused with another payload is refused as a mismatch.
+pub async fn runner_refuses_a_reused_key_with_another_payload<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let idem = Idempotency::new(store);
+    let scope = fresh_scope();
+    let first: Outcome = idem
+        .run(
+            scope.clone(),
+            idem_core::Fingerprint::of_bytes("a"),
+            |_| async { ok("a") },
+        )
+        .await;
+    first.unwrap();
+    let second: Outcome = idem
+        .run(scope, idem_core::Fingerprint::of_bytes("b"), |_| async {
+            ok("b")
+        })
+        .await;
+    match second {
+        Err(e @ RunError::Mismatch) => assert_eq!(e.http_status(), Some(422)),
+        other => panic!("expected Mismatch, got {other:?}"),
+    }
+}
+
+/// A handler that says nothing started releases the claim: the retry runs at once.
+pub async fn runner_releases_the_claim_when_nothing_started<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let idem = Idempotency::new(Arc::clone(&store));
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::of_bytes("a");
+    let rejected: Outcome = idem
+        .run(scope.clone(), fp, |_| async {
+            Err(HandlerError::NotStarted("invalid".to_string()))
+        })
+        .await;
+    assert!(
+        matches!(rejected, Err(RunError::Rejected(ref e)) if e == "invalid"),
+        "{rejected:?}"
+    );
+    assert_eq!(store.get(&scope).await.unwrap(), None);
+    let retry: Outcome = idem.run(scope, fp, |_| async { ok("fixed") }).await;
+    assert_eq!(retry.unwrap(), RunOutcome::Executed(response("fixed")));
+}
+
+/// A handler that failed after it may have started keeps the claim until its
+/// lease expires; the retry after that takes over.
+pub async fn runner_keeps_the_claim_when_the_handler_failed<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let idem = Idempotency::new(Arc::clone(&store))
+        .with_lease_ttl(SHORT_LEASE)
+        .unwrap();
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::of_bytes("a");
+    let failed: Outcome = idem
+        .run(scope.clone(), fp, |_| async {
+            Err("boom".to_string().into())
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(RunError::Failed(ref e)) if e == "boom"),
+        "{failed:?}"
+    );
+    assert!(
+        store
+            .get(&scope)
+            .await
+            .unwrap()
+            .expect("claim kept")
+            .is_in_flight()
+    );
+    let retried = eventually("takeover after the failed attempt", || {
+        let idem = idem.clone();
+        let scope = scope.clone();
+        async move {
+            let outcome: Outcome = idem
+                .run(scope, fp, |ctx| async move {
+                    ok(&format!("attempt {}", ctx.attempt()))
+                })
+                .await;
+            match outcome {
+                Err(RunError::InProgress { .. }) => None,
+                other => Some(other),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        retried.unwrap(),
+        RunOutcome::Executed(response("attempt 2"))
+    );
+}
+
+/// When the lease is taken over before completion, the runner reports
+/// `LostLease`, never a quiet success, and the new owner's response stands.
+pub async fn runner_reports_a_lost_lease_instead_of_success<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let idem = Idempotency::new(Arc::clone(&store))
+        .with_lease_ttl(SHORT_LEASE)
+        .unwrap();
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::of_bytes("a");
+    let slow: Outcome = idem
+        .run(scope.clone(), fp, |_| {
+            let store = Arc::clone(&store);
+            let scope = scope.clone();
+            async move {
+                // While this handler is slow, a retry takes the key over and finishes.
+                let takeover = short(&scope, "a");
+                let (lease, _) = wait_for_claim(&*store, &takeover).await;
+                store
+                    .complete(&lease, &response("new owner"))
+                    .await
+                    .unwrap();
+                ok("stale owner")
+            }
+        })
+        .await;
+    assert!(
+        matches!(slow, Err(RunError::Store(StoreError::LostLease))),
+        "{slow:?}"
+    );
+    assert_eq!(
+        claim(&*store, &short(&scope, "a")).await,
+        ClaimOutcome::Completed(response("new owner"))
+    );
+}
+
+/// A takeover's handler sees the next attempt and the previous checkpoint,
+/// and downstream keys are identical across attempts.
+pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let idem = Idempotency::new(store).with_lease_ttl(SHORT_LEASE).unwrap();
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::of_bytes("a");
+    let first_key = Arc::new(std::sync::Mutex::new(None));
+    let seen = Arc::clone(&first_key);
+    let failed: Outcome = idem
+        .run(scope.clone(), fp, |ctx| async move {
+            *seen.lock().unwrap() = Some(ctx.downstream_key("charge"));
+            ctx.checkpoint("charged", &"ch_42").await.unwrap();
+            Err("crashed after charging".to_string().into())
+        })
+        .await;
+    assert!(matches!(failed, Err(RunError::Failed(_))));
+    let outcome = eventually("takeover", || {
+        let idem = idem.clone();
+        let scope = scope.clone();
+        let first_key = Arc::clone(&first_key);
+        async move {
+            let outcome: Outcome = idem
+                .run(scope, fp, |ctx| async move {
+                    assert_eq!(ctx.attempt(), 2);
+                    let point = ctx.previous_checkpoint().expect("checkpoint carried");
+                    assert_eq!(point.name(), "charged");
+                    assert_eq!(point.data(), "ch_42");
+                    let key = ctx.downstream_key("charge");
+                    assert_eq!(Some(&key), first_key.lock().unwrap().as_ref());
+                    assert_ne!(key, ctx.downstream_key("email"));
+                    ok("resumed")
+                })
+                .await;
+            match outcome {
+                Err(RunError::InProgress { .. }) => None,
+                other => Some(other),
+            }
+        }
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Executed(response("resumed")));
+}
+
+/// Automatic renewal keeps the key held while a handler runs past its lease.
+pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let idem = Idempotency::new(Arc::clone(&store))
+        .with_lease_ttl(SHORT_LEASE)
+        .unwrap()
+        .with_auto_renew(Duration::from_secs(30))
+        .unwrap();
+    let scope = fresh_scope();
+    let fp = idem_core::Fingerprint::of_bytes("a");
+    let outcome: Outcome = idem
+        .run(scope.clone(), fp, |_| {
+            let store = Arc::clone(&store);
+            let scope = scope.clone();
+            async move {
+                // Four lease lengths: every duplicate in that time must wait.
+                let until = tokio::time::Instant::now() + SHORT_LEASE * 4;
+                while tokio::time::Instant::now() < until {
+                    let duplicate = claim(&*store, &short(&scope, "a")).await;
+                    assert!(
+                        matches!(duplicate, ClaimOutcome::InProgress { .. }),
+                        "lease lapsed under auto-renewal: {duplicate:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                ok("long job")
+            }
+        })
+        .await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Executed(response("long job")));
+}

@@ -1,0 +1,186 @@
+//! Helpers shared by the cases: random tenants, requests, polling to a deadline.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Checkpoint, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, Lease,
+    Scope, StoreError, StoredResponse, Tenant,
+};
+
+/// A lease short enough that cases can wait it out.
+pub const SHORT_LEASE: Duration = Duration::from_millis(250);
+/// A lease no case outlives.
+pub const LONG_LEASE: Duration = Duration::from_secs(60);
+/// A retention short enough that cases can wait it out.
+pub const SHORT_RETENTION: Duration = Duration::from_millis(400);
+/// How long a case polls for something the store must do eventually.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(25);
+
+/// A tenant no other case uses.
+pub fn fresh_tenant() -> Tenant {
+    Tenant::new(format!("conformance-{}", uuid::Uuid::new_v4())).expect("valid tenant")
+}
+
+/// A scope in a fresh tenant.
+pub fn fresh_scope() -> Scope {
+    Scope::new(fresh_tenant(), key("key-1"))
+}
+
+/// A key from text known to be valid.
+pub fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::new(text).expect("valid key")
+}
+
+/// A claim of `scope` for the request `body`, with `lease` and a long retention.
+pub fn request(scope: &Scope, body: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
+        .with_lease_ttl(lease)
+        .expect("valid lease")
+}
+
+/// A claim that holds for the whole case.
+pub fn long(scope: &Scope, body: &str) -> ClaimRequest {
+    request(scope, body, LONG_LEASE)
+}
+
+/// A claim whose lease the case will wait out.
+pub fn short(scope: &Scope, body: &str) -> ClaimRequest {
+    request(scope, body, SHORT_LEASE)
+}
+
+/// The same claim with a short retention.
+pub fn brief(request: ClaimRequest) -> ClaimRequest {
+    request
+        .with_retention(SHORT_RETENTION)
+        .expect("valid retention")
+}
+
+/// Claims, and fails the case unless the outcome is `Claimed`.
+pub async fn must_claim<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    request: &ClaimRequest,
+) -> (Lease, Option<Checkpoint>) {
+    match store.claim(request).await {
+        Ok(ClaimOutcome::Claimed { lease, checkpoint }) => (lease, checkpoint),
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+/// Claims and returns the outcome, failing the case on a store error.
+pub async fn claim<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    request: &ClaimRequest,
+) -> ClaimOutcome {
+    match store.claim(request).await {
+        Ok(outcome) => outcome,
+        Err(e) => panic!("claim failed: {e:?}"),
+    }
+}
+
+/// Fails the case unless `result` is `LostLease`.
+pub fn assert_lost<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>) {
+    assert!(
+        matches!(result, Err(StoreError::LostLease)),
+        "{what}: expected LostLease, got {result:?}"
+    );
+}
+
+/// Polls `check` until it yields a value or the deadline passes.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {DEADLINE:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Claims `request` until the store grants it (after an expiry), failing on
+/// any outcome other than `InProgress` in the meantime.
+pub async fn wait_for_claim<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    request: &ClaimRequest,
+) -> (Lease, Option<Checkpoint>) {
+    eventually("claim after the lease expires", || async {
+        match claim(store, request).await {
+            ClaimOutcome::Claimed { lease, checkpoint } => Some((lease, checkpoint)),
+            ClaimOutcome::InProgress { .. } => None,
+            other => panic!("while waiting for the lease to expire: {other:?}"),
+        }
+    })
+    .await
+}
+
+/// Waits until `get` reports no record for `scope`.
+pub async fn wait_until_absent<S: IdempotencyStore + ?Sized>(store: &S, scope: &Scope) {
+    eventually("record past retention to count as absent", || async {
+        match store.get(scope).await {
+            Ok(None) => Some(()),
+            Ok(Some(_)) => None,
+            Err(e) => panic!("get failed: {e:?}"),
+        }
+    })
+    .await;
+}
+
+/// Sleeps until a lease claimed `lease` ago has certainly run out.
+pub async fn outlive(lease: Duration) {
+    tokio::time::sleep(lease + Duration::from_millis(150)).await;
+}
+
+/// A small response.
+pub fn response(text: &str) -> StoredResponse {
+    StoredResponse::new(200, text.as_bytes().to_vec()).with_header("content-type", "text/plain")
+}
+
+/// Claims `request` and completes it with `response`.
+pub async fn claim_and_complete<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    request: &ClaimRequest,
+    response: &StoredResponse,
+) -> Lease {
+    let (lease, _) = must_claim(store, request).await;
+    store
+        .complete(&lease, response)
+        .await
+        .expect("complete under a held lease");
+    lease
+}
+
+/// Runs `count` copies of `task` at once, each on its own tokio task.
+pub async fn concurrently<S, F, Fut, T>(store: &Arc<S>, count: usize, task: F) -> Vec<T>
+where
+    S: IdempotencyStore + ?Sized,
+    F: Fn(Arc<S>) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(count));
+    let handles: Vec<_> = (0..count)
+        .map(|_| {
+            let work = task(Arc::clone(store));
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                work.await
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(count);
+    for handle in handles {
+        results.push(handle.await.expect("concurrent task panicked"));
+    }
+    results
+}
