@@ -1,0 +1,67 @@
+//! Maps driver errors onto [`StoreError`] by type and SQLSTATE, never by message text.
+
+use idem_core::StoreError;
+
+/// SQLSTATE classes and codes after which the same call may succeed.
+fn retryable_sqlstate(code: &str) -> bool {
+    matches!(
+        code,
+        // serialization failure, deadlock
+        "40001" | "40P01"
+        // too many connections, out of memory, disk full
+        | "53300" | "53200" | "53100"
+        // admin or crash shutdown, cannot connect now
+        | "57P01" | "57P02" | "57P03"
+        // lock not available, query canceled (statement_timeout)
+        | "55P03" | "57014"
+    ) || code.starts_with("08") // connection exceptions
+}
+
+/// Classifies a driver error for the operation `what`.
+pub(crate) fn classify(what: &str, error: sqlx::Error) -> StoreError {
+    let retryable = match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
+        _ => false,
+    };
+    let message = format!("postgres {what} failed");
+    if retryable {
+        StoreError::unavailable_from(message, error)
+    } else {
+        StoreError::backend(message, error)
+    }
+}
+
+/// A value read back that the schema should have made impossible.
+pub(crate) fn corrupt(what: &str) -> StoreError {
+    StoreError::Backend {
+        message: format!("postgres returned an unexpected {what}"),
+        source: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_retryable_and_bugs_are_not() {
+        assert!(classify("claim", sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(
+            classify(
+                "claim",
+                sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into())
+            )
+            .is_retryable()
+        );
+        assert!(!classify("claim", sqlx::Error::RowNotFound).is_retryable());
+        assert!(retryable_sqlstate("08006"));
+        assert!(retryable_sqlstate("40001"));
+        assert!(!retryable_sqlstate("42P01")); // undefined table: run migrate()
+    }
+}

@@ -1,0 +1,53 @@
+//! # idem-postgres
+//!
+//! The Postgres store for [idem](idem_core): the idempotency record lives in
+//! the same database as the business data, so the effect and the record of
+//! it can commit together.
+//!
+//! - [`PostgresStore::new`] takes your `sqlx::PgPool`; [`PostgresStore::migrate`]
+//!   creates the table and the claim function ([`PostgresStore::migration_sql`]
+//!   gives the same SQL to your own migration tool).
+//! - Every claim is one round trip for every outcome: a call of a PL/pgSQL
+//!   function (see `claim.rs` and `migrations/`) whose replay path writes
+//!   nothing. Complete, renew, release and checkpoint are one fenced
+//!   statement each. The server's clock judges leases and retention.
+//! - [`PostgresStore::complete_in`] completes inside your transaction, and
+//!   [`PostgresStore::run_in_transaction`] runs the whole flow;
+//!   [`PostgresStore::claim_in`] is the inbox mode for message consumers.
+//! - [`PostgresStore::purge_expired`](idem_core::IdempotencyStore::purge_expired)
+//!   deletes in bounded `SKIP LOCKED` batches; [`PostgresStore::spawn_sweeper`]
+//!   runs it on an interval.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idem_core::{Fingerprint, HandlerError, Idempotency, Scope, StoredResponse};
+//! use idem_postgres::{sqlx::postgres::PgPoolOptions, PostgresStore};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPoolOptions::new().test_before_acquire(false).connect("postgres://localhost/app").await?;
+//! let store = PostgresStore::new(pool);
+//! store.migrate().await?;
+//! let idem = Idempotency::new(Arc::new(store));
+//! let outcome = idem
+//!     .run(Scope::parse("acme", "k-1")?, Fingerprint::of_bytes(b"body"), |_ctx| async {
+//!         Ok::<_, HandlerError<std::io::Error>>(StoredResponse::new(200, "done"))
+//!     })
+//!     .await?;
+//! # let _ = outcome; Ok(()) }
+//! ```
+
+mod claim;
+mod config;
+mod error;
+mod store;
+mod sweeper;
+
+pub use config::{DEFAULT_TABLE, MAX_TABLE_NAME, TableName};
+pub use store::{
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PURGE_BATCH, MAX_RESPONSE_BYTES_LIMIT, PostgresStore,
+    TxClaim, TxFuture,
+};
+pub use sweeper::Sweeper;
+
+/// The driver, re-exported so your pool and ours are the same version.
+pub use sqlx;

@@ -1,0 +1,139 @@
+//! A loopback TCP proxy that counts Postgres round trips on the wire.
+//!
+//! Every round trip of the protocol ends in one ReadyForQuery from the
+//! server, answering one Sync (extended protocol) or one Query (simple
+//! protocol) from the client. A Sync sent on its own, with no statement
+//! before it, is a ping: sqlx's pool pings each connection as it returns to
+//! the pool, in the background, after the caller has its answer. The proxy
+//! counts statements and pings apart.
+
+#![allow(unreachable_pub, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Default)]
+pub struct Counts {
+    /// ReadyForQuery messages from the server: every round trip.
+    pub ready: AtomicU64,
+    /// Round trips that carried a statement.
+    pub statements: AtomicU64,
+    /// Round trips that carried nothing but a Sync.
+    pub pings: AtomicU64,
+}
+
+pub struct CountingProxy {
+    pub port: u16,
+    pub counts: Arc<Counts>,
+}
+
+impl CountingProxy {
+    /// Listens on a free loopback port and forwards to `upstream` (host:port).
+    /// Clients must not ask for TLS (`sslmode=disable`).
+    pub async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let counts = Arc::new(Counts::default());
+        let shared = Arc::clone(&counts);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = TcpStream::connect(&upstream)
+                    .await
+                    .expect("connect upstream");
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(forward(
+                    client_read,
+                    server_write,
+                    Arc::clone(&shared),
+                    true,
+                ));
+                tokio::spawn(forward(
+                    server_read,
+                    client_write,
+                    Arc::clone(&shared),
+                    false,
+                ));
+            }
+        });
+        Self { port, counts }
+    }
+
+    pub fn statements(&self) -> u64 {
+        self.counts.statements.load(Ordering::SeqCst)
+    }
+
+    pub fn ready(&self) -> u64 {
+        self.counts.ready.load(Ordering::SeqCst)
+    }
+}
+
+async fn forward(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    counts: Arc<Counts>,
+    client: bool,
+) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    // The client's startup message has no type byte: skip it.
+    let mut startup = client;
+    let mut since_sync = false;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        loop {
+            let (kind, header) = if startup {
+                (0u8, 0usize)
+            } else {
+                (pending.first().copied().unwrap_or(0), 1)
+            };
+            if pending.len() < header + 4 {
+                break;
+            }
+            let len = u32::from_be_bytes([
+                pending[header],
+                pending[header + 1],
+                pending[header + 2],
+                pending[header + 3],
+            ]) as usize;
+            if pending.len() < header + len {
+                break;
+            }
+            pending.drain(..header + len);
+            if startup {
+                startup = false;
+                continue;
+            }
+            match (client, kind) {
+                (false, b'Z') => {
+                    counts.ready.fetch_add(1, Ordering::SeqCst);
+                }
+                (true, b'S') => {
+                    let counter = if since_sync {
+                        &counts.statements
+                    } else {
+                        &counts.pings
+                    };
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    since_sync = false;
+                }
+                (true, b'Q') => {
+                    counts.statements.fetch_add(1, Ordering::SeqCst);
+                }
+                (true, _) => since_sync = true,
+                (false, _) => {}
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+}

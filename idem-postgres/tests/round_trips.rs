@@ -1,0 +1,258 @@
+//! Every operation is one round trip for every outcome, counted on the wire.
+
+mod common;
+#[path = "common/proxy.rs"]
+mod proxy;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use idem_core::{
+    Checkpoint, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, Scope, StoreError,
+    StoredResponse,
+};
+use idem_postgres::PostgresStore;
+use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use idem_postgres::sqlx::{Connection, PgConnection};
+use proxy::CountingProxy;
+
+fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
+    ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
+        .with_lease_ttl(Duration::from_millis(lease_ms))
+        .unwrap()
+}
+
+fn scope(key: &str) -> Scope {
+    Scope::parse(&format!("rt-{}", uuid::Uuid::new_v4()), key).unwrap()
+}
+
+async fn counted<T>(proxy: &CountingProxy, op: impl std::future::Future<Output = T>) -> (T, u64) {
+    let before = proxy.statements();
+    let value = op.await;
+    (value, proxy.statements() - before)
+}
+
+async fn proxied_options() -> (CountingProxy, PgConnectOptions) {
+    let options = PgConnectOptions::from_str(&common::url()).expect("IDEM_POSTGRES_URL parses");
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let proxy = CountingProxy::start(upstream).await;
+    let options = options
+        .host("127.0.0.1")
+        .port(proxy.port)
+        .ssl_mode(PgSslMode::Disable);
+    (proxy, options)
+}
+
+/// Without a pool there is no on-release ping: everything on the wire is the
+/// operation's own, and each is exactly one round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_in_and_complete_in_on_a_connection_are_one_round_trip_on_the_wire() {
+    let (proxy, options) = proxied_options().await;
+    let mut conn = PgConnection::connect_with(&options)
+        .await
+        .expect("connect through the proxy");
+    let store = common::store().await;
+    let wire = |before: u64| proxy.ready() - before;
+
+    // Warm up: prepare both statements on this connection.
+    let ClaimOutcome::Claimed { lease, .. } = store
+        .claim_in(&mut conn, &request(&scope("w"), "a", 60_000))
+        .await
+        .unwrap()
+    else {
+        panic!("warm-up")
+    };
+    store
+        .complete_in(
+            &mut conn,
+            &lease,
+            &StoredResponse::new(200, "w").with_header("h", "v"),
+        )
+        .await
+        .unwrap();
+
+    let s = scope("k");
+    let mut report = Vec::new();
+    let before = proxy.ready();
+    let ClaimOutcome::Claimed { lease, .. } = store
+        .claim_in(&mut conn, &request(&s, "a", 60_000))
+        .await
+        .unwrap()
+    else {
+        panic!("claim")
+    };
+    report.push(("claim_in: claimed", wire(before)));
+    let before = proxy.ready();
+    assert!(matches!(
+        store
+            .claim_in(&mut conn, &request(&s, "a", 60_000))
+            .await
+            .unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    report.push(("claim_in: in progress", wire(before)));
+    let before = proxy.ready();
+    store
+        .complete_in(&mut conn, &lease, &StoredResponse::new(200, "done"))
+        .await
+        .unwrap();
+    report.push(("complete_in", wire(before)));
+    let before = proxy.ready();
+    assert!(matches!(
+        store
+            .claim_in(&mut conn, &request(&s, "a", 60_000))
+            .await
+            .unwrap(),
+        ClaimOutcome::Completed(_)
+    ));
+    report.push(("claim_in: replay", wire(before)));
+    let before = proxy.ready();
+    assert_eq!(
+        store
+            .claim_in(&mut conn, &request(&s, "b", 60_000))
+            .await
+            .unwrap(),
+        ClaimOutcome::Mismatch
+    );
+    report.push(("claim_in: mismatch", wire(before)));
+    let before = proxy.ready();
+    assert!(matches!(
+        store
+            .complete_in(&mut conn, &lease, &StoredResponse::new(200, "again"))
+            .await,
+        Err(StoreError::LostLease)
+    ));
+    report.push(("complete_in: lost lease", wire(before)));
+
+    // The last response's ReadyForQuery may still be in flight to the proxy.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!("{report:#?}");
+    let total: u64 = report.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, report.len() as u64, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_and_claim_outcome_is_one_statement_round_trip() {
+    let (proxy, options) = proxied_options().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .expect("connect through the proxy");
+    let store = PostgresStore::new(pool);
+    store.migrate().await.unwrap();
+
+    // Warm up: the connection prepares each statement once, and sqlx looks up
+    // array types once. Those round trips are per connection, not per call.
+    let warm = scope("warm");
+    let ClaimOutcome::Claimed { lease, .. } =
+        store.claim(&request(&warm, "a", 60_000)).await.unwrap()
+    else {
+        panic!("warm-up claim")
+    };
+    store
+        .checkpoint(&lease, &Checkpoint::new("c", &1).unwrap())
+        .await
+        .unwrap();
+    store.renew(&lease, Duration::from_secs(60)).await.unwrap();
+    store.get(&warm).await.unwrap();
+    store
+        .complete(&lease, &StoredResponse::new(200, "x").with_header("h", "v"))
+        .await
+        .unwrap();
+    let warm2 = scope("warm2");
+    let ClaimOutcome::Claimed { lease, .. } =
+        store.claim(&request(&warm2, "a", 60_000)).await.unwrap()
+    else {
+        panic!("warm-up claim")
+    };
+    store.release(&lease).await.unwrap();
+    store.purge_expired().await.unwrap();
+
+    let mut report = Vec::new();
+    let s = scope("k");
+    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 150))).await;
+    let ClaimOutcome::Claimed { lease: first, .. } = outcome.unwrap() else {
+        panic!("fresh claim")
+    };
+    report.push(("claim: claimed", n));
+    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 150))).await;
+    assert!(matches!(outcome.unwrap(), ClaimOutcome::InProgress { .. }));
+    report.push(("claim: in progress", n));
+    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "b", 150))).await;
+    assert_eq!(outcome.unwrap(), ClaimOutcome::Mismatch);
+    report.push(("claim: mismatch (in flight)", n));
+    let (outcome, n) = counted(
+        &proxy,
+        store.checkpoint(&first, &Checkpoint::new("p", &[1]).unwrap()),
+    )
+    .await;
+    outcome.unwrap();
+    report.push(("checkpoint", n));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 60_000))).await;
+    let ClaimOutcome::Claimed {
+        lease: second,
+        checkpoint,
+    } = outcome.unwrap()
+    else {
+        panic!("takeover")
+    };
+    assert_eq!(second.attempt(), 2);
+    assert!(checkpoint.is_some());
+    report.push(("claim: takeover", n));
+    let (outcome, n) = counted(
+        &proxy,
+        store.complete(&first, &StoredResponse::new(200, "stale")),
+    )
+    .await;
+    assert!(matches!(outcome, Err(StoreError::LostLease)));
+    report.push(("complete: lost lease", n));
+    let (outcome, n) = counted(&proxy, store.renew(&second, Duration::from_secs(60))).await;
+    let second = outcome.unwrap();
+    report.push(("renew", n));
+    let (outcome, n) = counted(
+        &proxy,
+        store.complete(&second, &StoredResponse::new(201, "done")),
+    )
+    .await;
+    outcome.unwrap();
+    report.push(("complete", n));
+    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 60_000))).await;
+    assert!(matches!(outcome.unwrap(), ClaimOutcome::Completed(_)));
+    report.push(("claim: replay", n));
+    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "b", 60_000))).await;
+    assert_eq!(outcome.unwrap(), ClaimOutcome::Mismatch);
+    report.push(("claim: mismatch (completed)", n));
+    let (outcome, n) = counted(&proxy, store.get(&s)).await;
+    assert!(outcome.unwrap().is_some());
+    report.push(("get", n));
+
+    let r = scope("retained");
+    let short = request(&r, "a", 50)
+        .with_retention(Duration::from_millis(50))
+        .unwrap();
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&short).await.unwrap() else {
+        panic!()
+    };
+    store
+        .complete(&lease, &StoredResponse::new(200, "old"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let (outcome, n) = counted(&proxy, store.claim(&request(&r, "other", 60_000))).await;
+    let ClaimOutcome::Claimed { lease, .. } = outcome.unwrap() else {
+        panic!("claim past retention")
+    };
+    report.push(("claim: past retention", n));
+    let (outcome, n) = counted(&proxy, store.release(&lease)).await;
+    outcome.unwrap();
+    report.push(("release", n));
+
+    println!("{report:#?}");
+    for (what, n) in report {
+        assert_eq!(n, 1, "{what} took {n} round trips");
+    }
+}
