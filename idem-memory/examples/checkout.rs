@@ -6,8 +6,6 @@
 //!
 //! Run with `cargo run -p idem-memory --example checkout`.
 
-#![allow(clippy::print_stdout)] // a demo prints what happens
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -119,17 +119,24 @@ pub(crate) fn decode_response(
     Some(response)
 }
 
-/// The columns a stored response is written to.
-pub(crate) fn encode_response(response: &StoredResponse) -> (i32, Vec<&[u8]>, Vec<&[u8]>, &[u8]) {
-    let names = response
+/// Binds a stored response's columns: status, header names, header values, body.
+pub(crate) fn bind_response<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    response: &'q StoredResponse,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let names: Vec<&[u8]> = response
         .headers()
         .iter()
         .map(|(n, _)| n.as_bytes())
         .collect();
-    let values = response
+    let values: Vec<&[u8]> = response
         .headers()
         .iter()
         .map(|(_, v)| v.as_slice())
         .collect();
-    (i32::from(response.status()), names, values, response.body())
+    query
+        .bind(i32::from(response.status()))
+        .bind(names)
+        .bind(values)
+        .bind(response.body())
 }

@@ -15,7 +15,7 @@ use idem_core::{
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
 
-use crate::claim::{self, decode_response, encode_response, millis};
+use crate::claim::{self, bind_response, decode_response, millis};
 use crate::config::{Statements, TableName};
 use crate::error::{classify, corrupt};
 
@@ -322,16 +322,8 @@ impl PostgresStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         self.check_size(response)?;
-        let (status, names, values, body) = encode_response(response);
-        let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
-            .bind(lease.scope().tenant().as_str())
-            .bind(lease.scope().key().as_str())
-            .bind(lease.owner().as_uuid())
-            .bind(millis(lease.retention()))
-            .bind(status)
-            .bind(names)
-            .bind(values)
-            .bind(body)
+        let query = Self::fenced(&self.sql.complete, lease).bind(millis(lease.retention()));
+        let done = bind_response(query, response)
             .execute(executor)
             .await
             .map_err(|e| classify("complete", e))?;

@@ -1,5 +1,7 @@
 //! Every operation is one round trip for every outcome, counted on the wire.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
 mod common;
 #[path = "common/proxy.rs"]
 mod proxy;

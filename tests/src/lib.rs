@@ -35,6 +35,12 @@ use idem_core::IdempotencyStore;
 pub mod cases;
 pub mod support;
 
+/// The README's examples, compiled (and where they need no server, run) as
+/// doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 /// A case boxed for a store type `S`.
 pub type CaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
