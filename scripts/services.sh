@@ -59,3 +59,67 @@ ensure_postgres() {
   fi
   log "postgres: $IDEM_POSTGRES_URL"
 }
+
+redis_ping() { timeout 3 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+
+ensure_redis_installed() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server
+}
+
+ensure_redis() {
+  ensure_redis_installed
+  export IDEM_REDIS_SERVER=${IDEM_REDIS_SERVER:-$(command -v redis-server)}
+  if [ -n "${IDEM_REDIS_URL:-}" ]; then
+    log "redis: using IDEM_REDIS_URL"
+    return
+  fi
+  if ! redis_ping 6379; then
+    log "redis: starting a server on 127.0.0.1:6379"
+    mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+      --dir "$(mktemp -d)" --logfile "${TMPDIR:-/tmp}/idem-redis-6379.log" >/dev/null \
+      || die "redis-server did not start"
+    for _ in $(seq 1 40); do redis_ping 6379 && break; sleep 0.25; done
+    redis_ping 6379 || die "redis is not answering on 127.0.0.1:6379"
+  fi
+  export IDEM_REDIS_URL=redis://127.0.0.1:6379
+  log "redis: $IDEM_REDIS_URL"
+}
+
+# A three-master Redis Cluster on loopback ports 7101-7103.
+ensure_redis_cluster() {
+  ensure_redis_installed
+  if [ -n "${IDEM_REDIS_CLUSTER_URLS:-}" ]; then
+    log "redis cluster: using IDEM_REDIS_CLUSTER_URLS"
+    return
+  fi
+  local ports="7101 7102 7103" dir="${TMPDIR:-/tmp}/idem-redis-cluster" port
+  if ! timeout 3 redis-cli -p 7101 cluster info 2>/dev/null | grep -q cluster_state:ok; then
+    log "redis cluster: starting three masters on ports $ports"
+    for port in $ports; do timeout 3 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; done
+    rm -rf "$dir"
+    for port in $ports; do
+      mkdir -p "$dir/$port"
+      redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --cluster-enabled yes \
+        --cluster-config-file "$dir/$port/nodes.conf" --dir "$dir/$port" \
+        --save "" --appendonly no --logfile "$dir/$port/redis.log" >/dev/null \
+        || die "redis-server on port $port did not start"
+    done
+    for port in $ports; do
+      for _ in $(seq 1 40); do redis_ping "$port" && break; sleep 0.25; done
+      redis_ping "$port" || die "redis cluster node $port is not answering"
+    done
+    timeout 30 redis-cli --cluster create 127.0.0.1:7101 127.0.0.1:7102 127.0.0.1:7103 \
+      --cluster-replicas 0 --cluster-yes >/dev/null || die "redis-cli --cluster create failed"
+    for port in $ports; do
+      for _ in $(seq 1 60); do
+        timeout 3 redis-cli -p "$port" cluster info 2>/dev/null | grep -q cluster_state:ok && break
+        sleep 0.25
+      done
+      timeout 3 redis-cli -p "$port" cluster info | grep -q cluster_state:ok \
+        || die "redis cluster node $port never reached cluster_state:ok"
+    done
+  fi
+  export IDEM_REDIS_CLUSTER_URLS=redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103
+  log "redis cluster: $IDEM_REDIS_CLUSTER_URLS"
+}

@@ -52,7 +52,8 @@ pub use record::{Checkpoint, Lease, OwnerToken, Record, RecordState, StoredRespo
 pub use runner::{Context, HandlerError, Idempotency, RunError, RunOutcome};
 pub use scope::{IdempotencyKey, Scope, Tenant};
 pub use store::{
-    Capabilities, ClaimOutcome, ClockSource, Durability, IdempotencyStore, TransactionSharing,
+    Capabilities, ClaimOutcome, ClockSource, Durability, Eviction, IdempotencyStore,
+    TransactionSharing,
 };
 
 /// Re-exported so store crates and their users agree on one version.

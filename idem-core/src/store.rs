@@ -70,6 +70,18 @@ pub enum ClockSource {
     Caller,
 }
 
+/// Whether a store may drop records that have not reached their retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Eviction {
+    /// Records stay until retention.
+    Never,
+    /// The store may evict under memory pressure (the user accepted the risk).
+    Possible,
+    /// The store cannot tell (for example, its configuration is hidden).
+    Unknown,
+}
+
 /// What a store reports about itself.
 ///
 /// ```
@@ -94,10 +106,12 @@ pub struct Capabilities {
     pub clock: ClockSource,
     /// The largest [`StoredResponse::size`] the store accepts.
     pub max_response_bytes: usize,
+    /// Whether records can vanish before retention.
+    pub eviction: Eviction,
 }
 
 impl Capabilities {
-    /// Capabilities from each field.
+    /// Capabilities from each field; eviction [`Eviction::Never`].
     pub fn new(
         transactions: TransactionSharing,
         durability: Durability,
@@ -109,7 +123,14 @@ impl Capabilities {
             durability,
             clock,
             max_response_bytes,
+            eviction: Eviction::Never,
         }
+    }
+
+    /// The same capabilities with another eviction answer.
+    pub fn with_eviction(mut self, eviction: Eviction) -> Self {
+        self.eviction = eviction;
+        self
     }
 }
 

@@ -1,0 +1,187 @@
+//! The claim: one `EVALSHA` of `lua/claim.lua`, one round trip for every outcome.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use idem_core::{
+    Checkpoint, ClaimOutcome, ClaimRequest, Lease, OwnerToken, StoreError, StoredResponse,
+    Timestamp,
+};
+use redis::{Script, Value};
+
+use crate::error::{classify, corrupt};
+use crate::store::RedisConnection;
+
+const NOW: &str = include_str!("../lua/now.lua");
+const FENCE: &str = include_str!("../lua/fence.lua");
+
+/// Every script, with its preludes, hashed once.
+pub(crate) struct Scripts {
+    pub(crate) claim: Script,
+    pub(crate) complete: Script,
+    pub(crate) renew: Script,
+    pub(crate) release: Script,
+    pub(crate) checkpoint: Script,
+    pub(crate) get: Script,
+}
+
+fn script(preludes: &[&str], body: &str) -> Script {
+    Script::new(&format!("{}\n{body}", preludes.concat()))
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: script(&[NOW], include_str!("../lua/claim.lua")),
+    complete: script(&[NOW, FENCE], include_str!("../lua/complete.lua")),
+    renew: script(&[NOW, FENCE], include_str!("../lua/renew.lua")),
+    release: script(&[NOW, FENCE], include_str!("../lua/release.lua")),
+    checkpoint: script(&[NOW, FENCE], include_str!("../lua/checkpoint.lua")),
+    get: script(&[NOW], include_str!("../lua/get.lua")),
+});
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Claims `request` under the record key `key`.
+pub(crate) async fn claim(
+    conn: &RedisConnection,
+    key: &str,
+    request: &ClaimRequest,
+) -> Result<ClaimOutcome, StoreError> {
+    let owner = OwnerToken::generate();
+    let reply: Vec<Value> = SCRIPTS
+        .claim
+        .key(key)
+        .arg(request.fingerprint().as_bytes().as_slice())
+        .arg(owner.to_string())
+        .arg(millis(request.lease_ttl()))
+        .arg(millis(request.retention()))
+        .invoke_async(&mut conn.clone())
+        .await
+        .map_err(|e| classify("claim", e))?;
+    decode(&reply, request, owner).ok_or_else(|| corrupt("claim reply"))
+}
+
+fn decode(reply: &[Value], request: &ClaimRequest, owner: OwnerToken) -> Option<ClaimOutcome> {
+    let outcome = bytes(reply.first()?)?;
+    Some(match outcome.as_slice() {
+        b"claimed" => {
+            let attempt = u32::try_from(int(reply.get(1)?)?).ok()?;
+            let expires = Timestamp::from_unix_millis(int(reply.get(2)?)?);
+            let checkpoint = match (reply.get(3).and_then(bytes), reply.get(4).and_then(bytes)) {
+                (Some(name), Some(data)) => Some(
+                    Checkpoint::from_json(
+                        String::from_utf8(name).ok()?,
+                        std::str::from_utf8(&data).ok()?,
+                    )
+                    .ok()?,
+                ),
+                _ => None,
+            };
+            let lease = Lease::issued(
+                request.scope().clone(),
+                owner,
+                attempt,
+                expires,
+                request.retention(),
+            );
+            ClaimOutcome::Claimed { lease, checkpoint }
+        }
+        b"in_progress" => ClaimOutcome::InProgress {
+            retry_after: Duration::from_millis(u64::try_from(int(reply.get(1)?)?).ok()?.max(1)),
+        },
+        b"completed" => ClaimOutcome::Completed(decode_response(
+            int(reply.get(1)?)?,
+            &bytes(reply.get(2)?)?,
+            bytes(reply.get(3)?)?,
+        )?),
+        b"mismatch" => ClaimOutcome::Mismatch,
+        _ => return None,
+    })
+}
+
+/// A bulk or simple string; `None` for nil or anything else.
+pub(crate) fn bytes(value: &Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+/// An integer, or a string holding one.
+pub(crate) fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        other => std::str::from_utf8(&bytes(other)?).ok()?.parse().ok(),
+    }
+}
+
+/// Headers as one string: for each, a 4-byte big-endian length and the name,
+/// then the same for the value.
+pub(crate) fn encode_headers(response: &StoredResponse) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in response.headers() {
+        for part in [name.as_bytes(), value.as_slice()] {
+            // Sizes are bounded by max_response_bytes, far below 4 GiB.
+            out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
+            out.extend_from_slice(part);
+        }
+    }
+    out
+}
+
+pub(crate) fn decode_response(
+    status: i64,
+    headers: &[u8],
+    body: Vec<u8>,
+) -> Option<StoredResponse> {
+    let mut response = StoredResponse::new(u16::try_from(status).ok()?, body);
+    let mut rest = headers;
+    let mut take = || -> Option<Vec<u8>> {
+        let (len, tail) = rest.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+        if tail.len() < len {
+            return None;
+        }
+        let (part, tail) = tail.split_at(len);
+        rest = tail;
+        Some(part.to_vec())
+    };
+    while let Some(name) = take() {
+        let value = take()?;
+        response = response.with_header(String::from_utf8(name).ok()?, value);
+    }
+    rest.is_empty().then_some(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_through_their_encoding() {
+        let response = StoredResponse::new(200, "b")
+            .with_header("a", vec![0, 1, 2])
+            .with_header("", Vec::new())
+            .with_header("ü", "v");
+        let encoded = encode_headers(&response);
+        assert_eq!(
+            decode_response(200, &encoded, b"b".to_vec()),
+            Some(response)
+        );
+    }
+
+    #[test]
+    fn truncated_headers_are_refused() {
+        let encoded = encode_headers(&StoredResponse::new(200, "").with_header("name", "value"));
+        for cut in 1..encoded.len() {
+            assert_eq!(
+                decode_response(200, &encoded[..cut], Vec::new()),
+                None,
+                "cut {cut}"
+            );
+        }
+        assert_eq!(decode_response(70_000, &[], Vec::new()), None);
+    }
+}

@@ -1,0 +1,41 @@
+//! # idem-redis
+//!
+//! The Redis store for [idem](idem_core): the fast store, and the one most
+//! often misconfigured.
+//!
+//! - [`RedisStore::new`] over a [`redis::aio::ConnectionManager`] (it
+//!   reconnects by itself) or a [`redis::cluster_async::ClusterConnection`],
+//!   with the same behaviour.
+//! - Every operation is one Lua script, one round trip; the claim is
+//!   `lua/claim.lua` (driven from `claim.rs`). The server's `TIME` judges
+//!   leases and retention, never the caller's clock.
+//! - One Redis key per record, injective in (tenant, key), with a hash tag
+//!   that is exactly the scope: see [`RedisStore::record_key`].
+//! - Construction refuses a `maxmemory-policy` that can evict records.
+//! - Nothing to share with the caller's transactions; `purge_expired` has
+//!   nothing to do, since Redis expires records by `PEXPIREAT`.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idem_core::Idempotency;
+//! use idem_redis::{redis, RedisStore};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379")?;
+//! let store = RedisStore::new(redis::aio::ConnectionManager::new(client).await?).await?;
+//! let idem = Idempotency::new(Arc::new(store));
+//! # let _ = idem; Ok(()) }
+//! ```
+
+mod claim;
+mod config;
+mod error;
+mod store;
+
+pub use config::{
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PREFIX, MAX_RESPONSE_BYTES_LIMIT, RedisOptions, record_key,
+};
+pub use store::{RedisConnection, RedisStore};
+
+/// The driver, re-exported so your connection and ours are the same version.
+pub use redis;

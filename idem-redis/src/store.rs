@@ -1,0 +1,345 @@
+//! `RedisStore`: one script per operation over a single node or a cluster.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use idem_core::{
+    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, ClockSource, Durability, Eviction,
+    Fingerprint, IdempotencyStore, Lease, OwnerToken, Record, RecordState, Scope, StoreError,
+    StoredResponse, Timestamp, TransactionSharing, async_trait, validate_lease_ttl,
+};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::claim::{self, SCRIPTS, bytes, decode_response, encode_headers, int, millis};
+use crate::config::{RedisOptions, record_key};
+use crate::error::{classify, corrupt};
+
+/// A connection to one Redis server or to a Redis Cluster.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One server, through a manager that reconnects by itself.
+    Single(ConnectionManager),
+    /// A cluster; each record lives in the slot of its scope.
+    Cluster(ClusterConnection),
+}
+
+impl From<ConnectionManager> for RedisConnection {
+    fn from(conn: ConnectionManager) -> Self {
+        Self::Single(conn)
+    }
+}
+
+impl From<ClusterConnection> for RedisConnection {
+    fn from(conn: ClusterConnection) -> Self {
+        Self::Cluster(conn)
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The Redis store.
+///
+/// Every operation is one Lua script and one round trip (`EVALSHA`, loading
+/// the script only when the server lacks it); leases and retention are
+/// judged by the server's `TIME` inside the script, and records expire by
+/// `PEXPIREAT` at their retention.
+///
+/// Construction reads the server's `maxmemory-policy` and refuses a policy
+/// that can evict records (every `allkeys-*` and `volatile-*`), unless
+/// [`RedisOptions::accept_eviction_risk`] says otherwise.
+///
+/// ```no_run
+/// use idem_redis::{redis, RedisStore};
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let conn = redis::aio::ConnectionManager::new(client).await?;
+/// let store = RedisStore::new(conn).await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: RedisConnection,
+    options: RedisOptions,
+    eviction: Eviction,
+    durability: Durability,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn {
+            RedisConnection::Single(_) => "single",
+            RedisConnection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("connection", &kind)
+            .field("options", &self.options)
+            .field("eviction", &self.eviction)
+            .field("durability", &self.durability)
+            .finish()
+    }
+}
+
+/// `CONFIG GET name`, or `None` where CONFIG is disabled (managed Redis).
+async fn config_get(conn: &RedisConnection, name: &str) -> Option<String> {
+    let reply: Value = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(&mut conn.clone())
+        .await
+        .ok()?;
+    let pairs = match reply {
+        Value::Array(items) => items,
+        Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        _ => return None,
+    };
+    let value = pairs.get(1).and_then(bytes)?;
+    String::from_utf8(value).ok()
+}
+
+impl RedisStore {
+    /// A store with the default options; see [`with_options`](Self::with_options).
+    ///
+    /// # Errors
+    ///
+    /// As [`with_options`](Self::with_options).
+    pub async fn new(conn: impl Into<RedisConnection>) -> Result<Self, StoreError> {
+        Self::with_options(conn, RedisOptions::default()).await
+    }
+
+    /// A store over `conn`, after checking that the server will not evict records.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Misconfigured`] if `maxmemory-policy` can evict and the
+    /// options do not accept the risk. Where `CONFIG` is disabled the policy
+    /// cannot be read: a warning is logged and capabilities report
+    /// [`Eviction::Unknown`].
+    pub async fn with_options(
+        conn: impl Into<RedisConnection>,
+        options: RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let conn = conn.into();
+        let eviction = match config_get(&conn, "maxmemory-policy").await {
+            None => {
+                tracing::warn!(
+                    "cannot read maxmemory-policy (CONFIG disabled?): make sure it is noeviction, \
+                     or Redis may evict idempotency records and retries will run twice"
+                );
+                Eviction::Unknown
+            }
+            Some(policy) if policy.starts_with("allkeys-") || policy.starts_with("volatile-") => {
+                if !options.accept_eviction_risk {
+                    return Err(StoreError::Misconfigured(format!(
+                        "maxmemory-policy is {policy}: Redis may evict idempotency records under \
+                         memory pressure, and a retry after an eviction runs the work again. Set \
+                         `maxmemory-policy noeviction` (CONFIG SET or redis.conf), or opt in with \
+                         RedisOptions::accept_eviction_risk()"
+                    )));
+                }
+                tracing::warn!(%policy, "accepting a maxmemory-policy that may evict idempotency records");
+                Eviction::Possible
+            }
+            Some(_) => Eviction::Never,
+        };
+        let durability = match config_get(&conn, "appendonly").await.as_deref() {
+            Some("yes") => Durability::Durable,
+            // Without the append-only file, writes since the last snapshot are lost.
+            Some(_) => Durability::Volatile,
+            None => Durability::Unknown,
+        };
+        Ok(Self {
+            conn,
+            options,
+            eviction,
+            durability,
+        })
+    }
+
+    /// The Redis key that holds a scope's record.
+    pub fn record_key(&self, scope: &Scope) -> String {
+        record_key(&self.options.prefix, scope)
+    }
+
+    /// Runs one fenced script: `true` if the lease held.
+    async fn fenced(
+        &self,
+        what: &str,
+        script: &redis::Script,
+        lease: &Lease,
+        args: &[&[u8]],
+    ) -> Result<i64, StoreError> {
+        let mut invocation = script.key(self.record_key(lease.scope()));
+        invocation.arg(lease.owner().to_string());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| classify(what, e))
+    }
+}
+
+fn held(reply: i64) -> Result<(), StoreError> {
+    if reply == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LostLease)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for RedisStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        claim::claim(&self.conn, &self.record_key(request.scope()), request).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let size = response.size();
+        if size > self.options.max_response_bytes {
+            return Err(StoreError::TooLarge {
+                size,
+                max: self.options.max_response_bytes,
+            });
+        }
+        let retention = millis(lease.retention()).to_string();
+        let status = response.status().to_string();
+        let headers = encode_headers(response);
+        let args: [&[u8]; 4] = [
+            retention.as_bytes(),
+            status.as_bytes(),
+            &headers,
+            response.body(),
+        ];
+        held(
+            self.fenced("complete", &SCRIPTS.complete, lease, &args)
+                .await?,
+        )
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        let extend = millis(validate_lease_ttl(extend)?).to_string();
+        match self
+            .fenced("renew", &SCRIPTS.renew, lease, &[extend.as_bytes()])
+            .await?
+        {
+            0 => Err(StoreError::LostLease),
+            until => Ok(lease.renewed(Timestamp::from_unix_millis(until))),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        held(self.fenced("release", &SCRIPTS.release, lease, &[]).await?)
+    }
+
+    async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        let data = checkpoint.data_json();
+        let args: [&[u8]; 2] = [checkpoint.name().as_bytes(), data.as_bytes()];
+        held(
+            self.fenced("checkpoint", &SCRIPTS.checkpoint, lease, &args)
+                .await?,
+        )
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let reply: Vec<Value> = SCRIPTS
+            .get
+            .key(self.record_key(scope))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| classify("get", e))?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let mut fields = HashMap::new();
+        for pair in reply.chunks(2) {
+            if let [name, value] = pair {
+                let name = bytes(name).ok_or_else(|| corrupt("field name"))?;
+                fields.insert(name, value);
+            }
+        }
+        record(scope, &fields)
+            .map(Some)
+            .ok_or_else(|| corrupt("record"))
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        // PEXPIREAT makes Redis delete every record at its retention: nothing is left.
+        Ok(0)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            TransactionSharing::None,
+            self.durability,
+            ClockSource::Server,
+            self.options.max_response_bytes,
+        )
+        .with_eviction(self.eviction)
+    }
+}
+
+fn record(scope: &Scope, fields: &HashMap<Vec<u8>, &Value>) -> Option<Record> {
+    let field = |name: &str| fields.get(name.as_bytes()).copied();
+    let int_field = |name: &str| field(name).and_then(int);
+    let bytes_field = |name: &str| field(name).and_then(bytes);
+    let state = match bytes_field("st")?.as_slice() {
+        b"f" => RecordState::InFlight {
+            lease_expires_at: Timestamp::from_unix_millis(int_field("lease")?),
+        },
+        b"c" => RecordState::Completed {
+            response: decode_response(int_field("rs")?, &bytes_field("rh")?, bytes_field("rb")?)?,
+        },
+        _ => return None,
+    };
+    let checkpoint = match (bytes_field("cpn"), bytes_field("cpd")) {
+        (Some(name), Some(data)) => Some(
+            Checkpoint::from_json(
+                String::from_utf8(name).ok()?,
+                std::str::from_utf8(&data).ok()?,
+            )
+            .ok()?,
+        ),
+        _ => None,
+    };
+    let owner = uuid::Uuid::parse_str(std::str::from_utf8(&bytes_field("own")?).ok()?).ok()?;
+    Some(Record {
+        scope: scope.clone(),
+        fingerprint: Fingerprint::try_from_slice(&bytes_field("fp")?).ok()?,
+        owner: OwnerToken::from_uuid(owner),
+        attempt: u32::try_from(int_field("att")?).ok()?,
+        state,
+        checkpoint,
+        expires_at: Timestamp::from_unix_millis(int_field("exp")?),
+    })
+}

@@ -1,0 +1,345 @@
+//! Redis-specific behaviour: the eviction check, the key encoding, surviving
+//! a server restart, and one round trip per operation, counted by the server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::PrivateServer;
+use idem_core::{
+    Checkpoint, ClaimOutcome, ClaimRequest, Durability, Eviction, Fingerprint, IdempotencyStore,
+    Scope, StoreError, StoredResponse,
+};
+use idem_redis::{RedisOptions, RedisStore, redis};
+
+fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
+    ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
+        .with_lease_ttl(Duration::from_millis(lease_ms))
+        .unwrap()
+}
+
+fn fresh(key: &str) -> Scope {
+    Scope::parse(&format!("redis-{}", uuid::Uuid::new_v4()), key).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicting_policies_are_refused_unless_the_risk_is_accepted() {
+    for policy in ["allkeys-lru", "volatile-ttl", "allkeys-random"] {
+        let server = PrivateServer::start(&["--maxmemory-policy", policy]).await;
+        let refused = RedisStore::new(common::manager(&server.url()).await).await;
+        match refused {
+            Err(StoreError::Misconfigured(message)) => {
+                assert!(message.contains(policy), "{message}");
+                assert!(message.contains("noeviction"), "{message}");
+            }
+            other => panic!("{policy} was not refused: {other:?}"),
+        }
+        let accepted = RedisStore::with_options(
+            common::manager(&server.url()).await,
+            RedisOptions::default().accept_eviction_risk(),
+        )
+        .await
+        .expect("opt-in lets an evicting server through");
+        assert_eq!(accepted.capabilities().eviction, Eviction::Possible);
+    }
+    let safe = PrivateServer::start(&["--maxmemory-policy", "noeviction"]).await;
+    let store = RedisStore::new(common::manager(&safe.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(store.capabilities().eviction, Eviction::Never);
+    assert_eq!(store.capabilities().durability, Durability::Volatile);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_only_servers_are_reported_durable() {
+    let server =
+        PrivateServer::start(&["--appendonly", "yes", "--appendfilename", "idem-test.aof"]).await;
+    let store = RedisStore::new(common::manager(&server.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(store.capabilities().durability, Durability::Durable);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hidden_config_is_reported_unknown_and_still_works() {
+    // Managed Redis disables CONFIG; renaming it away does the same here.
+    let server = PrivateServer::start(&["--enable-debug-command", "no"]).await;
+    let mut admin = common::manager(&server.url()).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-config")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let store = RedisStore::new(common::manager(&server.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(store.capabilities().eviction, Eviction::Unknown);
+    assert_eq!(store.capabilities().durability, Durability::Unknown);
+    let scope = fresh("k");
+    assert!(matches!(
+        store.claim(&request(&scope, "a", 30_000)).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_key_names_encode_scopes_injectively() {
+    let store = common::single_store().await;
+    let mut conn = common::manager(&common::url()).await;
+    let base = format!("keys-{}", uuid::Uuid::new_v4().simple());
+    let cases = [
+        (
+            format!("{base}:a"),
+            "b",
+            format!("idem:{{{}:{base}:a:b}}", base.len() + 2),
+        ),
+        (
+            base.clone(),
+            "a:b",
+            format!("idem:{{{}:{base}:a:b}}", base.len()),
+        ),
+        (
+            format!("{base}{{x}}"),
+            "}",
+            format!("idem:{{{}:{base}%7Bx%7D:%7D}}", base.len() + 7),
+        ),
+        (
+            format!("{base}/ü"),
+            "%",
+            format!("idem:{{{}:{base}/ü:%25}}", base.len() + 3),
+        ),
+    ];
+    for (tenant, key, expected) in &cases {
+        let scope = Scope::parse(tenant, key).unwrap();
+        assert_eq!(&store.record_key(&scope), expected);
+        store.claim(&request(&scope, "x", 30_000)).await.unwrap();
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(expected)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(exists, "no record under {expected}");
+    }
+    let pattern = format!("idem:{{*{base}*");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), cases.len(), "{keys:?}");
+    // Retention is the key's own expiry.
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&cases[0].2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 24 * 3600 * 1000, "{ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_succeed_again_after_the_server_restarts() {
+    let mut server = PrivateServer::start(&[]).await;
+    let store = RedisStore::new(common::manager(&server.url()).await)
+        .await
+        .unwrap();
+    let tenant = format!("restart-{}", uuid::Uuid::new_v4());
+    let claim = |i: u32| {
+        let store = store.clone();
+        let scope = Scope::parse(&tenant, &format!("k{i}")).unwrap();
+        async move { store.claim(&request(&scope, "a", 30_000)).await }
+    };
+    for i in 0..20 {
+        assert!(matches!(
+            claim(i).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+    }
+    server.stop().await;
+    for i in 20..25 {
+        match claim(i).await {
+            Err(e) => assert!(
+                e.is_retryable(),
+                "a dead server must be a retryable error: {e:?}"
+            ),
+            Ok(outcome) => panic!("claim answered with no server: {outcome:?}"),
+        }
+    }
+    server.restart().await;
+    // The manager reconnects by itself; the server lost its scripts too.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut i = 100;
+    loop {
+        match claim(i).await {
+            Ok(ClaimOutcome::Claimed { .. }) => break,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reconnect after restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        i += 1;
+    }
+    for i in 200..220 {
+        assert!(matches!(
+            claim(i).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+    }
+}
+
+/// Calls per command from INFO commandstats, without INFO itself.
+async fn command_calls(conn: &mut redis::aio::ConnectionManager) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            let calls: u64 = calls.parse().ok()?;
+            (name != "info").then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
+fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> HashMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(name, n)| {
+            let d = n - before.get(name).copied().unwrap_or(0);
+            (d > 0).then(|| (name.clone(), d))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_and_claim_outcome_is_one_evalsha() {
+    let server = PrivateServer::start(&[]).await;
+    let store = RedisStore::new(common::manager(&server.url()).await)
+        .await
+        .unwrap();
+    let mut stats = common::manager(&server.url()).await;
+
+    // Warm up: the first use of each script loads it into the server.
+    let warm = fresh("warm");
+    let ClaimOutcome::Claimed { lease, .. } =
+        store.claim(&request(&warm, "a", 60_000)).await.unwrap()
+    else {
+        panic!()
+    };
+    store
+        .checkpoint(&lease, &Checkpoint::new("c", &1).unwrap())
+        .await
+        .unwrap();
+    store.renew(&lease, Duration::from_secs(60)).await.unwrap();
+    store.get(&warm).await.unwrap();
+    store
+        .complete(&lease, &StoredResponse::new(200, "w"))
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed { lease, .. } = store
+        .claim(&request(&fresh("w2"), "a", 60_000))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    store.release(&lease).await.unwrap();
+
+    let mut report: Vec<(&str, HashMap<String, u64>)> = Vec::new();
+    macro_rules! count {
+        ($what:expr, $op:expr) => {{
+            let before = command_calls(&mut stats).await;
+            let value = $op;
+            let after = command_calls(&mut stats).await;
+            report.push(($what, delta(&before, &after)));
+            value
+        }};
+    }
+    let s = fresh("k");
+    let ClaimOutcome::Claimed { lease: first, .. } = count!(
+        "claim: claimed",
+        store.claim(&request(&s, "a", 150)).await.unwrap()
+    ) else {
+        panic!()
+    };
+    assert!(matches!(
+        count!(
+            "claim: in progress",
+            store.claim(&request(&s, "a", 150)).await.unwrap()
+        ),
+        ClaimOutcome::InProgress { .. }
+    ));
+    assert_eq!(
+        count!(
+            "claim: mismatch",
+            store.claim(&request(&s, "b", 150)).await.unwrap()
+        ),
+        ClaimOutcome::Mismatch
+    );
+    count!(
+        "checkpoint",
+        store
+            .checkpoint(&first, &Checkpoint::new("p", &2).unwrap())
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let ClaimOutcome::Claimed { lease: second, .. } = count!(
+        "claim: takeover",
+        store.claim(&request(&s, "a", 60_000)).await.unwrap()
+    ) else {
+        panic!()
+    };
+    assert!(matches!(
+        count!(
+            "complete: lost lease",
+            store.complete(&first, &StoredResponse::new(200, "x")).await
+        ),
+        Err(StoreError::LostLease)
+    ));
+    let second = count!(
+        "renew",
+        store.renew(&second, Duration::from_secs(60)).await.unwrap()
+    );
+    count!(
+        "complete",
+        store
+            .complete(&second, &StoredResponse::new(201, "done"))
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        count!(
+            "claim: replay",
+            store.claim(&request(&s, "a", 60_000)).await.unwrap()
+        ),
+        ClaimOutcome::Completed(_)
+    ));
+    assert!(count!("get", store.get(&s).await.unwrap()).is_some());
+    let r = fresh("r");
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request(&r, "a", 60_000)).await.unwrap()
+    else {
+        panic!()
+    };
+    count!("release", store.release(&lease).await.unwrap());
+
+    // Commandstats also counts the commands a script calls (time, hmget,
+    // hset...); what the client sends is EVALSHA, or EVAL / SCRIPT when the
+    // server lacks a script. Exactly one EVALSHA and nothing else from the client.
+    for (what, commands) in &report {
+        assert_eq!(commands.get("evalsha"), Some(&1), "{what}: {commands:?}");
+        for client_only in ["eval", "script", "evalsha_ro", "eval_ro"] {
+            assert!(!commands.contains_key(client_only), "{what}: {commands:?}");
+        }
+    }
+}
