@@ -123,3 +123,43 @@ ensure_redis_cluster() {
   export IDEM_REDIS_CLUSTER_URLS=redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103
   log "redis cluster: $IDEM_REDIS_CLUSTER_URLS"
 }
+
+# moto's DynamoDB emulator from PyPI, in a virtual environment of our own,
+# served behind one lock by scripts/moto_server.py.
+MOTO_REQUIREMENTS=("moto[dynamodb]==5.2.5" "flask==3.1.3" "flask-cors==6.0.5")
+
+moto_answers() {
+  "$1/bin/python" - "$2" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+reply = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/__idem/requests?table=ping", timeout=2)
+json.load(reply)["requests"]
+PY
+}
+
+ensure_moto() {
+  if [ -n "${IDEM_DYNAMO_ENDPOINT:-}" ]; then
+    log "dynamodb: using IDEM_DYNAMO_ENDPOINT"
+    return
+  fi
+  local venv=${IDEM_MOTO_VENV:-$HOME/.cache/idem/moto-venv} port=${IDEM_MOTO_PORT:-8765}
+  if ! "$venv/bin/python" -c 'import moto, flask, flask_cors' 2>/dev/null; then
+    command -v python3 >/dev/null || apt_install python3
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" 2>/dev/null; then
+      apt_install python3-venv
+      rm -rf "$venv"
+      python3 -m venv "$venv" || die "cannot create a virtual environment at $venv"
+    fi
+    log "dynamodb: installing ${MOTO_REQUIREMENTS[*]} into $venv"
+    "$venv/bin/pip" install -q "${MOTO_REQUIREMENTS[@]}" || die "pip install of moto failed"
+  fi
+  if ! moto_answers "$venv" "$port"; then
+    log "dynamodb: starting moto on 127.0.0.1:$port"
+    nohup "$venv/bin/python" scripts/moto_server.py --host 127.0.0.1 --port "$port" \
+      >"${TMPDIR:-/tmp}/idem-moto-$port.log" 2>&1 &
+    for _ in $(seq 1 60); do moto_answers "$venv" "$port" && break; sleep 0.25; done
+    moto_answers "$venv" "$port" || die "moto did not answer on port $port (see ${TMPDIR:-/tmp}/idem-moto-$port.log)"
+  fi
+  export IDEM_DYNAMO_ENDPOINT=http://127.0.0.1:$port
+  log "dynamodb: $IDEM_DYNAMO_ENDPOINT"
+}

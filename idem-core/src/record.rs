@@ -211,6 +211,63 @@ impl StoredResponse {
         self.body
     }
 
+    /// The headers as one byte string, for stores that keep them in one
+    /// value: for each header, a 4-byte big-endian length and the name, then
+    /// the same for the value. [`with_encoded_headers`](Self::with_encoded_headers)
+    /// reads it back.
+    ///
+    /// ```
+    /// use idem_core::StoredResponse;
+    ///
+    /// let response = StoredResponse::new(200, "ok").with_header("x-a", vec![0, 255]);
+    /// let back = StoredResponse::new(200, "ok").with_encoded_headers(&response.encoded_headers())?;
+    /// assert_eq!(back, response);
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    pub fn encoded_headers(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.headers.len() * 8 + self.size() - self.body.len());
+        for (name, value) in &self.headers {
+            for part in [name.as_bytes(), value.as_slice()] {
+                // A part over 4 GiB cannot be stored anywhere; saturate rather than wrap.
+                out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
+                out.extend_from_slice(part);
+            }
+        }
+        out
+    }
+
+    /// Appends the headers [`encoded_headers`](Self::encoded_headers) wrote.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::Malformed`] if `encoded` is truncated, has a trailing
+    /// half header, or a name that is not UTF-8.
+    pub fn with_encoded_headers(mut self, encoded: &[u8]) -> Result<Self, InvalidInput> {
+        let malformed = |reason: &str| InvalidInput::Malformed {
+            field: "encoded headers",
+            reason: reason.to_string(),
+        };
+        let mut rest = encoded;
+        let mut take = || -> Option<Vec<u8>> {
+            let (len, tail) = rest.split_first_chunk::<4>()?;
+            let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+            let part = tail.get(..len)?.to_vec();
+            rest = &tail[len..];
+            Some(part)
+        };
+        while let Some(name) = take() {
+            let value = take().ok_or_else(|| malformed("a header name without a value"))?;
+            let name =
+                String::from_utf8(name).map_err(|_| malformed("a header name is not UTF-8"))?;
+            self.headers.push((name, value));
+        }
+        if rest.is_empty() {
+            Ok(self)
+        } else {
+            Err(malformed("truncated"))
+        }
+    }
+
     /// The size stores compare with their limit: body bytes plus the bytes of
     /// every header name and value.
     pub fn size(&self) -> usize {

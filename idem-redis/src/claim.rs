@@ -117,42 +117,15 @@ pub(crate) fn int(value: &Value) -> Option<i64> {
     }
 }
 
-/// Headers as one string: for each, a 4-byte big-endian length and the name,
-/// then the same for the value.
-pub(crate) fn encode_headers(response: &StoredResponse) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, value) in response.headers() {
-        for part in [name.as_bytes(), value.as_slice()] {
-            // Sizes are bounded by max_response_bytes, far below 4 GiB.
-            out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
-            out.extend_from_slice(part);
-        }
-    }
-    out
-}
-
+/// A stored response from its status, encoded headers and body.
 pub(crate) fn decode_response(
     status: i64,
     headers: &[u8],
     body: Vec<u8>,
 ) -> Option<StoredResponse> {
-    let mut response = StoredResponse::new(u16::try_from(status).ok()?, body);
-    let mut rest = headers;
-    let mut take = || -> Option<Vec<u8>> {
-        let (len, tail) = rest.split_first_chunk::<4>()?;
-        let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
-        if tail.len() < len {
-            return None;
-        }
-        let (part, tail) = tail.split_at(len);
-        rest = tail;
-        Some(part.to_vec())
-    };
-    while let Some(name) = take() {
-        let value = take()?;
-        response = response.with_header(String::from_utf8(name).ok()?, value);
-    }
-    rest.is_empty().then_some(response)
+    StoredResponse::new(u16::try_from(status).ok()?, body)
+        .with_encoded_headers(headers)
+        .ok()
 }
 
 #[cfg(test)]
@@ -165,7 +138,7 @@ mod tests {
             .with_header("a", vec![0, 1, 2])
             .with_header("", Vec::new())
             .with_header("ü", "v");
-        let encoded = encode_headers(&response);
+        let encoded = response.encoded_headers();
         assert_eq!(
             decode_response(200, &encoded, b"b".to_vec()),
             Some(response)
@@ -174,7 +147,9 @@ mod tests {
 
     #[test]
     fn truncated_headers_are_refused() {
-        let encoded = encode_headers(&StoredResponse::new(200, "").with_header("name", "value"));
+        let encoded = StoredResponse::new(200, "")
+            .with_header("name", "value")
+            .encoded_headers();
         for cut in 1..encoded.len() {
             assert_eq!(
                 decode_response(200, &encoded[..cut], Vec::new()),

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::claim::{self, SCRIPTS, bytes, decode_response, encode_headers, int, millis};
+use crate::claim::{self, SCRIPTS, bytes, decode_response, int, millis};
 use crate::config::{RedisOptions, record_key};
 use crate::error::{classify, corrupt};
 
@@ -234,7 +234,7 @@ impl IdempotencyStore for RedisStore {
         }
         let retention = millis(lease.retention()).to_string();
         let status = response.status().to_string();
-        let headers = encode_headers(response);
+        let headers = response.encoded_headers();
         let args: [&[u8]; 4] = [
             retention.as_bytes(),
             status.as_bytes(),

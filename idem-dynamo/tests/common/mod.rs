@@ -1,0 +1,99 @@
+//! A client for the DynamoDB-compatible server named by `IDEM_DYNAMO_ENDPOINT`.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used
+)]
+
+use std::time::Duration;
+
+use idem_dynamo::DynamoStore;
+use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
+use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
+
+pub const ENDPOINT_VAR: &str = "IDEM_DYNAMO_ENDPOINT";
+
+pub fn endpoint() -> String {
+    std::env::var(ENDPOINT_VAR).unwrap_or_else(|_| {
+        panic!("{ENDPOINT_VAR} is not set: point it at a DynamoDB-compatible server (scripts/test starts moto and sets it)")
+    })
+}
+
+/// Dummy credentials and a short timeout: a missing server fails in seconds.
+pub fn client() -> Client {
+    let config = Config::builder()
+        .behavior_version_latest()
+        .endpoint_url(endpoint())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .operation_timeout(Duration::from_secs(30))
+                .build(),
+        )
+        .build();
+    Client::from_conf(config)
+}
+
+/// A store on the shared conformance table (cases use tenants of their own).
+pub async fn shared_store() -> DynamoStore {
+    store_on("idem-conformance").await
+}
+
+/// A store on a table of the test's own, for counting its requests.
+pub async fn own_store(prefix: &str) -> DynamoStore {
+    store_on(&format!("{prefix}-{}", uuid::Uuid::new_v4().simple())).await
+}
+
+/// moto counts a binary attribute written by UpdateItem by its base64 text
+/// (a third larger than DynamoDB's count of raw bytes), so its items fill up
+/// near 290 KB of body; the tests advertise a limit that moto can honour.
+pub const MOTO_MAX_RESPONSE_BYTES: usize = 256 * 1024;
+
+pub async fn store_on(table: &str) -> DynamoStore {
+    let store = DynamoStore::new(client(), table)
+        .expect("valid table name")
+        .with_max_response_bytes(MOTO_MAX_RESPONSE_BYTES)
+        .expect("within the item limit");
+    store.create_table().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot create table {table} at {ENDPOINT_VAR}={}: {e:?}",
+            endpoint()
+        )
+    });
+    store
+}
+
+/// Requests the server has served that named `table` (the test launcher counts them).
+pub async fn requests(table: &str) -> u64 {
+    let url = format!("{}/__idem/requests?table={table}", endpoint());
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("endpoint host")
+        .to_string();
+    let path = format!("/__idem/requests?table={table}");
+    // A plain HTTP/1.0 GET: no client crate needed for one counter.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect to the counter");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    let body = reply.split("\r\n\r\n").nth(1).expect("counter reply body");
+    body.trim()
+        .trim_start_matches("{\"requests\":")
+        .trim_end_matches('}')
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the server at {ENDPOINT_VAR} does not count requests (start it with scripts/moto_server.py): {body}"))
+}
