@@ -39,15 +39,8 @@ impl DynamoStore {
             .update_item()
             .table_name(self.table.as_str())
             .key(attr::PK, s(crate::item_key(request.scope())))
-            .update_expression(
-                "SET fp = :fp, own = :own, st = :f, lease = :lease, #exp = :exp, #ttl = :ttl, \
-                 att = if_not_exists(att, :zero) + :one, tenant = :tenant, k = :k \
-                 REMOVE rs, rh, rb, datt",
-            )
-            .condition_expression(
-                "attribute_not_exists(pk) OR #exp <= :now \
-                 OR (st = :f AND lease <= :now AND fp = :fp)",
-            )
+            .update_expression(crate::expressions::CLAIM_UPDATE)
+            .condition_expression(crate::expressions::CLAIM_CONDITION)
             .expression_attribute_names("#exp", attr::EXPIRES)
             .expression_attribute_names("#ttl", attr::TTL)
             .expression_attribute_values(":fp", b(request.fingerprint().as_bytes().to_vec()))

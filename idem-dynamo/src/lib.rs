@@ -32,6 +32,27 @@
 //! # let _ = idem; Ok(()) }
 //! ```
 
+/// The exact expressions the store sends, for tools that measure the store
+/// against bare SDK requests. Placeholders: `#exp` and `#ttl` name `exp` and
+/// `ttl`; values are described beside each.
+pub mod expressions {
+    /// The claim's `UpdateExpression`: `:fp` (B), `:own` (S), `:f` ("f"),
+    /// `:lease`, `:exp` (epoch ms), `:ttl` (epoch s), `:zero`, `:one`,
+    /// `:tenant`, `:k` (S).
+    pub const CLAIM_UPDATE: &str = "SET fp = :fp, own = :own, st = :f, lease = :lease, #exp = :exp, \
+        #ttl = :ttl, att = if_not_exists(att, :zero) + :one, tenant = :tenant, k = :k \
+        REMOVE rs, rh, rb, datt";
+    /// The claim's `ConditionExpression`; `:now` is epoch ms.
+    pub const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR #exp <= :now \
+        OR (st = :f AND lease <= :now AND fp = :fp)";
+    /// The completion's `UpdateExpression`: `:c` ("c"), `:rs` (N), `:rh`,
+    /// `:rb` (B), `:exp`, `:ttl`, `:att` (N).
+    pub const COMPLETE_UPDATE: &str = "SET st = :c, rs = :rs, rh = :rh, rb = :rb, #exp = :exp, \
+        #ttl = :ttl, datt = :att REMOVE lease, att, cpn, cpd";
+    /// The fence of every write after the claim: `:own`, `:f`, `:now`.
+    pub const FENCE: &str = "own = :own AND st = :f AND #exp > :now";
+}
+
 mod claim;
 mod config;
 mod error;

@@ -20,8 +20,7 @@ use crate::config::{DEFAULT_MAX_RESPONSE_BYTES, ITEM_LIMIT, ITEM_OVERHEAD, Table
 use crate::error::{classify, corrupt};
 use crate::item::{self, attr, b, n, s};
 
-/// The fence every write after the claim names: live, in flight, this owner.
-pub(crate) const FENCE: &str = "own = :own AND st = :f AND #exp > :now";
+use crate::expressions::{COMPLETE_UPDATE, FENCE};
 
 /// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
 ///
@@ -159,10 +158,7 @@ impl DynamoStore {
         Update::builder()
             .table_name(self.table.as_str())
             .key(attr::PK, s(crate::item_key(lease.scope())))
-            .update_expression(
-                "SET st = :c, rs = :rs, rh = :rh, rb = :rb, #exp = :exp, #ttl = :ttl, datt = :att \
-                 REMOVE lease, att, cpn, cpd",
-            )
+            .update_expression(COMPLETE_UPDATE)
             .condition_expression(FENCE)
             .expression_attribute_names("#exp", attr::EXPIRES)
             .expression_attribute_names("#ttl", attr::TTL)

@@ -164,6 +164,19 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// The exact statement a claim sends: `SELECT * FROM <table>_claim($1..$6)`
+    /// with tenant, key, fingerprint, new owner, lease ms and retention ms.
+    /// For tools that measure the store against its bare SQL.
+    pub fn claim_sql(&self) -> &str {
+        &self.sql.claim
+    }
+
+    /// The exact statement a completion sends: tenant, key, owner, retention
+    /// ms, status, header names, header values, body.
+    pub fn complete_sql(&self) -> &str {
+        &self.sql.complete
+    }
+
     /// The SQL that [`migrate`](Self::migrate) runs, for your own migration tool.
     pub fn migration_sql(&self) -> String {
         self.table.migration_sql()

@@ -37,5 +37,23 @@ pub use config::{
 };
 pub use store::{RedisConnection, RedisStore};
 
+/// The exact scripts the store runs, for tools that measure the store
+/// against its bare scripts.
+pub mod scripts {
+    use redis::Script;
+
+    /// The claim: `KEYS[1]` the record key; `ARGV` fingerprint (32 bytes),
+    /// owner (UUID text), lease ms, retention ms.
+    pub fn claim() -> &'static Script {
+        &crate::claim::SCRIPTS.claim
+    }
+
+    /// The completion: `KEYS[1]` the record key; `ARGV` owner, retention ms,
+    /// status, encoded headers, body. Replies 1, or 0 for a lost lease.
+    pub fn complete() -> &'static Script {
+        &crate::claim::SCRIPTS.complete
+    }
+}
+
 /// The driver, re-exported so your connection and ours are the same version.
 pub use redis;

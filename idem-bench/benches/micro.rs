@@ -1,0 +1,113 @@
+//! Micro-benchmarks: the price of canonical JSON over plain SHA-256, the
+//! decision function, and a claim plus completion on the memory store.
+
+#![allow(clippy::unwrap_used)] // a benchmark fails loudly on a broken setup
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, OwnerToken, Scope, StoredResponse,
+    Timestamp, decide,
+};
+use idem_memory::MemoryStore;
+use sha2::{Digest, Sha256};
+
+/// A JSON document of about `bytes` bytes: an array of order lines.
+fn json_of(bytes: usize) -> String {
+    let mut out = String::from("{\"customer\":\"c-42\",\"currency\":\"EUR\",\"lines\":[");
+    let mut i = 0;
+    while out.len() < bytes {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            "{{\"sku\":\"SKU-{i:05}\",\"qty\":{},\"price\":{}.{:02},\"note\":\"gift wrap ü\"}}",
+            i % 7 + 1,
+            i % 90 + 10,
+            i % 100
+        ));
+        i += 1;
+    }
+    out.push_str("]}");
+    out
+}
+
+fn fingerprints(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fingerprint");
+    for size in [1024, 64 * 1024] {
+        let json = json_of(size);
+        group.throughput(Throughput::Bytes(json.len() as u64));
+        group.bench_with_input(
+            BenchmarkId::new("canonical_json", size),
+            &json,
+            |b, json| b.iter(|| Fingerprint::json(black_box(json))),
+        );
+        group.bench_with_input(BenchmarkId::new("plain_sha256", size), &json, |b, json| {
+            b.iter(|| Sha256::digest(black_box(json.as_bytes())))
+        });
+    }
+    group.finish();
+}
+
+fn decision(c: &mut Criterion) {
+    let request = ClaimRequest::new(
+        Scope::parse("tenant", "key").unwrap(),
+        Fingerprint::of_bytes("a"),
+    );
+    let now = Timestamp::from_unix_millis(1_000_000);
+    let record = decide(None, &request, now, OwnerToken::generate())
+        .write
+        .unwrap();
+    c.bench_function("decide/absent", |b| {
+        b.iter(|| {
+            decide(
+                black_box(None),
+                black_box(&request),
+                now,
+                OwnerToken::generate(),
+            )
+        })
+    });
+    c.bench_function("decide/in_progress", |b| {
+        b.iter(|| {
+            decide(
+                black_box(Some(&record)),
+                black_box(&request),
+                now,
+                OwnerToken::generate(),
+            )
+        })
+    });
+}
+
+fn memory_store(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new();
+    let response = StoredResponse::new(201, br#"{"order":"A-1","status":"placed"}"#.to_vec())
+        .with_header("content-type", "application/json");
+    let fingerprint = Fingerprint::of_bytes("order");
+    let mut i = 0u64;
+    c.bench_function("memory/claim_and_complete", |b| {
+        b.iter(|| {
+            i += 1;
+            let scope = Scope::parse("bench", &format!("k-{i}")).unwrap();
+            let request = ClaimRequest::new(scope, fingerprint)
+                .with_retention(Duration::from_secs(60))
+                .unwrap();
+            runtime.block_on(async {
+                let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap()
+                else {
+                    unreachable!("fresh keys are claimed")
+                };
+                store.complete(&lease, &response).await.unwrap();
+            })
+        })
+    });
+}
+
+criterion_group!(benches, fingerprints, decision, memory_store);
+criterion_main!(benches);

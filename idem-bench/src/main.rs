@@ -1,0 +1,243 @@
+//! `idem-bench`: one benchmark run of one backend, workload and concurrency,
+//! through idem or (`--raw`) through the driver alone.
+//!
+//! ```text
+//! cargo run --release -p idem-bench -- --backend redis --workload replay --concurrency 8 --duration 5 --json
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use idem_bench::{RunResult, percentile};
+use rand::SeedableRng;
+
+mod plan;
+mod target;
+
+use plan::{Plan, REPLAY_KEYS, Workload};
+use target::{Backend, BackendKind, BenchError, Names};
+
+/// Benchmarks an idem backend against its raw server.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The store to measure.
+    #[arg(long, value_enum)]
+    backend: BackendKind,
+    /// What the callers do.
+    #[arg(long, value_enum, default_value = "fresh")]
+    workload: Workload,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Stop after this many operations instead of after `--duration`.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// The same server operations through the driver alone, without idem.
+    #[arg(long)]
+    raw: bool,
+    /// One JSON line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+struct CallerReport {
+    latencies_us: Vec<u32>,
+    ops: u64,
+    completions: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+async fn caller(
+    backend: Arc<Backend>,
+    plan: Arc<Plan>,
+    caller: usize,
+    deadline: Instant,
+    quota: Option<u64>,
+) -> CallerReport {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(caller as u64 * 7919 + 1);
+    let mut report = CallerReport {
+        latencies_us: Vec::with_capacity(1 << 16),
+        ops: 0,
+        completions: 0,
+        errors: 0,
+        first_error: None,
+    };
+    let mut i = 0;
+    loop {
+        match quota {
+            Some(quota) if i >= quota => break,
+            None if Instant::now() >= deadline => break,
+            _ => {}
+        }
+        let op = plan.next(caller, i, &mut rng);
+        let start = Instant::now();
+        match backend.execute(&op).await {
+            Ok(completed) => {
+                report.ops += 1;
+                report.completions += u64::from(completed);
+                let us = start.elapsed().as_micros();
+                report
+                    .latencies_us
+                    .push(u32::try_from(us).unwrap_or(u32::MAX));
+            }
+            Err(error) => {
+                report.errors += 1;
+                report.first_error.get_or_insert_with(|| error.to_string());
+            }
+        }
+        i += 1;
+    }
+    report
+}
+
+async fn run(args: &Args) -> Result<RunResult, BenchError> {
+    let concurrency = args.concurrency.max(1);
+    let names = Names::fresh();
+    let replay = args.workload == Workload::Replay;
+    // Networked backends are set up over connections of their own, closed
+    // before counting starts, so the server's counters hold only the run.
+    let in_process = args.backend == BackendKind::Memory;
+    if !in_process {
+        let setup = Backend::connect(args.backend, false, 1, &names, true).await?;
+        if replay {
+            target::prepare_replay(&setup, REPLAY_KEYS).await?;
+        }
+        setup.quiesce().await;
+    }
+    let backend =
+        Arc::new(Backend::connect(args.backend, args.raw, concurrency, &names, in_process).await?);
+    if in_process && replay {
+        target::prepare_replay(&backend, REPLAY_KEYS).await?;
+    }
+    let plan = Arc::new(Plan::new(args.workload));
+    let before = backend.round_trips().await?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.duration.max(0.0));
+    let quota = args
+        .requests
+        .map(|total| total.div_ceil(concurrency as u64));
+    let callers: Vec<_> = (0..concurrency)
+        .map(|c| {
+            tokio::spawn(caller(
+                Arc::clone(&backend),
+                Arc::clone(&plan),
+                c,
+                deadline,
+                quota,
+            ))
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let (mut ops, mut completions, mut errors, mut first_error) = (0, 0, 0, None);
+    for handle in callers {
+        let report = handle.await?;
+        latencies.extend(report.latencies_us);
+        ops += report.ops;
+        completions += report.completions;
+        errors += report.errors;
+        first_error = first_error.or(report.first_error);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    backend.quiesce().await;
+    let after = backend.round_trips().await?;
+    if let Some(error) = first_error {
+        eprintln!("idem-bench: {errors} operations failed; the first: {error}");
+    }
+    latencies.sort_unstable();
+    let trips = after
+        .saturating_sub(before)
+        .saturating_sub(backend.counter_overhead());
+    let per_op = |n: u64| if ops == 0 { 0.0 } else { n as f64 / ops as f64 };
+    let result = RunResult {
+        backend: args.backend.name().to_string(),
+        workload: args.workload.name().to_string(),
+        mode: if args.raw { "raw" } else { "lib" }.to_string(),
+        concurrency,
+        ops,
+        ops_per_s: ops as f64 / elapsed.max(f64::EPSILON),
+        p50_us: percentile(&latencies, 0.50),
+        p99_us: percentile(&latencies, 0.99),
+        p999_us: percentile(&latencies, 0.999),
+        round_trips_per_op: per_op(trips),
+        store_calls_per_op: per_op(ops + completions),
+        errors,
+    };
+    if let Err(error) = backend.clean_up().await {
+        eprintln!("idem-bench: clean-up failed: {error}");
+    }
+    Ok(result)
+}
+
+fn print_table(r: &RunResult) {
+    println!(
+        "{:<14} {:<10} {:<4} {:>5} {:>10} {:>12} {:>8} {:>8} {:>9} {:>8} {:>8}",
+        "backend",
+        "workload",
+        "mode",
+        "conc",
+        "ops",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "rt/op",
+        "calls/op"
+    );
+    println!(
+        "{:<14} {:<10} {:<4} {:>5} {:>10} {:>12.0} {:>8} {:>8} {:>9} {:>8.2} {:>8.2}",
+        r.backend,
+        r.workload,
+        r.mode,
+        r.concurrency,
+        r.ops,
+        r.ops_per_s,
+        r.p50_us,
+        r.p99_us,
+        r.p999_us,
+        r.round_trips_per_op,
+        r.store_calls_per_op
+    );
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("idem-bench: cannot start tokio: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&args)) {
+        Ok(result) => {
+            if args.json {
+                match serde_json::to_string(&result) {
+                    Ok(line) => println!("{line}"),
+                    Err(error) => {
+                        eprintln!("idem-bench: {error}");
+                        return std::process::ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print_table(&result);
+            }
+            if result.errors > 0 || result.ops == 0 {
+                return std::process::ExitCode::FAILURE;
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("idem-bench: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
