@@ -7,13 +7,12 @@
 //! implements JCS computes the same fingerprint with a plain SHA-256.
 
 use std::fmt;
-use std::fmt::Write as _;
 use std::str::FromStr;
 
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::canonical::canonicalize;
 use crate::error::InvalidInput;
 
 /// The SHA-256 of a canonical request.
@@ -53,7 +52,9 @@ impl Fingerprint {
     /// [`InvalidInput::Malformed`] if `json` is not valid JSON or holds a
     /// number no IEEE 754 double can represent.
     pub fn json(json: &str) -> Result<Self, InvalidInput> {
-        Ok(Self::of_bytes(canonical_json(json)?))
+        let mut canonical = Vec::with_capacity(json.len());
+        canonicalize(json, &mut canonical)?;
+        Ok(Self::of_bytes(canonical))
     }
 
     /// The fingerprint of any serialisable value, canonicalised like [`json`](Self::json).
@@ -76,10 +77,8 @@ impl Fingerprint {
     /// [`InvalidInput::Malformed`] if the value does not serialise to JSON
     /// (a map with non-string keys, for example).
     pub fn of<T: Serialize + ?Sized>(value: &T) -> Result<Self, InvalidInput> {
-        let value = serde_json::to_value(value).map_err(|e| malformed(&e))?;
-        let mut out = String::new();
-        write_value(&value, &mut out)?;
-        Ok(Self::of_bytes(out))
+        let json = serde_json::to_string(value).map_err(|e| malformed(&e))?;
+        Self::json(&json)
     }
 
     /// A builder over named request parts (method, path, chosen headers,
@@ -214,7 +213,8 @@ impl FingerprintBuilder {
     ///
     /// [`InvalidInput::Malformed`] if `json` is not valid JSON.
     pub fn json_body(self, json: &str) -> Result<Self, InvalidInput> {
-        let canonical = canonical_json(json)?;
+        let mut canonical = Vec::with_capacity(json.len());
+        canonicalize(json, &mut canonical)?;
         Ok(self.part("json-body", canonical))
     }
 
@@ -249,102 +249,64 @@ fn malformed(e: &serde_json::Error) -> InvalidInput {
 ///
 /// # Errors
 ///
-/// [`InvalidInput::Malformed`] for invalid JSON (including lone surrogates
-/// and numbers beyond the range of a double).
+/// [`InvalidInput::Malformed`] for invalid JSON (including lone surrogates,
+/// numbers beyond the range of a double, objects with two members of one
+/// name, and nesting deeper than 128 levels).
 pub fn canonical_json(json: &str) -> Result<String, InvalidInput> {
-    let value: Value = serde_json::from_str(json).map_err(|e| malformed(&e))?;
-    let mut out = String::with_capacity(json.len());
-    write_value(&value, &mut out)?;
-    Ok(out)
-}
-
-fn write_value(value: &Value, out: &mut String) -> Result<(), InvalidInput> {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
-        Value::Number(n) => {
-            let x = n.as_f64().ok_or_else(|| InvalidInput::Malformed {
-                field: "json",
-                reason: format!("number {n} is not representable as a double"),
-            })?;
-            write_number(x, out)?;
-        }
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_value(item, out)?;
-            }
-            out.push(']');
-        }
-        Value::Object(members) => {
-            let mut sorted: Vec<(&String, &Value)> = members.iter().collect();
-            sorted.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, (name, item)) in sorted.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_string(name, out);
-                out.push(':');
-                write_value(item, out)?;
-            }
-            out.push('}');
-        }
-    }
-    Ok(())
-}
-
-fn write_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\u{c}' => out.push_str("\\f"),
-            '\r' => out.push_str("\\r"),
-            c if c < ' ' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// ECMAScript `Number.prototype.toString` for a finite double, which RFC 8785
-/// prescribes (ties between two shortest forms go to the even digit).
-fn write_number(x: f64, out: &mut String) -> Result<(), InvalidInput> {
-    if !x.is_finite() {
-        return Err(InvalidInput::Malformed {
-            field: "json",
-            reason: "NaN and infinities have no JSON form".into(),
-        });
-    }
-    if x == 0.0 {
-        out.push('0'); // -0 too
-    } else {
-        out.push_str(ryu_js::Buffer::new().format_finite(x));
-    }
-    Ok(())
+    let mut out = Vec::with_capacity(json.len());
+    canonicalize(json, &mut out)?;
+    String::from_utf8(out).map_err(|e| InvalidInput::Malformed {
+        field: "json",
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::canonical::{write_number, write_string};
     use proptest::prelude::*;
+    use serde_json::Value;
 
     fn number(x: f64) -> String {
-        let mut out = String::new();
+        let mut out = Vec::new();
         write_number(x, &mut out).unwrap();
-        out
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The canonical form built from a parsed document: the reference the
+    /// one-pass canonicalizer must agree with.
+    fn reference(value: &Value, out: &mut Vec<u8>) {
+        match value {
+            Value::Null => out.extend_from_slice(b"null"),
+            Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+            Value::Number(n) => write_number(n.as_f64().unwrap(), out).unwrap(),
+            Value::String(s) => write_string(s, out),
+            Value::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    reference(item, out);
+                }
+                out.push(b']');
+            }
+            Value::Object(members) => {
+                let mut sorted: Vec<_> = members.iter().collect();
+                sorted.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+                out.push(b'{');
+                for (i, (name, item)) in sorted.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_string(name, out);
+                    out.push(b':');
+                    reference(item, out);
+                }
+                out.push(b'}');
+            }
+        }
     }
 
     /// RFC 8785 appendix B: IEEE 754 bit patterns and their canonical text.
@@ -383,7 +345,7 @@ mod tests {
 
     #[test]
     fn non_finite_numbers_are_refused() {
-        let mut out = String::new();
+        let mut out = Vec::new();
         assert!(write_number(f64::NAN, &mut out).is_err());
         assert!(write_number(f64::INFINITY, &mut out).is_err());
     }
@@ -445,7 +407,30 @@ mod tests {
 
     #[test]
     fn invalid_json_is_a_typed_error() {
-        for bad in ["{", r#"{"a":}"#, r#""\ud800""#, "1e400", "", "[1,]"] {
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        for bad in [
+            "{",
+            r#"{"a":}"#,
+            r#""\ud800""#,
+            "1e400",
+            "",
+            "[1,]",
+            "01",
+            "1.",
+            "-",
+            ".5",
+            "+1",
+            "tru",
+            "nul",
+            "[1 2]",
+            r#"{"a" 1}"#,
+            r#"{"a":1,}"#,
+            r#"{"a":1,"a":2}"#,
+            "\"tab\tin\"",
+            "\"unterminated",
+            "[1]]",
+            deep.as_str(),
+        ] {
             assert!(
                 matches!(canonical_json(bad), Err(InvalidInput::Malformed { .. })),
                 "{bad}"
@@ -579,6 +564,19 @@ mod tests {
             scrambled(&value, &mut seed, &mut other);
             prop_assert_eq!(Fingerprint::json(&plain).unwrap(), Fingerprint::json(&other).unwrap());
             prop_assert_eq!(Fingerprint::of(&value).unwrap(), Fingerprint::json(&other).unwrap());
+        }
+
+        #[test]
+        fn one_pass_canonical_form_matches_the_parsed_reference(
+            value in json_value(),
+            seed in any::<u64>(),
+        ) {
+            let mut seed = seed;
+            let mut text = String::new();
+            scrambled(&value, &mut seed, &mut text);
+            let mut expected = Vec::new();
+            reference(&value, &mut expected);
+            prop_assert_eq!(canonical_json(&text).unwrap().into_bytes(), expected);
         }
 
         #[test]

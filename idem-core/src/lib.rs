@@ -35,6 +35,7 @@
 //! # }).unwrap();
 //! ```
 
+mod canonical;
 pub mod clock;
 pub mod decision;
 pub mod error;

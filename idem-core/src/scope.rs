@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -31,8 +32,10 @@ pub(crate) fn validate_name(field: &'static str, value: &str) -> Result<(), Inva
 macro_rules! name_type {
     ($(#[$meta:meta])* $name:ident, $field:literal) => {
         $(#[$meta])*
+        // Shared text: scopes are cloned into every lease, record and map key,
+        // so a clone is a reference count, not an allocation.
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Validates `value`: 1 to 255 bytes of UTF-8 without control characters.
@@ -43,7 +46,7 @@ macro_rules! name_type {
             pub fn new(value: impl Into<String>) -> Result<Self, InvalidInput> {
                 let value = value.into();
                 validate_name($field, &value)?;
-                Ok(Self(value))
+                Ok(Self(value.into()))
             }
 
             /// The validated text, exactly as given.
@@ -221,7 +224,7 @@ impl Scope {
             hasher.update(part);
         }
         // 64 hex characters: within the key rules by construction.
-        IdempotencyKey(hex::encode(hasher.finalize()))
+        IdempotencyKey(hex::encode(hasher.finalize()).into())
     }
 }
 
