@@ -103,15 +103,30 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     // Networked backends are set up over connections of their own, closed
     // before counting starts, so the server's counters hold only the run.
     let in_process = args.backend == BackendKind::Memory;
+    // Records outlive the run by a minute, then expire: nothing piles up.
+    let run_for = match args.requests {
+        Some(_) => Duration::from_secs(600),
+        None => Duration::from_secs_f64(args.duration.clamp(0.0, 86_400.0)),
+    };
+    let retention = run_for + Duration::from_secs(60);
     if !in_process {
-        let setup = Backend::connect(args.backend, false, 1, &names, true).await?;
+        let setup = Backend::connect(args.backend, false, 1, &names, true, retention).await?;
         if replay {
             target::prepare_replay(&setup, REPLAY_KEYS).await?;
         }
         setup.quiesce().await;
     }
-    let backend =
-        Arc::new(Backend::connect(args.backend, args.raw, concurrency, &names, in_process).await?);
+    let backend = Arc::new(
+        Backend::connect(
+            args.backend,
+            args.raw,
+            concurrency,
+            &names,
+            in_process,
+            retention,
+        )
+        .await?,
+    );
     if in_process && replay {
         target::prepare_replay(&backend, REPLAY_KEYS).await?;
     }

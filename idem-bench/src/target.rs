@@ -49,7 +49,6 @@ impl BackendKind {
 pub(crate) type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
 const LEASE_MS: i64 = 30_000;
-const RETENTION_MS: i64 = 3_600_000;
 
 fn env(name: &str) -> Result<String, BenchError> {
     std::env::var(name).map_err(|_| format!("{name} is not set (scripts/bench sets it)").into())
@@ -97,6 +96,8 @@ pub(crate) enum Target {
 
 /// Everything one run needs, and what it counts round trips with.
 pub(crate) struct Backend {
+    /// Records outlive the run by a minute, then expire, so nothing piles up.
+    retention_ms: i64,
     pub(crate) tenant: String,
     pub(crate) store: Arc<dyn IdempotencyStore>,
     pub(crate) target: Target,
@@ -159,7 +160,9 @@ impl Backend {
         concurrency: usize,
         names: &Names,
         setup: bool,
+        retention: Duration,
     ) -> Result<Self, BenchError> {
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         let tenant = names.tenant.clone();
         let (store, raw_target, counter): (Arc<dyn IdempotencyStore>, Raw, Counter) = match kind {
             BackendKind::Memory => (
@@ -246,10 +249,11 @@ impl Backend {
             Target::Lib(
                 Idempotency::new(Arc::clone(&store))
                     .with_lease_ttl(Duration::from_millis(LEASE_MS as u64))?
-                    .with_retention(Duration::from_millis(RETENTION_MS as u64))?,
+                    .with_retention(retention)?,
             )
         };
         Ok(Self {
+            retention_ms,
             tenant,
             store,
             target,
@@ -353,7 +357,7 @@ impl Backend {
                     Err(other) => Err(other.to_string().into()),
                 }
             }
-            Target::Raw(raw) => raw.execute(&self.tenant, op).await,
+            Target::Raw(raw) => raw.execute(&self.tenant, op, self.retention_ms).await,
         }
     }
 }
@@ -389,7 +393,7 @@ fn now_ms() -> i64 {
 }
 
 impl Raw {
-    async fn execute(&self, tenant: &str, op: &Op) -> Result<bool, BenchError> {
+    async fn execute(&self, tenant: &str, op: &Op, retention_ms: i64) -> Result<bool, BenchError> {
         let body = response();
         match self {
             Raw::Memory(cache) => {
@@ -457,7 +461,7 @@ impl Raw {
                     .bind(op.fingerprint.as_slice())
                     .bind(owner)
                     .bind(LEASE_MS)
-                    .bind(RETENTION_MS)
+                    .bind(retention_ms)
                     .fetch_one(pool)
                     .await?;
                 let outcome: String = row.try_get("o_outcome")?;
@@ -473,7 +477,7 @@ impl Raw {
                     .bind(tenant)
                     .bind(&op.key)
                     .bind(owner)
-                    .bind(RETENTION_MS)
+                    .bind(retention_ms)
                     .bind(i32::from(body.status()))
                     .bind(names)
                     .bind(values)
@@ -490,7 +494,7 @@ impl Raw {
                     .arg(op.fingerprint.as_slice())
                     .arg(&owner)
                     .arg(LEASE_MS)
-                    .arg(RETENTION_MS)
+                    .arg(retention_ms)
                     .invoke_async(&mut conn.clone())
                     .await?;
                 if !matches!(reply.first(), Some(redis::Value::BulkString(b)) if b == b"claimed") {
@@ -499,7 +503,7 @@ impl Raw {
                 let _: i64 = idem_redis::scripts::complete()
                     .key(&key)
                     .arg(&owner)
-                    .arg(RETENTION_MS)
+                    .arg(retention_ms)
                     .arg(body.status())
                     .arg(body.encoded_headers())
                     .arg(body.body())
@@ -516,7 +520,7 @@ impl Raw {
                 let pk = format!("{}:{tenant}:{}", tenant.len(), op.key);
                 let owner = uuid::Uuid::new_v4().to_string();
                 let now = now_ms();
-                let exp = now + RETENTION_MS;
+                let exp = now + retention_ms;
                 let claimed = client
                     .update_item()
                     .table_name(table)
@@ -595,7 +599,9 @@ pub(crate) async fn prepare_replay(backend: &Backend, count: u64) -> Result<(), 
             scope,
             Fingerprint::from_digest(crate::plan::fingerprint(k, 0)),
         )
-        .with_retention(Duration::from_millis(RETENTION_MS as u64))?;
+        .with_retention(Duration::from_millis(
+            u64::try_from(backend.retention_ms).unwrap_or(u64::MAX),
+        ))?;
         if let idem_core::ClaimOutcome::Claimed { lease, .. } =
             backend.store.claim(&request).await?
         {

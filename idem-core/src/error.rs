@@ -139,6 +139,20 @@ impl StoreError {
         }
     }
 
+    /// A driver's error as [`Unavailable`](Self::Unavailable) when the
+    /// backend classified it as retryable, else as [`Backend`](Self::Backend).
+    pub fn from_driver(
+        retryable: bool,
+        message: impl Into<String>,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        if retryable {
+            Self::unavailable_from(message, source)
+        } else {
+            Self::backend(message, source)
+        }
+    }
+
     /// A [`Backend`](Self::Backend) error keeping the driver's error.
     pub fn backend(
         message: impl Into<String>,

@@ -33,12 +33,7 @@ where
             .is_some_and(|code| RETRYABLE_CODES.contains(&code)),
         _ => false,
     };
-    let message = format!("dynamodb {what} failed");
-    if retryable {
-        StoreError::unavailable_from(message, error)
-    } else {
-        StoreError::backend(message, error)
-    }
+    StoreError::from_driver(retryable, format!("dynamodb {what} failed"), error)
 }
 
 /// An item that the store's own writes should have made impossible.

@@ -29,12 +29,7 @@ pub(crate) fn classify(what: &str, error: sqlx::Error) -> StoreError {
         sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
         _ => false,
     };
-    let message = format!("postgres {what} failed");
-    if retryable {
-        StoreError::unavailable_from(message, error)
-    } else {
-        StoreError::backend(message, error)
-    }
+    StoreError::from_driver(retryable, format!("postgres {what} failed"), error)
 }
 
 /// A value read back that the schema should have made impossible.

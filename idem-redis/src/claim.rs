@@ -68,16 +68,8 @@ fn decode(reply: &[Value], request: &ClaimRequest, owner: OwnerToken) -> Option<
         b"claimed" => {
             let attempt = u32::try_from(int(reply.get(1)?)?).ok()?;
             let expires = Timestamp::from_unix_millis(int(reply.get(2)?)?);
-            let checkpoint = match (reply.get(3).and_then(bytes), reply.get(4).and_then(bytes)) {
-                (Some(name), Some(data)) => Some(
-                    Checkpoint::from_json(
-                        String::from_utf8(name).ok()?,
-                        std::str::from_utf8(&data).ok()?,
-                    )
-                    .ok()?,
-                ),
-                _ => None,
-            };
+            let checkpoint =
+                decode_checkpoint(reply.get(3).and_then(bytes), reply.get(4).and_then(bytes))?;
             let lease = Lease::issued(
                 request.scope().clone(),
                 owner,
@@ -114,6 +106,23 @@ pub(crate) fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(i) => Some(*i),
         other => std::str::from_utf8(&bytes(other)?).ok()?.parse().ok(),
+    }
+}
+
+/// A checkpoint from its stored name and JSON data: `Some(None)` when there
+/// is none, `None` when what is stored is not one.
+pub(crate) fn decode_checkpoint(
+    name: Option<Vec<u8>>,
+    data: Option<Vec<u8>>,
+) -> Option<Option<Checkpoint>> {
+    match (name, data) {
+        (Some(name), Some(data)) => Checkpoint::from_json(
+            String::from_utf8(name).ok()?,
+            std::str::from_utf8(&data).ok()?,
+        )
+        .ok()
+        .map(Some),
+        _ => Some(None),
     }
 }
 

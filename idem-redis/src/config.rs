@@ -98,6 +98,11 @@ impl RedisOptions {
 
 /// Escapes the characters that could end a part or the hash tag early.
 fn escape(part: &str, out: &mut String) {
+    // Almost every tenant and key has none of the three: copy them whole.
+    if !part.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
+        out.push_str(part);
+        return;
+    }
     for c in part.chars() {
         match c {
             '%' => out.push_str("%25"),

@@ -5,17 +5,12 @@ use redis::{RedisError, RetryMethod};
 
 /// Classifies a driver error for the operation `what`.
 pub(crate) fn classify(what: &str, error: RedisError) -> StoreError {
-    let message = format!("redis {what} failed");
-    if error.is_io_error()
+    let retryable = error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
-        || !matches!(error.retry_method(), RetryMethod::NoRetry)
-    {
-        StoreError::unavailable_from(message, error)
-    } else {
-        StoreError::backend(message, error)
-    }
+        || !matches!(error.retry_method(), RetryMethod::NoRetry);
+    StoreError::from_driver(retryable, format!("redis {what} failed"), error)
 }
 
 /// A reply that the scripts should have made impossible.

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::claim::{self, SCRIPTS, bytes, decode_response, int, millis};
+use crate::claim::{self, SCRIPTS, bytes, decode_checkpoint, decode_response, int, millis};
 use crate::config::{RedisOptions, record_key};
 use crate::error::{classify, corrupt};
 
@@ -322,16 +322,7 @@ fn record(scope: &Scope, fields: &HashMap<Vec<u8>, &Value>) -> Option<Record> {
         },
         _ => return None,
     };
-    let checkpoint = match (bytes_field("cpn"), bytes_field("cpd")) {
-        (Some(name), Some(data)) => Some(
-            Checkpoint::from_json(
-                String::from_utf8(name).ok()?,
-                std::str::from_utf8(&data).ok()?,
-            )
-            .ok()?,
-        ),
-        _ => None,
-    };
+    let checkpoint = decode_checkpoint(bytes_field("cpn"), bytes_field("cpd"))?;
     let owner = uuid::Uuid::parse_str(std::str::from_utf8(&bytes_field("own")?).ok()?).ok()?;
     Some(Record {
         scope: scope.clone(),
