@@ -9,10 +9,8 @@ mod proxy;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_core::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, Scope, StoreError,
-    StoredResponse,
-};
+use idem_conformance::support::cost_of_each_operation;
+use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Scope, StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use idem_postgres::sqlx::{Connection, PgConnection};
@@ -26,12 +24,6 @@ fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
 
 fn scope(key: &str) -> Scope {
     Scope::parse(&format!("rt-{}", uuid::Uuid::new_v4()), key).unwrap()
-}
-
-async fn counted<T>(proxy: &CountingProxy, op: impl std::future::Future<Output = T>) -> (T, u64) {
-    let before = proxy.statements();
-    let value = op.await;
-    (value, proxy.statements() - before)
 }
 
 async fn proxied_options() -> (CountingProxy, PgConnectOptions) {
@@ -145,116 +137,13 @@ async fn every_operation_and_claim_outcome_is_one_statement_round_trip() {
         .expect("connect through the proxy");
     let store = PostgresStore::new(pool);
     store.migrate().await.unwrap();
-
-    // Warm up: the connection prepares each statement once, and sqlx looks up
-    // array types once. Those round trips are per connection, not per call.
-    let warm = scope("warm");
-    let ClaimOutcome::Claimed { lease, .. } =
-        store.claim(&request(&warm, "a", 60_000)).await.unwrap()
-    else {
-        panic!("warm-up claim")
-    };
-    store
-        .checkpoint(&lease, &Checkpoint::new("c", &1).unwrap())
-        .await
-        .unwrap();
-    store.renew(&lease, Duration::from_secs(60)).await.unwrap();
-    store.get(&warm).await.unwrap();
-    store
-        .complete(&lease, &StoredResponse::new(200, "x").with_header("h", "v"))
-        .await
-        .unwrap();
-    let warm2 = scope("warm2");
-    let ClaimOutcome::Claimed { lease, .. } =
-        store.claim(&request(&warm2, "a", 60_000)).await.unwrap()
-    else {
-        panic!("warm-up claim")
-    };
-    store.release(&lease).await.unwrap();
-    store.purge_expired().await.unwrap();
-
-    let mut report = Vec::new();
-    let s = scope("k");
-    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 150))).await;
-    let ClaimOutcome::Claimed { lease: first, .. } = outcome.unwrap() else {
-        panic!("fresh claim")
-    };
-    report.push(("claim: claimed", n));
-    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 150))).await;
-    assert!(matches!(outcome.unwrap(), ClaimOutcome::InProgress { .. }));
-    report.push(("claim: in progress", n));
-    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "b", 150))).await;
-    assert_eq!(outcome.unwrap(), ClaimOutcome::Mismatch);
-    report.push(("claim: mismatch (in flight)", n));
-    let (outcome, n) = counted(
-        &proxy,
-        store.checkpoint(&first, &Checkpoint::new("p", &[1]).unwrap()),
-    )
+    let costs = cost_of_each_operation(&store, || {
+        let statements = proxy.statements();
+        async move { statements }
+    })
     .await;
-    outcome.unwrap();
-    report.push(("checkpoint", n));
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 60_000))).await;
-    let ClaimOutcome::Claimed {
-        lease: second,
-        checkpoint,
-    } = outcome.unwrap()
-    else {
-        panic!("takeover")
-    };
-    assert_eq!(second.attempt(), 2);
-    assert!(checkpoint.is_some());
-    report.push(("claim: takeover", n));
-    let (outcome, n) = counted(
-        &proxy,
-        store.complete(&first, &StoredResponse::new(200, "stale")),
-    )
-    .await;
-    assert!(matches!(outcome, Err(StoreError::LostLease)));
-    report.push(("complete: lost lease", n));
-    let (outcome, n) = counted(&proxy, store.renew(&second, Duration::from_secs(60))).await;
-    let second = outcome.unwrap();
-    report.push(("renew", n));
-    let (outcome, n) = counted(
-        &proxy,
-        store.complete(&second, &StoredResponse::new(201, "done")),
-    )
-    .await;
-    outcome.unwrap();
-    report.push(("complete", n));
-    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "a", 60_000))).await;
-    assert!(matches!(outcome.unwrap(), ClaimOutcome::Completed(_)));
-    report.push(("claim: replay", n));
-    let (outcome, n) = counted(&proxy, store.claim(&request(&s, "b", 60_000))).await;
-    assert_eq!(outcome.unwrap(), ClaimOutcome::Mismatch);
-    report.push(("claim: mismatch (completed)", n));
-    let (outcome, n) = counted(&proxy, store.get(&s)).await;
-    assert!(outcome.unwrap().is_some());
-    report.push(("get", n));
-
-    let r = scope("retained");
-    let short = request(&r, "a", 50)
-        .with_retention(Duration::from_millis(50))
-        .unwrap();
-    let ClaimOutcome::Claimed { lease, .. } = store.claim(&short).await.unwrap() else {
-        panic!()
-    };
-    store
-        .complete(&lease, &StoredResponse::new(200, "old"))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(120)).await;
-    let (outcome, n) = counted(&proxy, store.claim(&request(&r, "other", 60_000))).await;
-    let ClaimOutcome::Claimed { lease, .. } = outcome.unwrap() else {
-        panic!("claim past retention")
-    };
-    report.push(("claim: past retention", n));
-    let (outcome, n) = counted(&proxy, store.release(&lease)).await;
-    outcome.unwrap();
-    report.push(("release", n));
-
-    println!("{report:#?}");
-    for (what, n) in report {
-        assert_eq!(n, 1, "{what} took {n} round trips");
+    println!("{costs:#?}");
+    for (what, n) in costs {
+        assert_eq!(n, 1, "{what} took {n} statement round trips");
     }
 }

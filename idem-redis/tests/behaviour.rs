@@ -5,13 +5,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use common::PrivateServer;
+use idem_conformance::support::cost_of_each_operation;
 use idem_core::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Durability, Eviction, Fingerprint, IdempotencyStore,
-    Scope, StoreError, StoredResponse,
+    ClaimOutcome, ClaimRequest, Durability, Eviction, Fingerprint, IdempotencyStore, Scope,
+    StoreError,
 };
 use idem_redis::{RedisOptions, RedisStore, redis};
 
@@ -194,31 +194,30 @@ async fn claims_succeed_again_after_the_server_restarts() {
     }
 }
 
-/// Calls per command from INFO commandstats, without INFO itself.
-async fn command_calls(conn: &mut redis::aio::ConnectionManager) -> HashMap<String, u64> {
+/// What a client has sent a server: EVALSHA, and EVAL or SCRIPT when the
+/// server lacked a script. (Commandstats also counts the commands a script
+/// calls, such as HSET; those are not round trips.)
+async fn client_commands(mut conn: redis::aio::ConnectionManager) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(conn)
+        .query_async(&mut conn)
         .await
         .unwrap();
     info.lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            let calls: u64 = calls.parse().ok()?;
-            (name != "info").then(|| (name.to_string(), calls))
+            if !matches!(
+                name,
+                "evalsha" | "eval" | "script" | "evalsha_ro" | "eval_ro"
+            ) {
+                return None;
+            }
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
         })
-        .collect()
-}
-
-fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> HashMap<String, u64> {
-    after
-        .iter()
-        .filter_map(|(name, n)| {
-            let d = n - before.get(name).copied().unwrap_or(0);
-            (d > 0).then(|| (name.clone(), d))
-        })
-        .collect()
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,119 +226,9 @@ async fn every_operation_and_claim_outcome_is_one_evalsha() {
     let store = RedisStore::new(common::manager(&server.url()).await)
         .await
         .unwrap();
-    let mut stats = common::manager(&server.url()).await;
-
-    // Warm up: the first use of each script loads it into the server.
-    let warm = fresh("warm");
-    let ClaimOutcome::Claimed { lease, .. } =
-        store.claim(&request(&warm, "a", 60_000)).await.unwrap()
-    else {
-        panic!()
-    };
-    store
-        .checkpoint(&lease, &Checkpoint::new("c", &1).unwrap())
-        .await
-        .unwrap();
-    store.renew(&lease, Duration::from_secs(60)).await.unwrap();
-    store.get(&warm).await.unwrap();
-    store
-        .complete(&lease, &StoredResponse::new(200, "w"))
-        .await
-        .unwrap();
-    let ClaimOutcome::Claimed { lease, .. } = store
-        .claim(&request(&fresh("w2"), "a", 60_000))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    store.release(&lease).await.unwrap();
-
-    let mut report: Vec<(&str, HashMap<String, u64>)> = Vec::new();
-    macro_rules! count {
-        ($what:expr, $op:expr) => {{
-            let before = command_calls(&mut stats).await;
-            let value = $op;
-            let after = command_calls(&mut stats).await;
-            report.push(($what, delta(&before, &after)));
-            value
-        }};
-    }
-    let s = fresh("k");
-    let ClaimOutcome::Claimed { lease: first, .. } = count!(
-        "claim: claimed",
-        store.claim(&request(&s, "a", 150)).await.unwrap()
-    ) else {
-        panic!()
-    };
-    assert!(matches!(
-        count!(
-            "claim: in progress",
-            store.claim(&request(&s, "a", 150)).await.unwrap()
-        ),
-        ClaimOutcome::InProgress { .. }
-    ));
-    assert_eq!(
-        count!(
-            "claim: mismatch",
-            store.claim(&request(&s, "b", 150)).await.unwrap()
-        ),
-        ClaimOutcome::Mismatch
-    );
-    count!(
-        "checkpoint",
-        store
-            .checkpoint(&first, &Checkpoint::new("p", &2).unwrap())
-            .await
-            .unwrap()
-    );
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    let ClaimOutcome::Claimed { lease: second, .. } = count!(
-        "claim: takeover",
-        store.claim(&request(&s, "a", 60_000)).await.unwrap()
-    ) else {
-        panic!()
-    };
-    assert!(matches!(
-        count!(
-            "complete: lost lease",
-            store.complete(&first, &StoredResponse::new(200, "x")).await
-        ),
-        Err(StoreError::LostLease)
-    ));
-    let second = count!(
-        "renew",
-        store.renew(&second, Duration::from_secs(60)).await.unwrap()
-    );
-    count!(
-        "complete",
-        store
-            .complete(&second, &StoredResponse::new(201, "done"))
-            .await
-            .unwrap()
-    );
-    assert!(matches!(
-        count!(
-            "claim: replay",
-            store.claim(&request(&s, "a", 60_000)).await.unwrap()
-        ),
-        ClaimOutcome::Completed(_)
-    ));
-    assert!(count!("get", store.get(&s).await.unwrap()).is_some());
-    let r = fresh("r");
-    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request(&r, "a", 60_000)).await.unwrap()
-    else {
-        panic!()
-    };
-    count!("release", store.release(&lease).await.unwrap());
-
-    // Commandstats also counts the commands a script calls (time, hmget,
-    // hset...); what the client sends is EVALSHA, or EVAL / SCRIPT when the
-    // server lacks a script. Exactly one EVALSHA and nothing else from the client.
-    for (what, commands) in &report {
-        assert_eq!(commands.get("evalsha"), Some(&1), "{what}: {commands:?}");
-        for client_only in ["eval", "script", "evalsha_ro", "eval_ro"] {
-            assert!(!commands.contains_key(client_only), "{what}: {commands:?}");
-        }
+    let stats = common::manager(&server.url()).await;
+    let costs = cost_of_each_operation(&store, || client_commands(stats.clone())).await;
+    for (what, n) in &costs {
+        assert_eq!(*n, 1, "{what} sent {n} commands: {costs:?}");
     }
 }

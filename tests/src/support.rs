@@ -184,3 +184,102 @@ where
     }
     results
 }
+
+/// Runs every operation, and a claim of every outcome, on scopes of its own,
+/// and returns what `counter` (a server-side count of round trips, requests
+/// or commands) says each one cost. The whole sequence runs twice and only
+/// the second pass is reported, so per-connection set-up (prepared
+/// statements, loaded scripts) is not counted.
+pub async fn cost_of_each_operation<S, C, Fut>(
+    store: &S,
+    mut counter: C,
+) -> Vec<(&'static str, u64)>
+where
+    S: IdempotencyStore + ?Sized,
+    C: FnMut() -> Fut,
+    Fut: Future<Output = u64>,
+{
+    let mut report = Vec::new();
+    for measured in [false, true] {
+        report.clear();
+        macro_rules! cost {
+            ($what:expr, $op:expr) => {{
+                let before = counter().await;
+                let value = $op;
+                report.push(($what, counter().await - before));
+                value
+            }};
+        }
+        let quick = Duration::from_millis(150);
+        let scope = fresh_scope();
+        let (first, _) = cost!(
+            "claim: claimed",
+            must_claim(store, &request(&scope, "a", quick)).await
+        );
+        let busy = cost!(
+            "claim: in progress",
+            claim(store, &request(&scope, "a", quick)).await
+        );
+        assert!(matches!(busy, ClaimOutcome::InProgress { .. }), "{busy:?}");
+        let other = cost!(
+            "claim: mismatch in flight",
+            claim(store, &request(&scope, "b", quick)).await
+        );
+        assert_eq!(other, ClaimOutcome::Mismatch);
+        let point = Checkpoint::new("p", &1).expect("valid checkpoint");
+        cost!(
+            "checkpoint",
+            store.checkpoint(&first, &point).await.expect("checkpoint")
+        );
+        outlive(quick).await;
+        let (second, carried) = cost!(
+            "claim: takeover",
+            must_claim(store, &long(&scope, "a")).await
+        );
+        assert_eq!((second.attempt(), carried), (2, Some(point)));
+        let stale = cost!(
+            "complete: lost lease",
+            store.complete(&first, &response("stale")).await
+        );
+        assert_lost("stale complete", stale);
+        let second = cost!(
+            "renew",
+            store.renew(&second, LONG_LEASE).await.expect("renew")
+        );
+        cost!(
+            "complete",
+            store
+                .complete(&second, &response("done"))
+                .await
+                .expect("complete")
+        );
+        let replay = cost!("claim: replay", claim(store, &long(&scope, "a")).await);
+        assert_eq!(replay, ClaimOutcome::Completed(response("done")));
+        let other = cost!(
+            "claim: mismatch completed",
+            claim(store, &long(&scope, "b")).await
+        );
+        assert_eq!(other, ClaimOutcome::Mismatch);
+        cost!(
+            "get",
+            store.get(&scope).await.expect("get").expect("record")
+        );
+
+        let released = fresh_scope();
+        let (lease, _) = must_claim(store, &long(&released, "a")).await;
+        cost!("release", store.release(&lease).await.expect("release"));
+
+        let retained = fresh_scope();
+        claim_and_complete(store, &brief(short(&retained, "a")), &response("old")).await;
+        wait_until_absent(store, &retained).await;
+        let (lease, _) = cost!(
+            "claim: past retention",
+            must_claim(store, &long(&retained, "b")).await
+        );
+        assert_eq!(lease.attempt(), 1);
+        if measured {
+            break;
+        }
+    }
+    report
+}
