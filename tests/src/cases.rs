@@ -900,8 +900,11 @@ pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
 pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
+    // Renewals come every 200 ms: a loaded machine may delay one by up to
+    // 400 ms before the key lapses.
+    let lease = Duration::from_millis(600);
     let idem = Idempotency::new(Arc::clone(&store))
-        .with_lease_ttl(SHORT_LEASE)
+        .with_lease_ttl(lease)
         .unwrap()
         .with_auto_renew(Duration::from_secs(30))
         .unwrap();
@@ -912,8 +915,8 @@ pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStor
             let store = Arc::clone(&store);
             let scope = scope.clone();
             async move {
-                // Four lease lengths: every duplicate in that time must wait.
-                let until = tokio::time::Instant::now() + SHORT_LEASE * 4;
+                // Three lease lengths: every duplicate in that time must wait.
+                let until = tokio::time::Instant::now() + lease * 3;
                 while tokio::time::Instant::now() < until {
                     let duplicate = claim(&*store, &short(&scope, "a")).await;
                     assert!(
