@@ -88,6 +88,30 @@ pub(crate) struct RawRecord {
     body: Vec<u8>,
 }
 
+/// Expires each raw record at its retention, like the store's per-entry expiry.
+pub(crate) struct RawExpiry(Duration);
+
+impl moka::Expiry<String, Arc<RawRecord>> for RawExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &String,
+        _value: &Arc<RawRecord>,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(self.0)
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &String,
+        _value: &Arc<RawRecord>,
+        _updated_at: std::time::Instant,
+        _remaining: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(self.0)
+    }
+}
+
 /// What an operation runs against.
 pub(crate) enum Target {
     Lib(Idempotency<dyn IdempotencyStore>),
@@ -167,11 +191,8 @@ impl Backend {
         let (store, raw_target, counter): (Arc<dyn IdempotencyStore>, Raw, Counter) = match kind {
             BackendKind::Memory => (
                 Arc::new(MemoryStore::new()),
-                Raw::Memory(
-                    Cache::builder()
-                        .time_to_live(Duration::from_secs(3600))
-                        .build(),
-                ),
+                // Per-entry expiry, as the store configures moka.
+                Raw::Memory(Cache::builder().expire_after(RawExpiry(retention)).build()),
                 Counter::None,
             ),
             BackendKind::Postgres => {
