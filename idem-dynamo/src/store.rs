@@ -1,5 +1,6 @@
 //! `DynamoStore`: the trait implementation and the fenced writes.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
-use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
 use idem_core::{
     Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability,
     IdempotencyStore, InvalidInput, Lease, Record, Scope, StoreError, StoredResponse, SystemClock,
@@ -111,6 +112,16 @@ impl DynamoStore {
         self.clock.now()
     }
 
+    /// The values [`FENCE`] names, for the lease at `now`; more are added
+    /// beside them.
+    fn fence_values(lease: &Lease, now: Timestamp) -> HashMap<String, AttributeValue> {
+        HashMap::from([
+            (":own".to_string(), s(lease.owner().to_string())),
+            (":f".to_string(), s("f")),
+            (":now".to_string(), n(now.as_unix_millis())),
+        ])
+    }
+
     /// An `UpdateItem` on the lease's record, fenced on its owner.
     fn fenced_update(&self, lease: &Lease, now: Timestamp) -> UpdateItemFluentBuilder {
         self.client
@@ -119,9 +130,7 @@ impl DynamoStore {
             .key(attr::PK, s(crate::item_key(lease.scope())))
             .condition_expression(FENCE)
             .expression_attribute_names("#exp", attr::EXPIRES)
-            .expression_attribute_values(":own", s(lease.owner().to_string()))
-            .expression_attribute_values(":f", s("f"))
-            .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .set_expression_attribute_values(Some(Self::fence_values(lease, now)))
     }
 
     /// Refuses a response that cannot fit one item, before anything is written.
@@ -162,9 +171,7 @@ impl DynamoStore {
             .condition_expression(FENCE)
             .expression_attribute_names("#exp", attr::EXPIRES)
             .expression_attribute_names("#ttl", attr::TTL)
-            .expression_attribute_values(":own", s(lease.owner().to_string()))
-            .expression_attribute_values(":f", s("f"))
-            .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .set_expression_attribute_values(Some(Self::fence_values(lease, now)))
             .expression_attribute_values(":c", s("c"))
             .expression_attribute_values(":rs", n(response.status()))
             .expression_attribute_values(":rh", b(headers))
@@ -242,9 +249,7 @@ impl IdempotencyStore for DynamoStore {
             .key(attr::PK, s(crate::item_key(lease.scope())))
             .condition_expression(FENCE)
             .expression_attribute_names("#exp", attr::EXPIRES)
-            .expression_attribute_values(":own", s(lease.owner().to_string()))
-            .expression_attribute_values(":f", s("f"))
-            .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .set_expression_attribute_values(Some(Self::fence_values(lease, now)))
             .send()
             .await
             .map_err(|error| match error.as_service_error() {

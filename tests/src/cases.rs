@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Checkpoint, ClaimOutcome, HandlerError, Idempotency, IdempotencyStore, RecordState, RunError,
-    RunOutcome, Scope, StoreError, StoredResponse, Tenant,
+    Checkpoint, ClaimOutcome, Context, HandlerError, Idempotency, IdempotencyStore, RecordState,
+    RunError, RunOutcome, Scope, StoreError, StoredResponse, Tenant,
 };
 
 use crate::support::*;
@@ -658,6 +658,28 @@ fn ok(text: &str) -> Result<StoredResponse, HandlerError<String>> {
     Ok(response(text))
 }
 
+/// Runs `handler` through the runner until the previous attempt's lease has
+/// run out and the run takes the key over.
+async fn run_once_the_lease_expires<S, F, Fut>(
+    idem: &Idempotency<S>,
+    scope: &Scope,
+    fp: idem_core::Fingerprint,
+    handler: F,
+) -> Outcome
+where
+    S: IdempotencyStore + ?Sized,
+    F: Fn(Context<S>) -> Fut,
+    Fut: std::future::Future<Output = Result<StoredResponse, HandlerError<String>>>,
+{
+    eventually("takeover after the lease expires", || async {
+        match idem.run(scope.clone(), fp, &handler).await {
+            Err(RunError::InProgress { .. }) => None,
+            other => Some(other),
+        }
+    })
+    .await
+}
+
 /// The runner executes the handler once and replays it to every retry.
 pub async fn runner_executes_once_and_replays_retries<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let idem = Idempotency::new(store);
@@ -791,20 +813,8 @@ pub async fn runner_keeps_the_claim_when_the_handler_failed<S: IdempotencyStore 
             .expect("claim kept")
             .is_in_flight()
     );
-    let retried = eventually("takeover after the failed attempt", || {
-        let idem = idem.clone();
-        let scope = scope.clone();
-        async move {
-            let outcome: Outcome = idem
-                .run(scope, fp, |ctx| async move {
-                    ok(&format!("attempt {}", ctx.attempt()))
-                })
-                .await;
-            match outcome {
-                Err(RunError::InProgress { .. }) => None,
-                other => Some(other),
-            }
-        }
+    let retried = run_once_the_lease_expires(&idem, &scope, fp, |ctx| async move {
+        ok(&format!("attempt {}", ctx.attempt()))
     })
     .await;
     assert_eq!(
@@ -869,27 +879,17 @@ pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
         })
         .await;
     assert!(matches!(failed, Err(RunError::Failed(_))));
-    let outcome = eventually("takeover", || {
-        let idem = idem.clone();
-        let scope = scope.clone();
+    let outcome = run_once_the_lease_expires(&idem, &scope, fp, |ctx| {
         let first_key = Arc::clone(&first_key);
         async move {
-            let outcome: Outcome = idem
-                .run(scope, fp, |ctx| async move {
-                    assert_eq!(ctx.attempt(), 2);
-                    let point = ctx.previous_checkpoint().expect("checkpoint carried");
-                    assert_eq!(point.name(), "charged");
-                    assert_eq!(point.data(), "ch_42");
-                    let key = ctx.downstream_key("charge");
-                    assert_eq!(Some(&key), first_key.lock().unwrap().as_ref());
-                    assert_ne!(key, ctx.downstream_key("email"));
-                    ok("resumed")
-                })
-                .await;
-            match outcome {
-                Err(RunError::InProgress { .. }) => None,
-                other => Some(other),
-            }
+            assert_eq!(ctx.attempt(), 2);
+            let point = ctx.previous_checkpoint().expect("checkpoint carried");
+            assert_eq!(point.name(), "charged");
+            assert_eq!(point.data(), "ch_42");
+            let key = ctx.downstream_key("charge");
+            assert_eq!(Some(&key), first_key.lock().unwrap().as_ref());
+            assert_ne!(key, ctx.downstream_key("email"));
+            ok("resumed")
         }
     })
     .await;
