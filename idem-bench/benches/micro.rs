@@ -7,10 +7,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, OwnerToken, Scope, StoredResponse,
-    Timestamp, decide,
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, IdempotencyStore, OwnerToken, Timestamp, decide,
 };
+use idem_core::{Fingerprint, Scope, StoredResponse};
 use idem_memory::MemoryStore;
 use sha2::{Digest, Sha256};
 

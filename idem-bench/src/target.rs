@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use idem_core::{
-    Fingerprint, HandlerError, Idempotency, IdempotencyStore, RunError, Scope, StoredResponse,
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, SystemClock, encode_headers, storage_key,
 };
+use idem_core::{Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoredResponse};
 use idem_dynamo::DynamoStore;
 use idem_dynamo::aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure,
@@ -71,7 +72,7 @@ pub(crate) enum Raw {
         claim_sql: Arc<str>,
         complete_sql: Arc<str>,
     },
-    Redis(idem_redis::RedisConnection),
+    Redis(idem_redis::RedisConnection, RedisStore),
     Dynamo {
         client: DynamoClient,
         table: String,
@@ -219,8 +220,8 @@ impl Backend {
                 let conn = redis_manager(&url).await?;
                 let store = RedisStore::new(conn.clone()).await?;
                 (
-                    Arc::new(store),
-                    Raw::Redis(conn.into()),
+                    Arc::new(store.clone()),
+                    Raw::Redis(conn.into(), store),
                     Counter::Redis(vec![url]),
                 )
             }
@@ -236,8 +237,8 @@ impl Backend {
                 let conn = client.get_async_connection().await?;
                 let store = RedisStore::new(conn.clone()).await?;
                 (
-                    Arc::new(store),
-                    Raw::Redis(conn.into()),
+                    Arc::new(store.clone()),
+                    Raw::Redis(conn.into(), store),
                     Counter::Redis(urls),
                 )
             }
@@ -245,7 +246,10 @@ impl Backend {
                 let endpoint = env("IDEM_DYNAMO_ENDPOINT")?;
                 let table = names.table.clone();
                 let client = dynamo_client(&endpoint).await;
-                let store = DynamoStore::new(client.clone(), &table)?;
+                let store = DynamoStore::with_options(
+                    client.clone(),
+                    idem_dynamo::DynamoOptions::default().table(&table),
+                )?;
                 if setup {
                     store.create_table().await?;
                 }
@@ -269,7 +273,7 @@ impl Backend {
         } else {
             Target::Lib(
                 Idempotency::new(Arc::clone(&store))
-                    .with_lease_ttl(Duration::from_millis(LEASE_MS as u64))?
+                    .with_lease(Duration::from_millis(LEASE_MS as u64))?
                     .with_retention(retention)?,
             )
         };
@@ -367,13 +371,11 @@ impl Backend {
                 let scope = Scope::parse(&self.tenant, &op.key)?;
                 let fingerprint = Fingerprint::from_digest(op.fingerprint);
                 let outcome = idem
-                    .run(scope, fingerprint, |_ctx| async {
-                        Ok::<_, HandlerError<std::convert::Infallible>>(response())
-                    })
+                    .run(scope, fingerprint, |_ctx| async { Ok(response()) })
                     .await;
                 match outcome {
-                    Ok(idem_core::RunOutcome::Executed(_)) => Ok(true),
-                    Ok(idem_core::RunOutcome::Replayed(_))
+                    Ok(RunOutcome::Executed(_)) => Ok(true),
+                    Ok(RunOutcome::Replayed(_))
                     | Err(RunError::InProgress { .. } | RunError::Mismatch) => Ok(false),
                     Err(other) => Err(other.to_string().into()),
                 }
@@ -410,7 +412,7 @@ async fn dynamo_requests(endpoint: &str, table: &str) -> Result<u64, BenchError>
 
 fn now_ms() -> i64 {
     // The raw baselines read the clock as the stores do.
-    idem_core::Clock::now(&idem_core::SystemClock).as_unix_millis()
+    SystemClock.now().as_unix_millis()
 }
 
 impl Raw {
@@ -507,8 +509,8 @@ impl Raw {
                     .await?;
                 Ok(true)
             }
-            Raw::Redis(conn) => {
-                let key = format!("idem:{{{}:{tenant}:{}}}", tenant.len(), op.key);
+            Raw::Redis(conn, store) => {
+                let key = store.record_key(&Scope::parse(tenant, &op.key)?);
                 let owner = uuid::Uuid::new_v4().to_string();
                 let reply: Vec<redis::Value> = idem_redis::scripts::claim()
                     .key(&key)
@@ -526,7 +528,7 @@ impl Raw {
                     .arg(&owner)
                     .arg(retention_ms)
                     .arg(body.status())
-                    .arg(body.encoded_headers())
+                    .arg(encode_headers(&body))
                     .arg(body.body())
                     .invoke_async(&mut conn.clone())
                     .await?;
@@ -538,7 +540,7 @@ impl Raw {
                 };
                 let s = |v: &str| AttributeValue::S(v.to_string());
                 let n = |v: i64| AttributeValue::N(v.to_string());
-                let pk = format!("{}:{tenant}:{}", tenant.len(), op.key);
+                let pk = storage_key(&Scope::parse(tenant, &op.key)?);
                 let owner = uuid::Uuid::new_v4().to_string();
                 let now = now_ms();
                 let exp = now + retention_ms;
@@ -558,7 +560,10 @@ impl Raw {
                     .expression_attribute_values(":f", s("f"))
                     .expression_attribute_values(":lease", n(now + LEASE_MS))
                     .expression_attribute_values(":exp", n(exp))
-                    .expression_attribute_values(":ttl", n(exp / 1000 + 1))
+                    .expression_attribute_values(
+                        ":ttl",
+                        n(idem_core::store::Timestamp::from_unix_millis(exp).as_unix_secs_ceil()),
+                    )
                     .expression_attribute_values(":zero", n(0))
                     .expression_attribute_values(":one", n(1))
                     .expression_attribute_values(":now", n(now))
@@ -595,14 +600,17 @@ impl Raw {
                     .expression_attribute_values(":rs", n(i64::from(body.status())))
                     .expression_attribute_values(
                         ":rh",
-                        AttributeValue::B(body.encoded_headers().into()),
+                        AttributeValue::B(encode_headers(&body).into()),
                     )
                     .expression_attribute_values(
                         ":rb",
                         AttributeValue::B(body.body().to_vec().into()),
                     )
                     .expression_attribute_values(":exp", n(exp))
-                    .expression_attribute_values(":ttl", n(exp / 1000 + 1))
+                    .expression_attribute_values(
+                        ":ttl",
+                        n(idem_core::store::Timestamp::from_unix_millis(exp).as_unix_secs_ceil()),
+                    )
                     .expression_attribute_values(":att", n(1))
                     .send()
                     .await?;
@@ -616,16 +624,14 @@ impl Raw {
 pub(crate) async fn prepare_replay(backend: &Backend, count: u64) -> Result<(), BenchError> {
     for k in 0..count {
         let scope = Scope::parse(&backend.tenant, &format!("r-{k}"))?;
-        let request = idem_core::ClaimRequest::new(
+        let request = ClaimRequest::new(
             scope,
             Fingerprint::from_digest(crate::plan::fingerprint(k, 0)),
         )
         .with_retention(Duration::from_millis(
             u64::try_from(backend.retention_ms).unwrap_or(u64::MAX),
         ))?;
-        if let idem_core::ClaimOutcome::Claimed { lease, .. } =
-            backend.store.claim(&request).await?
-        {
+        if let ClaimOutcome::Claimed { lease, .. } = backend.store.claim(&request).await? {
             backend.store.complete(&lease, &response()).await?;
         }
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::Timestamp;
+/// use idem_core::store::Timestamp;
 ///
 /// let t = Timestamp::from_unix_millis(1_000);
 /// assert_eq!((t + Duration::from_secs(1)).as_unix_millis(), 2_000);
@@ -80,7 +80,7 @@ impl From<SystemTime> for Timestamp {
 /// A source of the current time.
 ///
 /// ```
-/// use idem_core::{Clock, SystemClock};
+/// use idem_core::store::{Clock, SystemClock};
 ///
 /// let now = SystemClock.now();
 /// assert!(now.as_unix_millis() > 1_700_000_000_000);
@@ -111,7 +111,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Clock, ManualClock, Timestamp};
+/// use idem_core::store::{Clock, ManualClock, Timestamp};
 ///
 /// let clock = ManualClock::new(Timestamp::from_unix_millis(0));
 /// let seen_by_store = clock.clone();

@@ -1,148 +1,9 @@
 //! The claim decision table as a pure function, for stores that decide in
 //! process (memory, or any store that can read and write one record atomically).
 
-use std::time::Duration;
-
+use crate::claim::{ClaimOutcome, ClaimRequest};
 use crate::clock::Timestamp;
-use crate::error::InvalidInput;
-use crate::fingerprint::Fingerprint;
-use crate::record::{Lease, OwnerToken, Record, RecordState};
-use crate::scope::Scope;
-use crate::store::ClaimOutcome;
-
-/// The shortest lease or retention accepted: stores keep milliseconds.
-pub const MIN_DURATION: Duration = Duration::from_millis(1);
-/// The longest lease accepted.
-pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// The longest retention accepted.
-pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
-
-/// What a claim asks for: the scope, the request's fingerprint, how long to
-/// hold the key, and how long to keep the record.
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::{ClaimRequest, Fingerprint, Scope};
-///
-/// let request = ClaimRequest::new(Scope::parse("acme", "k")?, Fingerprint::of_bytes(b"x"))
-///     .with_lease_ttl(Duration::from_secs(10))?
-///     .with_retention(Duration::from_secs(86_400))?;
-/// assert_eq!(request.lease_ttl(), Duration::from_secs(10));
-/// assert!(request.clone().with_lease_ttl(Duration::ZERO).is_err());
-/// # Ok::<(), idem_core::InvalidInput>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRequest {
-    scope: Scope,
-    fingerprint: Fingerprint,
-    lease_ttl: Duration,
-    retention: Duration,
-}
-
-fn check_range(
-    field: &'static str,
-    value: Duration,
-    max: Duration,
-    reason: &'static str,
-) -> Result<Duration, InvalidInput> {
-    if value < MIN_DURATION || value > max {
-        return Err(InvalidInput::OutOfRange { field, reason });
-    }
-    // Stores keep whole milliseconds; round down so every store agrees.
-    Ok(Duration::from_millis(value.as_millis() as u64))
-}
-
-/// Validates a lease duration (for claims, renewals and runners): 1 ms to 7
-/// days, rounded down to whole milliseconds.
-///
-/// ```
-/// use std::time::Duration;
-/// assert!(idem_core::validate_lease_ttl(Duration::from_secs(30)).is_ok());
-/// assert!(idem_core::validate_lease_ttl(Duration::ZERO).is_err());
-/// ```
-///
-/// # Errors
-///
-/// [`InvalidInput::OutOfRange`] outside that range.
-pub fn validate_lease_ttl(ttl: Duration) -> Result<Duration, InvalidInput> {
-    check_range("lease ttl", ttl, MAX_LEASE, "must be 1 ms to 7 days")
-}
-
-/// Validates a retention: 1 ms to 10 years, rounded down to whole milliseconds.
-///
-/// # Errors
-///
-/// [`InvalidInput::OutOfRange`] outside that range.
-pub fn validate_retention(retention: Duration) -> Result<Duration, InvalidInput> {
-    check_range(
-        "retention",
-        retention,
-        MAX_RETENTION,
-        "must be 1 ms to 10 years",
-    )
-}
-
-impl ClaimRequest {
-    /// The default lease: 30 seconds.
-    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-    /// The default retention: 24 hours.
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-    /// A claim with the default lease and retention.
-    pub fn new(scope: Scope, fingerprint: Fingerprint) -> Self {
-        Self {
-            scope,
-            fingerprint,
-            lease_ttl: Self::DEFAULT_LEASE_TTL,
-            retention: Self::DEFAULT_RETENTION,
-        }
-    }
-
-    /// Sets how long the claim holds the key before another request may take it over.
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidInput::OutOfRange`] outside 1 ms to 7 days.
-    pub fn with_lease_ttl(mut self, ttl: Duration) -> Result<Self, InvalidInput> {
-        self.lease_ttl = validate_lease_ttl(ttl)?;
-        Ok(self)
-    }
-
-    /// Sets how long the record is kept (from the claim, and again from completion).
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidInput::OutOfRange`] outside 1 ms to 10 years.
-    pub fn with_retention(mut self, retention: Duration) -> Result<Self, InvalidInput> {
-        self.retention = validate_retention(retention)?;
-        Ok(self)
-    }
-
-    /// The scope.
-    pub fn scope(&self) -> &Scope {
-        &self.scope
-    }
-
-    /// The request's fingerprint.
-    pub fn fingerprint(&self) -> Fingerprint {
-        self.fingerprint
-    }
-
-    /// The lease duration.
-    pub fn lease_ttl(&self) -> Duration {
-        self.lease_ttl
-    }
-
-    /// The retention.
-    pub fn retention(&self) -> Duration {
-        self.retention
-    }
-
-    /// How long a record claimed now must live: at least its lease.
-    pub fn record_ttl(&self) -> Duration {
-        self.retention.max(self.lease_ttl)
-    }
-}
+use crate::record::{Checkpoint, Lease, OwnerToken, Record, RecordState};
 
 /// What a store must do for one claim: write `write` (if any) and answer `outcome`.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,20 +15,17 @@ pub struct Decision {
     pub outcome: ClaimOutcome,
 }
 
-/// The claim decision table (DESIGN.md, "The claim"), judged at `now`.
-///
-/// | record                     | same fingerprint      | other fingerprint |
-/// |----------------------------|-----------------------|-------------------|
-/// | absent or past retention   | Claimed (attempt 1)   | Claimed           |
-/// | in flight, lease valid     | InProgress            | Mismatch          |
-/// | in flight, lease expired   | Claimed, takeover     | Mismatch          |
-/// | completed                  | Completed (replay)    | Mismatch          |
+/// The claim decision table of the [`store`](crate::store) module, judged at `now`.
 ///
 /// A lease is valid while `now < lease_expires_at`; a record is live while
-/// `now < expires_at`. `new_owner` becomes the owner if the decision claims.
+/// `now < retained_until`. `new_owner` becomes the owner if the decision
+/// claims. Stores that read the record and write it in one atomic step call
+/// this; stores that decide on the server use it to answer from the record
+/// that refused them.
 ///
 /// ```
-/// use idem_core::{decide, ClaimOutcome, ClaimRequest, Fingerprint, OwnerToken, Scope, Timestamp};
+/// use idem_core::{Fingerprint, Scope};
+/// use idem_core::store::{decide, ClaimOutcome, ClaimRequest, OwnerToken, Timestamp};
 ///
 /// let scope = Scope::parse("acme", "k")?;
 /// let first = ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(b"a"));
@@ -192,22 +50,22 @@ pub fn decide(
     let Some(existing) = existing.filter(|r| r.is_live(now)) else {
         return claim(request, now, new_owner, 1, None);
     };
-    if existing.fingerprint != request.fingerprint {
+    if existing.fingerprint() != request.fingerprint() {
         return answer(ClaimOutcome::Mismatch);
     }
-    match &existing.state {
+    match existing.state() {
         RecordState::Completed { response } => answer(ClaimOutcome::Completed(response.clone())),
         RecordState::InFlight { lease_expires_at } if now < *lease_expires_at => {
             answer(ClaimOutcome::InProgress {
-                retry_after: lease_expires_at.saturating_duration_since(now),
+                retry_after: crate::codec::retry_after(*lease_expires_at, now),
             })
         }
         RecordState::InFlight { .. } => claim(
             request,
             now,
             new_owner,
-            existing.attempt.saturating_add(1),
-            existing.checkpoint.clone(),
+            existing.attempt().saturating_add(1),
+            existing.checkpoint().cloned(),
         ),
     }
 }
@@ -224,24 +82,24 @@ fn claim(
     now: Timestamp,
     owner: OwnerToken,
     attempt: u32,
-    checkpoint: Option<crate::record::Checkpoint>,
+    checkpoint: Option<Checkpoint>,
 ) -> Decision {
-    let lease_expires_at = now + request.lease_ttl;
-    let mut record = Record::in_flight(
-        request.scope.clone(),
-        request.fingerprint,
+    let lease_expires_at = now + request.lease();
+    let record = Record::in_flight(
+        request.scope().clone(),
+        request.fingerprint(),
         owner,
         attempt,
         lease_expires_at,
-        now + request.record_ttl(),
-    );
-    record.checkpoint = checkpoint.clone();
+        now + request.claim_retention(),
+    )
+    .with_checkpoint(checkpoint.clone());
     let lease = Lease::issued(
-        request.scope.clone(),
+        request.scope().clone(),
         owner,
         attempt,
         lease_expires_at,
-        request.retention,
+        request.retention(),
     );
     Decision {
         write: Some(record),
@@ -251,8 +109,13 @@ fn claim(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::record::{Checkpoint, StoredResponse};
+    use crate::claim::{MAX_LEASE, MIN_DURATION};
+    use crate::fingerprint::Fingerprint;
+    use crate::record::StoredResponse;
+    use crate::scope::Scope;
 
     const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
     const LEASE: Duration = Duration::from_secs(10);
@@ -263,26 +126,21 @@ mod tests {
             Scope::parse("tenant", "key").unwrap(),
             Fingerprint::of_bytes(body),
         )
-        .with_lease_ttl(LEASE)
+        .with_lease(LEASE)
         .unwrap()
         .with_retention(RETENTION)
         .unwrap()
     }
 
     fn in_flight() -> Record {
-        let mut record = decide(None, &request(b"a"), T0, OwnerToken::generate())
+        decide(None, &request(b"a"), T0, OwnerToken::generate())
             .write
-            .unwrap();
-        record.checkpoint = Some(Checkpoint::new("step", &1).unwrap());
-        record
+            .unwrap()
+            .with_checkpoint(Some(Checkpoint::new("step", &1).unwrap()))
     }
 
     fn completed() -> Record {
-        let mut record = in_flight();
-        record.state = RecordState::Completed {
-            response: StoredResponse::new(200, "done"),
-        };
-        record
+        in_flight().completed(StoredResponse::new(200, "done"), T0 + RETENTION)
     }
 
     fn at(offset: Duration) -> Timestamp {
@@ -295,11 +153,11 @@ mod tests {
             let owner = OwnerToken::generate();
             let d = decide(None, &request(body), T0, owner);
             let record = d.write.unwrap();
-            assert_eq!(record.attempt, 1);
-            assert_eq!(record.owner, owner);
-            assert_eq!(record.expires_at, T0 + RETENTION);
+            assert_eq!(record.attempt(), 1);
+            assert_eq!(record.owner(), owner);
+            assert_eq!(record.retained_until(), T0 + RETENTION);
             assert_eq!(
-                record.state,
+                *record.state(),
                 RecordState::InFlight {
                     lease_expires_at: T0 + LEASE
                 }
@@ -323,7 +181,7 @@ mod tests {
                 OwnerToken::generate(),
             );
             assert!(matches!(d.outcome, ClaimOutcome::Claimed { .. }));
-            assert_eq!(d.write.unwrap().attempt, 1);
+            assert_eq!(d.write.unwrap().attempt(), 1);
         }
     }
 
@@ -387,12 +245,12 @@ mod tests {
         let owner = OwnerToken::generate();
         let d = decide(Some(&old), &request(b"a"), at(LEASE), owner);
         let record = d.write.unwrap();
-        assert_eq!(record.attempt, 2);
-        assert_eq!(record.owner, owner);
-        assert_ne!(record.owner, old.owner);
-        assert_eq!(record.checkpoint, old.checkpoint);
+        assert_eq!(record.attempt(), 2);
+        assert_eq!(record.owner(), owner);
+        assert_ne!(record.owner(), old.owner());
+        assert_eq!(record.checkpoint(), old.checkpoint());
         assert_eq!(
-            record.state,
+            *record.state(),
             RecordState::InFlight {
                 lease_expires_at: at(LEASE) + LEASE
             }
@@ -401,7 +259,7 @@ mod tests {
             panic!("not claimed")
         };
         assert_eq!(lease.attempt(), 2);
-        assert_eq!(checkpoint, old.checkpoint);
+        assert_eq!(checkpoint.as_ref(), old.checkpoint());
     }
 
     #[test]
@@ -450,31 +308,34 @@ mod tests {
         let record = decide(None, &req, T0, OwnerToken::generate())
             .write
             .unwrap();
-        assert_eq!(record.expires_at, T0 + LEASE);
+        assert_eq!(record.retained_until(), T0 + LEASE);
     }
 
     #[test]
     fn attempt_saturates_instead_of_overflowing() {
-        let mut old = in_flight();
-        old.attempt = u32::MAX;
+        let fresh = in_flight();
+        let old = Record::in_flight(
+            fresh.scope().clone(),
+            fresh.fingerprint(),
+            fresh.owner(),
+            u32::MAX,
+            T0 + LEASE,
+            T0 + RETENTION,
+        );
         let d = decide(
             Some(&old),
             &request(b"a"),
             at(LEASE),
             OwnerToken::generate(),
         );
-        assert_eq!(d.write.unwrap().attempt, u32::MAX);
+        assert_eq!(d.write.unwrap().attempt(), u32::MAX);
     }
 
     #[test]
     fn durations_out_of_range_are_refused() {
         let r = request(b"a");
-        assert!(
-            r.clone()
-                .with_lease_ttl(Duration::from_micros(999))
-                .is_err()
-        );
-        assert!(r.clone().with_lease_ttl(MAX_LEASE + MIN_DURATION).is_err());
+        assert!(r.clone().with_lease(Duration::from_micros(999)).is_err());
+        assert!(r.clone().with_lease(MAX_LEASE + MIN_DURATION).is_err());
         assert!(r.clone().with_retention(Duration::ZERO).is_err());
         assert!(r.with_retention(Duration::MAX).is_err());
     }

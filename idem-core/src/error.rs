@@ -56,26 +56,85 @@ pub enum InvalidInput {
     },
 }
 
-type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+/// A boxed error, as handlers and drivers hand them over.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// The store operation that failed, as a field of [`StoreError`].
+///
+/// ```
+/// use idem_core::{Operation, StoreError};
+///
+/// let err = StoreError::unavailable("postgres", Operation::Claim, "connection reset");
+/// assert_eq!(err.operation(), Some(Operation::Claim));
+/// assert_eq!(err.store(), Some("postgres"));
+/// assert_eq!(err.to_string(), "postgres claim: unavailable: connection reset");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// A claim.
+    Claim,
+    /// A completion.
+    Complete,
+    /// A lease renewal.
+    Renew,
+    /// A release.
+    Release,
+    /// A checkpoint.
+    Checkpoint,
+    /// A read of one record.
+    Get,
+    /// A sweep of records past retention.
+    Purge,
+    /// Opening, committing or rolling back the caller's transaction.
+    Transaction,
+    /// Server set-up and checks: migrations, tables, configuration.
+    Setup,
+}
+
+impl Operation {
+    /// The operation's name, lowercase.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Complete => "complete",
+            Self::Renew => "renew",
+            Self::Release => "release",
+            Self::Checkpoint => "checkpoint",
+            Self::Get => "get",
+            Self::Purge => "purge",
+            Self::Transaction => "transaction",
+            Self::Setup => "setup",
+        }
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Why a store operation failed.
 ///
 /// Expected races are not errors: a duplicate or a mismatch comes back as a
-/// [`ClaimOutcome`](crate::ClaimOutcome). These are the failures.
+/// [`ClaimOutcome`](crate::store::ClaimOutcome). These are the failures. Errors
+/// from a backend name the store and the [`Operation`] as fields.
 ///
 /// ```
-/// use idem_core::StoreError;
+/// use idem_core::{Operation, StoreError};
 ///
-/// let err = StoreError::unavailable("connection refused");
+/// let err = StoreError::unavailable("redis", Operation::Complete, "timed out");
 /// assert!(err.is_retryable());
 /// assert!(!StoreError::LostLease.is_retryable());
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The lease named is no longer the owner of an in-flight record: it was
-    /// taken over, completed, released or has passed retention. Nothing was
-    /// changed; roll back any work done under the lease.
+    /// The lease named no longer owns an in-flight record: another owner took
+    /// it over after the lease expired, or it was completed, released or
+    /// passed retention. This call changed nothing; roll back any work done
+    /// under the lease.
     #[error("the lease was lost: the record is no longer in flight under this owner")]
     LostLease,
     /// Input refused before anything was written.
@@ -89,26 +148,66 @@ pub enum StoreError {
         /// The store's limit, as its capabilities advertise.
         max: usize,
     },
-    /// The store could not be reached or timed out; the operation may or may
-    /// not have happened, and retrying is safe.
-    #[error("store unavailable: {message}")]
+    /// The store could not be reached or timed out: the operation may or may
+    /// not have happened. Retrying with the same key is safe, and the retry
+    /// gets the true answer.
+    #[error("{store} {operation}: unavailable: {message}")]
     Unavailable {
+        /// Which store (`"postgres"`, `"redis"`, ...).
+        store: &'static str,
+        /// Which operation.
+        operation: Operation,
         /// What happened.
         message: String,
         /// The driver's error, where there is one.
         #[source]
         source: Option<BoxError>,
     },
+    /// The caller's own writes in a shared transaction were refused (a
+    /// constraint or a condition of theirs): nothing was written, the
+    /// completion included.
+    #[error("{store} {operation}: the transaction was refused: {message}")]
+    Rejected {
+        /// Which store.
+        store: &'static str,
+        /// Which operation.
+        operation: Operation,
+        /// What was refused.
+        message: String,
+        /// The driver's error, where there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A stored record that this store's own writes cannot have produced
+    /// (edited by hand, or written by an incompatible version).
+    #[error("{store} {operation}: corrupt record: bad {field}")]
+    Corrupt {
+        /// Which store.
+        store: &'static str,
+        /// Which operation read it.
+        operation: Operation,
+        /// The part that does not decode.
+        field: &'static str,
+    },
     /// The store is configured in a way that would break the contract
     /// (for example a cache that may evict records).
-    #[error("store misconfigured: {0}")]
-    Misconfigured(String),
-    /// The backend failed in a way that retrying will not fix.
-    #[error("backend error: {message}")]
-    Backend {
-        /// What was being done.
+    #[error("{store} misconfigured: {message}")]
+    Misconfigured {
+        /// Which store.
+        store: &'static str,
+        /// What is wrong and how to fix it.
         message: String,
-        /// The driver's error.
+    },
+    /// The backend failed in a way that retrying will not fix.
+    #[error("{store} {operation}: {message}")]
+    Backend {
+        /// Which store.
+        store: &'static str,
+        /// Which operation.
+        operation: Operation,
+        /// What went wrong.
+        message: String,
+        /// The driver's error, where there is one.
         #[source]
         source: Option<BoxError>,
     },
@@ -120,47 +219,91 @@ impl StoreError {
         matches!(self, Self::Unavailable { .. })
     }
 
+    /// Whether this is [`LostLease`](Self::LostLease).
+    pub fn is_lost_lease(&self) -> bool {
+        matches!(self, Self::LostLease)
+    }
+
+    /// The store that failed, where the error names one.
+    pub fn store(&self) -> Option<&'static str> {
+        match self {
+            Self::Unavailable { store, .. }
+            | Self::Rejected { store, .. }
+            | Self::Corrupt { store, .. }
+            | Self::Misconfigured { store, .. }
+            | Self::Backend { store, .. } => Some(store),
+            Self::LostLease | Self::InvalidInput(_) | Self::TooLarge { .. } => None,
+        }
+    }
+
+    /// The operation that failed, where the error names one.
+    pub fn operation(&self) -> Option<Operation> {
+        match self {
+            Self::Unavailable { operation, .. }
+            | Self::Rejected { operation, .. }
+            | Self::Corrupt { operation, .. }
+            | Self::Backend { operation, .. } => Some(*operation),
+            _ => None,
+        }
+    }
+
     /// An [`Unavailable`](Self::Unavailable) error without a source.
-    pub fn unavailable(message: impl Into<String>) -> Self {
+    pub fn unavailable(
+        store: &'static str,
+        operation: Operation,
+        message: impl Into<String>,
+    ) -> Self {
         Self::Unavailable {
+            store,
+            operation,
             message: message.into(),
             source: None,
         }
     }
 
-    /// An [`Unavailable`](Self::Unavailable) error keeping the driver's error.
-    pub fn unavailable_from(
-        message: impl Into<String>,
-        source: impl StdError + Send + Sync + 'static,
-    ) -> Self {
-        Self::Unavailable {
-            message: message.into(),
-            source: Some(Box::new(source)),
-        }
-    }
-
-    /// A driver's error as [`Unavailable`](Self::Unavailable) when the
-    /// backend classified it as retryable, else as [`Backend`](Self::Backend).
+    /// A driver's error: [`Unavailable`](Self::Unavailable) when the backend
+    /// classified it as retryable, else [`Backend`](Self::Backend).
     pub fn from_driver(
         retryable: bool,
-        message: impl Into<String>,
+        store: &'static str,
+        operation: Operation,
         source: impl StdError + Send + Sync + 'static,
     ) -> Self {
+        let message = source.to_string();
+        let source = Some(Box::new(source) as BoxError);
         if retryable {
-            Self::unavailable_from(message, source)
+            Self::Unavailable {
+                store,
+                operation,
+                message,
+                source,
+            }
         } else {
-            Self::backend(message, source)
+            Self::Backend {
+                store,
+                operation,
+                message,
+                source,
+            }
         }
     }
 
-    /// A [`Backend`](Self::Backend) error keeping the driver's error.
-    pub fn backend(
-        message: impl Into<String>,
-        source: impl StdError + Send + Sync + 'static,
-    ) -> Self {
+    /// A [`Backend`](Self::Backend) error with a message and no source.
+    pub fn backend(store: &'static str, operation: Operation, message: impl Into<String>) -> Self {
         Self::Backend {
+            store,
+            operation,
             message: message.into(),
-            source: Some(Box::new(source)),
+            source: None,
+        }
+    }
+
+    /// A [`Corrupt`](Self::Corrupt) record.
+    pub fn corrupt(store: &'static str, operation: Operation, field: &'static str) -> Self {
+        Self::Corrupt {
+            store,
+            operation,
+            field,
         }
     }
 }

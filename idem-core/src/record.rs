@@ -18,11 +18,13 @@ use crate::scope::{Scope, validate_name};
 /// in flight under this owner.
 ///
 /// ```
-/// use idem_core::OwnerToken;
+/// use idem_core::store::OwnerToken;
 ///
 /// let a = OwnerToken::generate();
 /// assert_ne!(a, OwnerToken::generate());
 /// assert_eq!(OwnerToken::from_uuid(a.as_uuid()), a);
+/// assert_eq!(OwnerToken::parse(&a.to_string()), Some(a));
+/// assert_eq!(OwnerToken::parse("not a uuid"), None);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OwnerToken(Uuid);
@@ -41,6 +43,17 @@ impl OwnerToken {
     /// The token as a UUID.
     pub const fn as_uuid(&self) -> Uuid {
         self.0
+    }
+
+    /// The token from its text (as [`Display`](fmt::Display) writes it), or
+    /// `None` if `text` is not a UUID.
+    pub fn parse(text: &str) -> Option<Self> {
+        Uuid::parse_str(text).ok().map(Self)
+    }
+
+    /// The token from its 16 raw bytes, or `None` for another length.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        Uuid::from_slice(bytes).ok().map(Self)
     }
 }
 
@@ -62,7 +75,8 @@ impl fmt::Display for OwnerToken {
 /// implementations mint it with [`Lease::issued`] from what the claim wrote.
 ///
 /// ```
-/// use idem_core::{decide, ClaimOutcome, ClaimRequest, Fingerprint, OwnerToken, Scope, Timestamp};
+/// use idem_core::{Fingerprint, Scope};
+/// use idem_core::store::{decide, ClaimOutcome, ClaimRequest, OwnerToken, Timestamp};
 ///
 /// let request = ClaimRequest::new(Scope::parse("acme", "order-1")?, Fingerprint::of_bytes(b"body"));
 /// let now = Timestamp::from_unix_millis(1_000);
@@ -71,7 +85,7 @@ impl fmt::Display for OwnerToken {
 ///     unreachable!("an absent record is claimed");
 /// };
 /// assert_eq!(lease.attempt(), 1);
-/// assert_eq!(lease.expires_at(), now + request.lease_ttl());
+/// assert_eq!(lease.expires_at(), now + request.lease());
 /// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -129,7 +143,7 @@ impl Lease {
         self.retention
     }
 
-    /// The same lease with a later expiry, as a store returns it from `renew`.
+    /// The same lease with another expiry, as a store returns it from `renew`.
     pub fn renewed(&self, expires_at: Timestamp) -> Self {
         Self {
             expires_at,
@@ -162,9 +176,9 @@ impl fmt::Debug for Lease {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredResponse {
-    status: u16,
-    headers: Vec<(String, Vec<u8>)>,
-    body: Vec<u8>,
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl StoredResponse {
@@ -211,63 +225,6 @@ impl StoredResponse {
         self.body
     }
 
-    /// The headers as one byte string, for stores that keep them in one
-    /// value: for each header, a 4-byte big-endian length and the name, then
-    /// the same for the value. [`with_encoded_headers`](Self::with_encoded_headers)
-    /// reads it back.
-    ///
-    /// ```
-    /// use idem_core::StoredResponse;
-    ///
-    /// let response = StoredResponse::new(200, "ok").with_header("x-a", vec![0, 255]);
-    /// let back = StoredResponse::new(200, "ok").with_encoded_headers(&response.encoded_headers())?;
-    /// assert_eq!(back, response);
-    /// # Ok::<(), idem_core::InvalidInput>(())
-    /// ```
-    pub fn encoded_headers(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.headers.len() * 8 + self.size() - self.body.len());
-        for (name, value) in &self.headers {
-            for part in [name.as_bytes(), value.as_slice()] {
-                // A part over 4 GiB cannot be stored anywhere; saturate rather than wrap.
-                out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
-                out.extend_from_slice(part);
-            }
-        }
-        out
-    }
-
-    /// Appends the headers [`encoded_headers`](Self::encoded_headers) wrote.
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidInput::Malformed`] if `encoded` is truncated, has a trailing
-    /// half header, or a name that is not UTF-8.
-    pub fn with_encoded_headers(mut self, encoded: &[u8]) -> Result<Self, InvalidInput> {
-        let malformed = |reason: &str| InvalidInput::Malformed {
-            field: "encoded headers",
-            reason: reason.to_string(),
-        };
-        let mut rest = encoded;
-        let mut take = || -> Option<Vec<u8>> {
-            let (len, tail) = rest.split_first_chunk::<4>()?;
-            let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
-            let part = tail.get(..len)?.to_vec();
-            rest = &tail[len..];
-            Some(part)
-        };
-        while let Some(name) = take() {
-            let value = take().ok_or_else(|| malformed("a header name without a value"))?;
-            let name =
-                String::from_utf8(name).map_err(|_| malformed("a header name is not UTF-8"))?;
-            self.headers.push((name, value));
-        }
-        if rest.is_empty() {
-            Ok(self)
-        } else {
-            Err(malformed("truncated"))
-        }
-    }
-
     /// The size stores compare with their limit: body bytes plus the bytes of
     /// every header name and value.
     pub fn size(&self) -> usize {
@@ -295,8 +252,8 @@ pub const MAX_CHECKPOINT_BYTES: usize = 16 * 1024;
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checkpoint {
-    name: String,
-    data: Value,
+    pub(crate) name: String,
+    pub(crate) data: Value,
 }
 
 impl Checkpoint {
@@ -325,19 +282,6 @@ impl Checkpoint {
         Ok(Self { name, data })
     }
 
-    /// Parses a checkpoint a store read back as JSON text.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new), and [`InvalidInput::Malformed`] for invalid JSON.
-    pub fn from_json(name: impl Into<String>, json: &str) -> Result<Self, InvalidInput> {
-        let data: Value = serde_json::from_str(json).map_err(|e| InvalidInput::Malformed {
-            field: "checkpoint data",
-            reason: e.to_string(),
-        })?;
-        Self::new(name, &data)
-    }
-
     /// The name.
     pub fn name(&self) -> &str {
         &self.name
@@ -347,19 +291,15 @@ impl Checkpoint {
     pub fn data(&self) -> &Value {
         &self.data
     }
-
-    /// The data as compact JSON text, for stores.
-    pub fn data_json(&self) -> String {
-        self.data.to_string()
-    }
 }
 
 /// Whether a record is being worked on or done.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum RecordState {
     /// An owner holds the key.
     InFlight {
-        /// Until when the owner holds it.
+        /// Until when the owner's lease holds.
         lease_expires_at: Timestamp,
     },
     /// The response is stored for replay.
@@ -369,11 +309,17 @@ pub enum RecordState {
     },
 }
 
-/// Everything a store keeps for one scope (see DESIGN.md, "The record").
+/// Everything a store keeps for one scope: see the [`store`](crate::store)
+/// module for what each part means.
+///
+/// Two deadlines, two names: a lease *expires* (`lease_expires_at`, in
+/// flight only), a record is *retained until* [`retained_until`](Self::retained_until),
+/// after which it counts as absent.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Fingerprint, OwnerToken, Record, Scope, Timestamp};
+/// use idem_core::{Fingerprint, Scope, StoredResponse};
+/// use idem_core::store::{OwnerToken, Record, Timestamp};
 ///
 /// let now = Timestamp::from_unix_millis(0);
 /// let record = Record::in_flight(
@@ -386,24 +332,21 @@ pub enum RecordState {
 /// );
 /// assert!(record.is_in_flight());
 /// assert!(record.is_live(now));
+/// let done = record.completed(StoredResponse::new(200, "ok"), now + Duration::from_secs(60));
+/// assert_eq!(done.response().map(|r| r.status()), Some(200));
+/// assert_eq!(done.retained_until(), now + Duration::from_secs(60));
 /// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Record {
-    /// The scope.
-    pub scope: Scope,
-    /// The fingerprint of the request that first claimed the scope.
-    pub fingerprint: Fingerprint,
-    /// The owner that claimed it last.
-    pub owner: OwnerToken,
-    /// 1 on the first claim, +1 on every takeover.
-    pub attempt: u32,
-    /// In flight or completed.
-    pub state: RecordState,
-    /// The last recovery point the owners wrote.
-    pub checkpoint: Option<Checkpoint>,
-    /// Retention: from this moment the record counts as absent.
-    pub expires_at: Timestamp,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    owner: OwnerToken,
+    attempt: u32,
+    state: RecordState,
+    checkpoint: Option<Checkpoint>,
+    retained_until: Timestamp,
 }
 
 impl Record {
@@ -414,7 +357,7 @@ impl Record {
         owner: OwnerToken,
         attempt: u32,
         lease_expires_at: Timestamp,
-        expires_at: Timestamp,
+        retained_until: Timestamp,
     ) -> Self {
         Self {
             scope,
@@ -423,13 +366,85 @@ impl Record {
             attempt,
             state: RecordState::InFlight { lease_expires_at },
             checkpoint: None,
-            expires_at,
+            retained_until,
+        }
+    }
+
+    /// The same record with another state (a store decoding what it read).
+    pub fn with_state(mut self, state: RecordState) -> Self {
+        self.state = state;
+        self
+    }
+
+    /// The same record with another recovery point.
+    pub fn with_checkpoint(mut self, checkpoint: Option<Checkpoint>) -> Self {
+        self.checkpoint = checkpoint;
+        self
+    }
+
+    /// The same record retained until another moment.
+    pub fn with_retained_until(mut self, retained_until: Timestamp) -> Self {
+        self.retained_until = retained_until;
+        self
+    }
+
+    /// The record completed with `response`, retained until `retained_until`;
+    /// the checkpoint goes, as it belongs to in-flight work.
+    pub fn completed(self, response: StoredResponse, retained_until: Timestamp) -> Self {
+        Self {
+            state: RecordState::Completed { response },
+            checkpoint: None,
+            retained_until,
+            ..self
+        }
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The fingerprint of the request that claimed the scope.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// The owner that claimed it last.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// 1 on the first claim, +1 on every takeover.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// In flight or completed.
+    pub fn state(&self) -> &RecordState {
+        &self.state
+    }
+
+    /// The last recovery point the owners wrote (in flight only).
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref()
+    }
+
+    /// Retention: from this moment the record counts as absent.
+    pub fn retained_until(&self) -> Timestamp {
+        self.retained_until
+    }
+
+    /// Until when the owner's lease holds, if in flight.
+    pub fn lease_expires_at(&self) -> Option<Timestamp> {
+        match self.state {
+            RecordState::InFlight { lease_expires_at } => Some(lease_expires_at),
+            RecordState::Completed { .. } => None,
         }
     }
 
     /// Whether the record still counts at `now` (it has not passed retention).
     pub fn is_live(&self, now: Timestamp) -> bool {
-        now < self.expires_at
+        now < self.retained_until
     }
 
     /// Whether an owner holds it.

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::decision::{ClaimRequest, validate_lease_ttl, validate_retention};
+use crate::backend::{IdempotencyStore, Transaction};
+use crate::claim::{ClaimOutcome, ClaimRequest, validate_lease, validate_retention};
 use crate::error::{InvalidInput, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::outcome::{HandlerError, RunError, RunOutcome};
 use crate::record::{Checkpoint, Lease, StoredResponse};
 use crate::scope::{IdempotencyKey, Scope};
-use crate::store::{ClaimOutcome, IdempotencyStore};
 
 /// Makes handlers idempotent over a store.
 ///
@@ -27,9 +28,7 @@ use crate::store::{ClaimOutcome, IdempotencyStore};
 /// let fingerprint = Fingerprint::json(r#"{"sku":"A-1","qty":2}"#)?;
 ///
 /// let first = idem
-///     .run(scope.clone(), fingerprint, |_ctx| async {
-///         Ok::<_, idem_core::HandlerError<std::io::Error>>(StoredResponse::new(201, "order 42"))
-///     })
+///     .run(scope.clone(), fingerprint, |_ctx| async { Ok(StoredResponse::new(201, "order 42")) })
 ///     .await?;
 /// assert!(matches!(first, RunOutcome::Executed(_)));
 ///
@@ -38,12 +37,12 @@ use crate::store::{ClaimOutcome, IdempotencyStore};
 ///     .run(scope, fingerprint, |_ctx| async { unreachable!("ran twice") })
 ///     .await?;
 /// assert_eq!(retry, RunOutcome::Replayed(StoredResponse::new(201, "order 42")));
-/// # Ok::<(), RunError<std::io::Error>>(())
+/// # Ok::<(), RunError>(())
 /// # }).unwrap();
 /// ```
 pub struct Idempotency<S: ?Sized> {
     store: Arc<S>,
-    lease_ttl: Duration,
+    lease: Duration,
     retention: Duration,
     auto_renew_cap: Option<Duration>,
 }
@@ -52,7 +51,7 @@ impl<S: ?Sized> Clone for Idempotency<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
-            lease_ttl: self.lease_ttl,
+            lease: self.lease,
             retention: self.retention,
             auto_renew_cap: self.auto_renew_cap,
         }
@@ -63,7 +62,7 @@ impl<S: IdempotencyStore + ?Sized> fmt::Debug for Idempotency<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotency")
             .field("store", &self.store)
-            .field("lease_ttl", &self.lease_ttl)
+            .field("lease", &self.lease)
             .field("retention", &self.retention)
             .field("auto_renew_cap", &self.auto_renew_cap)
             .finish()
@@ -76,19 +75,20 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     pub fn new(store: Arc<S>) -> Self {
         Self {
             store,
-            lease_ttl: ClaimRequest::DEFAULT_LEASE_TTL,
+            lease: ClaimRequest::DEFAULT_LEASE,
             retention: ClaimRequest::DEFAULT_RETENTION,
             auto_renew_cap: None,
         }
     }
 
-    /// Sets how long a claim holds the key before a retry may take it over.
+    /// Sets the lease: how long a claim holds the key before a retry may take
+    /// it over.
     ///
     /// # Errors
     ///
     /// [`InvalidInput::OutOfRange`] outside 1 ms to 7 days.
-    pub fn with_lease_ttl(mut self, ttl: Duration) -> Result<Self, InvalidInput> {
-        self.lease_ttl = validate_lease_ttl(ttl)?;
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self, InvalidInput> {
+        self.lease = validate_lease(lease)?;
         Ok(self)
     }
 
@@ -136,32 +136,147 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     ///   a key used with another fingerprint with [`RunError::Mismatch`].
     ///
     /// A handler error keeps the claim until its lease expires (the work may
-    /// have started), unless it is [`HandlerError::NotStarted`], which
+    /// have started), unless it is [`HandlerError::not_started`], which
     /// releases the claim so the client may retry at once.
     ///
     /// # Errors
     ///
-    /// The refusals above; [`RunError::Rejected`] and [`RunError::Failed`]
-    /// carry the handler's error; [`RunError::Store`] when the store fails,
-    /// including [`StoreError::LostLease`] when the lease was taken over
-    /// before completion (the response was not stored: roll back what the
-    /// handler did, or make it idempotent downstream).
-    pub async fn run<F, Fut, E>(
+    /// The refusals above; [`RunError::NotStarted`] and [`RunError::Failed`]
+    /// carry the handler's error; [`RunError::LostLease`] when another owner
+    /// took the key over before completion (the response was not stored);
+    /// [`RunError::Store`] when the store fails.
+    pub async fn run<F, Fut>(
         &self,
         scope: Scope,
         fingerprint: Fingerprint,
         handler: F,
-    ) -> Result<RunOutcome, RunError<E>>
+    ) -> Result<RunOutcome, RunError>
     where
         F: FnOnce(Context<S>) -> Fut,
-        Fut: Future<Output = Result<StoredResponse, HandlerError<E>>>,
+        Fut: Future<Output = Result<StoredResponse, HandlerError>>,
     {
+        let ctx = match self.claim(scope, fingerprint).await? {
+            Claimed::Run(ctx) => ctx,
+            Claimed::Answered(outcome) => return Ok(outcome),
+        };
+        match self.drive(&ctx, handler(ctx.clone())).await {
+            Ok(response) => {
+                self.store.complete(&ctx.lease(), &response).await?;
+                Ok(RunOutcome::Executed(response))
+            }
+            Err(error) => Err(self.fail(&ctx, error, false).await),
+        }
+    }
+
+    /// Runs `handler` at most once per scope and fingerprint, completing
+    /// inside the transaction `begin` opens: the handler's writes and the
+    /// stored response commit together, or neither does.
+    ///
+    /// The same as [`run`](Self::run) (settings, [`Context`], auto-renewal,
+    /// outcomes) except where the completion lands. The claim commits on its
+    /// own first, so a concurrent duplicate sees it; only then is `begin`
+    /// awaited. The handler gets the transaction, writes through it, and
+    /// hands it back with the response; the runner completes inside it and
+    /// commits. [`Context::checkpoint_in`] writes a recovery point inside a
+    /// transaction, so a phase's writes and its checkpoint commit together.
+    ///
+    /// When nothing committed, nothing happened: a handler error (the
+    /// handler dropped the transaction, rolling it back), a refused or failed
+    /// commit, or a completion that could not be written release the claim,
+    /// so the client may retry at once; the handler can keep the claim
+    /// instead with [`HandlerError::started`] (for work outside the
+    /// transaction). A lost lease rolls everything back and returns
+    /// [`RunError::LostLease`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::{Fingerprint, Idempotency, RunOutcome, Scope, StoredResponse};
+    /// use idem_core::store::{IdempotencyStore, Transaction};
+    /// use idem_memory::MemoryStore;
+    ///
+    /// /// A transaction that commits its writes and the completion together
+    /// /// (real ones come from store crates: `PostgresStore::begin`, ...).
+    /// struct Ledger { store: MemoryStore, completion: Option<(idem_core::store::Lease, StoredResponse)> }
+    ///
+    /// #[idem_core::async_trait]
+    /// impl Transaction for Ledger {
+    ///     async fn complete(&mut self, lease: &idem_core::store::Lease, response: &StoredResponse) -> Result<(), idem_core::StoreError> {
+    ///         self.completion = Some((lease.clone(), response.clone()));
+    ///         Ok(())
+    ///     }
+    ///     async fn checkpoint(&mut self, _: &idem_core::store::Lease, _: &idem_core::Checkpoint) -> Result<(), idem_core::StoreError> {
+    ///         Ok(())
+    ///     }
+    ///     async fn commit(self) -> Result<(), idem_core::StoreError> {
+    ///         match self.completion {
+    ///             Some((lease, response)) => self.store.complete(&lease, &response).await,
+    ///             None => Ok(()),
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let idem = Idempotency::new(Arc::new(store.clone()));
+    /// let begin = async { Ok(Ledger { store, completion: None }) };
+    /// let outcome = idem
+    ///     .run_in(Scope::parse("acme", "order-7")?, Fingerprint::of_bytes(b"..."), begin, |_ctx, tx| async move {
+    ///         Ok((tx, StoredResponse::new(201, "order 7")))
+    ///     })
+    ///     .await?;
+    /// assert!(matches!(outcome, RunOutcome::Executed(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run); the errors of `begin` and of the commit as
+    /// [`RunError::Store`] (after which the claim has been released).
+    pub async fn run_in<T, B, F, Fut>(
+        &self,
+        scope: Scope,
+        fingerprint: Fingerprint,
+        begin: B,
+        handler: F,
+    ) -> Result<RunOutcome, RunError>
+    where
+        T: Transaction,
+        B: Future<Output = Result<T, StoreError>>,
+        F: FnOnce(Context<S>, T) -> Fut,
+        Fut: Future<Output = Result<(T, StoredResponse), HandlerError>>,
+    {
+        let ctx = match self.claim(scope, fingerprint).await? {
+            Claimed::Run(ctx) => ctx,
+            Claimed::Answered(outcome) => return Ok(outcome),
+        };
+        let tx = match begin.await {
+            Ok(tx) => tx,
+            Err(error) => return Err(self.nothing_committed(&ctx, error).await),
+        };
+        let (mut tx, response) = match self.drive(&ctx, handler(ctx.clone(), tx)).await {
+            Ok(done) => done,
+            Err(error) => return Err(self.fail(&ctx, error, true).await),
+        };
+        if let Err(error) = tx.complete(&ctx.lease(), &response).await {
+            drop(tx);
+            return Err(self.nothing_committed(&ctx, error).await);
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(RunOutcome::Executed(response)),
+            Err(error) => Err(self.nothing_committed(&ctx, error).await),
+        }
+    }
+
+    async fn claim(&self, scope: Scope, fingerprint: Fingerprint) -> Result<Claimed<S>, RunError> {
         let request = ClaimRequest::new(scope, fingerprint)
-            .with_lease_ttl(self.lease_ttl)?
+            .with_lease(self.lease)?
             .with_retention(self.retention)?;
         let (lease, checkpoint) = match self.store.claim(&request).await? {
             ClaimOutcome::Claimed { lease, checkpoint } => (lease, checkpoint),
-            ClaimOutcome::Completed(response) => return Ok(RunOutcome::Replayed(response)),
+            ClaimOutcome::Completed(response) => {
+                return Ok(Claimed::Answered(RunOutcome::Replayed(response)));
+            }
             ClaimOutcome::InProgress { retry_after } => {
                 return Err(RunError::InProgress { retry_after });
             }
@@ -173,173 +288,58 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
             attempt = lease.attempt(),
             "idempotency key claimed"
         );
-        let ctx = Context {
+        Ok(Claimed::Run(Context {
             store: Arc::clone(&self.store),
             lease: Arc::new(Mutex::new(lease)),
             checkpoint,
-            lease_ttl: self.lease_ttl,
+            lease_duration: self.lease,
+        }))
+    }
+
+    /// Awaits the handler's work, renewing the lease meanwhile if asked to.
+    async fn drive<T>(&self, ctx: &Context<S>, work: impl Future<Output = T>) -> T {
+        let Some(cap) = self.auto_renew_cap else {
+            return work.await;
         };
-        let work = handler(ctx.clone());
-        let result = match self.auto_renew_cap {
-            None => work.await,
-            Some(cap) => {
-                tokio::pin!(work);
-                let renewing = ctx.renew_until(cap);
-                tokio::pin!(renewing);
-                tokio::select! {
-                    biased;
-                    result = &mut work => result,
-                    () = &mut renewing => work.await,
-                }
-            }
-        };
-        let lease = ctx.lease();
-        match result {
-            Ok(response) => {
-                self.store.complete(&lease, &response).await?;
-                Ok(RunOutcome::Executed(response))
-            }
-            Err(HandlerError::NotStarted(error)) => {
-                if let Err(release) = self.store.release(&lease).await {
-                    tracing::warn!(error = %release, "could not release a claim; it will expire with its lease");
-                }
-                Err(RunError::Rejected(error))
-            }
-            Err(HandlerError::Failed(error)) => Err(RunError::Failed(error)),
+        tokio::pin!(work);
+        let renewing = ctx.renew_until(cap);
+        tokio::pin!(renewing);
+        tokio::select! {
+            biased;
+            result = &mut work => result,
+            () = &mut renewing => work.await,
+        }
+    }
+
+    async fn fail(&self, ctx: &Context<S>, error: HandlerError, rolled_back: bool) -> RunError {
+        if error.releases(rolled_back) {
+            self.release(ctx).await;
+            RunError::NotStarted(error.into_inner())
+        } else {
+            RunError::Failed(error.into_inner())
+        }
+    }
+
+    /// A transactional run wrote nothing: free the key unless another owner
+    /// has it. Release is fenced, so after a commit whose outcome is unknown
+    /// it changes nothing if the commit did land.
+    async fn nothing_committed(&self, ctx: &Context<S>, error: StoreError) -> RunError {
+        if !error.is_lost_lease() {
+            self.release(ctx).await;
+        }
+        error.into()
+    }
+
+    async fn release(&self, ctx: &Context<S>) {
+        if let Err(error) = self.store.release(&ctx.lease()).await {
+            tracing::warn!(%error, "could not release a claim; it will expire with its lease");
         }
     }
 }
 
-/// What [`Idempotency::run`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOutcome {
-    /// The handler ran now and its response was stored.
-    Executed(StoredResponse),
-    /// An earlier run's stored response.
-    Replayed(StoredResponse),
-}
-
-impl RunOutcome {
-    /// The response, whichever way it came.
-    pub fn response(&self) -> &StoredResponse {
-        match self {
-            Self::Executed(r) | Self::Replayed(r) => r,
-        }
-    }
-
-    /// Takes the response out.
-    pub fn into_response(self) -> StoredResponse {
-        match self {
-            Self::Executed(r) | Self::Replayed(r) => r,
-        }
-    }
-
-    /// Whether this is a replay.
-    pub fn is_replay(&self) -> bool {
-        matches!(self, Self::Replayed(_))
-    }
-}
-
-/// A handler's failure, saying whether the work may have started.
-///
-/// `?` on any `E` gives [`Failed`](Self::Failed): the safe default.
-///
-/// ```
-/// use idem_core::HandlerError;
-///
-/// fn validate(qty: u32) -> Result<(), HandlerError<String>> {
-///     if qty == 0 {
-///         // Nothing happened: let the client retry at once.
-///         return Err(HandlerError::NotStarted("qty must be positive".into()));
-///     }
-///     Ok(())
-/// }
-/// assert!(matches!(validate(0), Err(HandlerError::NotStarted(_))));
-/// let failed: HandlerError<String> = String::from("db down").into();
-/// assert!(matches!(failed, HandlerError::Failed(_)));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HandlerError<E> {
-    /// Nothing started (validation failed): the claim is released.
-    NotStarted(E),
-    /// The work may have started: the claim is kept until its lease expires,
-    /// and a retry after that takes it over.
-    Failed(E),
-}
-
-impl<E> From<E> for HandlerError<E> {
-    fn from(error: E) -> Self {
-        Self::Failed(error)
-    }
-}
-
-/// Why [`Idempotency::run`] produced no response.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RunError<E> {
-    /// Another request holds the key (HTTP 409 with `Retry-After`).
-    InProgress {
-        /// The holder's remaining lease.
-        retry_after: Duration,
-    },
-    /// The key was used for another request (HTTP 422).
-    Mismatch,
-    /// The handler said nothing started; the claim was released.
-    Rejected(E),
-    /// The handler failed; the claim is kept until its lease expires.
-    Failed(E),
-    /// The store failed, or the lease was lost before completion.
-    Store(StoreError),
-}
-
-impl<E> RunError<E> {
-    /// The HTTP status this refusal maps to, where DESIGN.md names one
-    /// (409 in progress, 422 mismatch).
-    pub fn http_status(&self) -> Option<u16> {
-        match self {
-            Self::InProgress { .. } => Some(409),
-            Self::Mismatch => Some(422),
-            _ => None,
-        }
-    }
-}
-
-impl<E> From<StoreError> for RunError<E> {
-    fn from(error: StoreError) -> Self {
-        Self::Store(error)
-    }
-}
-
-impl<E> From<InvalidInput> for RunError<E> {
-    fn from(error: InvalidInput) -> Self {
-        Self::Store(StoreError::InvalidInput(error))
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for RunError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::InProgress { retry_after } => write!(
-                f,
-                "another request holds this key; retry after {} ms",
-                retry_after.as_millis()
-            ),
-            Self::Mismatch => f.write_str("the key was already used for a different request"),
-            Self::Rejected(e) => write!(f, "handler rejected the request: {e}"),
-            Self::Failed(e) => write!(f, "handler failed: {e}"),
-            Self::Store(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Rejected(e) | Self::Failed(e) => Some(e),
-            Self::Store(e) => Some(e),
-            Self::InProgress { .. } | Self::Mismatch => None,
-        }
-    }
+enum Claimed<S: ?Sized> {
+    Run(Context<S>),
+    Answered(RunOutcome),
 }
 
 /// What a handler gets: its lease, its attempt, the checkpoint a previous
@@ -348,7 +348,7 @@ pub struct Context<S: ?Sized> {
     store: Arc<S>,
     lease: Arc<Mutex<Lease>>,
     checkpoint: Option<Checkpoint>,
-    lease_ttl: Duration,
+    lease_duration: Duration,
 }
 
 impl<S: ?Sized> Clone for Context<S> {
@@ -357,7 +357,7 @@ impl<S: ?Sized> Clone for Context<S> {
             store: Arc::clone(&self.store),
             lease: Arc::clone(&self.lease),
             checkpoint: self.checkpoint.clone(),
-            lease_ttl: self.lease_ttl,
+            lease_duration: self.lease_duration,
         }
     }
 }
@@ -377,7 +377,8 @@ impl<S: ?Sized> Context<S> {
         self.lease.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The current lease (its expiry moves with renewals).
+    /// The current lease (its expiry moves with renewals), to name in
+    /// fenced operations of your own.
     pub fn lease(&self) -> Lease {
         self.locked().clone()
     }
@@ -417,12 +418,32 @@ impl<S: IdempotencyStore + ?Sized> Context<S> {
         self.store.checkpoint(&lease, &point).await
     }
 
+    /// Records a recovery point inside the caller's transaction `tx`, so that
+    /// a phase's writes and its recovery point commit, or roll back, together.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] for a bad name or data too large;
+    /// [`StoreError::LostLease`] if the store can already tell another owner
+    /// took over (otherwise the commit fails with it).
+    pub async fn checkpoint_in<T: Transaction>(
+        &self,
+        tx: &mut T,
+        name: &str,
+        data: &impl Serialize,
+    ) -> Result<(), StoreError> {
+        let point = Checkpoint::new(name, data)?;
+        tx.checkpoint(&self.lease(), &point).await
+    }
+
     /// Extends the lease to `extend` from now.
     ///
     /// # Errors
     ///
+    /// [`StoreError::InvalidInput`] if `extend` is outside 1 ms to 7 days;
     /// [`StoreError::LostLease`] if another owner took over.
     pub async fn renew(&self, extend: Duration) -> Result<(), StoreError> {
+        let extend = validate_lease(extend)?;
         let lease = self.lease();
         let renewed = self.store.renew(&lease, extend).await?;
         *self.locked() = renewed;
@@ -433,14 +454,14 @@ impl<S: IdempotencyStore + ?Sized> Context<S> {
     /// or a renewal fails; completion reports a lost lease, so a failure here
     /// only stops renewing.
     async fn renew_until(&self, cap: Duration) {
-        let every = (self.lease_ttl / 3).max(Duration::from_millis(1));
+        let every = (self.lease_duration / 3).max(Duration::from_millis(1));
         let deadline = tokio::time::Instant::now() + cap;
         loop {
             tokio::time::sleep(every).await;
             if tokio::time::Instant::now() >= deadline {
                 return;
             }
-            if let Err(error) = self.renew(self.lease_ttl).await {
+            if let Err(error) = self.renew(self.lease_duration).await {
                 tracing::warn!(%error, "automatic lease renewal stopped");
                 return;
             }

@@ -3,67 +3,82 @@
 //! The DynamoDB store for [idem](idem_core), over your
 //! [`aws_sdk_dynamodb::Client`].
 //!
-//! - [`DynamoStore::new`] takes the client and a table name;
-//!   [`DynamoStore::create_table`] creates the table (on-demand billing, TTL
-//!   on `ttl`) for tests and quick starts, and documents the definition.
+//! - [`DynamoStore::new`] takes the client (table `idem-records`);
+//!   [`DynamoStore::with_options`] takes [`DynamoOptions`] (table, response
+//!   limit, clock), checked once. [`DynamoStore::create_table`] creates the
+//!   table (on-demand billing, TTL on `ttl`) for tests and quick starts, and
+//!   documents the definition.
 //! - One item per record under the partition key `<n>:<tenant>:<key>`
-//!   ([`item_key`]): injective, so no two scopes share an item.
-//! - The claim is one conditional `UpdateItem` for every outcome (see
-//!   `claim.rs`); complete, renew and checkpoint are one conditional
-//!   `UpdateItem` each, release one conditional `DeleteItem`, all fenced on
-//!   the owner.
+//!   ([`storage_key`](idem_core::store::storage_key)): injective, so no two
+//!   scopes share an item.
+//! - The claim is one conditional `UpdateItem` for every outcome; complete,
+//!   renew and checkpoint are one conditional `UpdateItem` each, release one
+//!   conditional `DeleteItem`, all fenced on the owner.
 //! - DynamoDB has no clock: the caller's judges leases and retention (see
 //!   [`DynamoStore`] for the skew this tolerates). TTL deletes lazily, so
 //!   every decision checks retention itself.
-//! - [`DynamoStore::complete_item`] gives the completion as a
-//!   `TransactWriteItem` for your own transaction; [`DynamoStore::complete_with`]
-//!   sends it with your items.
+//! - [`DynamoStore::begin`] opens a [`DynamoTransaction`]: your
+//!   `TransactWriteItem`s and the record's completion (and checkpoints)
+//!   commit in one `TransactWriteItems`, driven by
+//!   [`Idempotency::run_in`](idem_core::Idempotency::run_in).
 //! - A response that cannot fit a 400 KB item is refused with `TooLarge`
 //!   before anything is written.
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use idem_core::Idempotency;
-//! use idem_dynamo::{aws_sdk_dynamodb, DynamoStore};
+//! use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse};
+//! use idem_dynamo::{aws_sdk_dynamodb, DynamoOptions, DynamoStore};
 //!
 //! # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
-//! let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), "idem-records")?;
+//! let client = aws_sdk_dynamodb::Client::from_conf(config);
+//! let store = DynamoStore::with_options(client, DynamoOptions::default().table("orders-idem"))?;
 //! let idem = Idempotency::new(Arc::new(store));
-//! # let _ = idem; Ok(()) }
+//! let outcome = idem
+//!     .run(Scope::parse("acme", "order-7")?, Fingerprint::of_bytes(b"{...}"), |_ctx| async move {
+//!         Ok(StoredResponse::new(201, "order 7"))
+//!     })
+//!     .await?;
+//! # let _ = outcome;
+//! # Ok(()) }
 //! ```
+//!
+//! The modules, as in every idem store: `store` (the store and its trait
+//! implementation), `options`, `claim` (the one-round-trip claim), `codec`
+//! (item and record), `error` (driver error mapping), `commands` (the
+//! expressions sent) and `transaction`.
 
-/// The exact expressions the store sends, for tools that measure the store
-/// against bare SDK requests. Placeholders: `#exp` and `#ttl` name `exp` and
-/// `ttl`; values are described beside each.
+mod claim;
+mod codec;
+mod commands;
+mod error;
+mod options;
+mod store;
+mod transaction;
+
+pub use options::{DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TABLE, DynamoOptions, ITEM_LIMIT};
+pub use store::DynamoStore;
+pub use transaction::DynamoTransaction;
+
+/// The SDK, re-exported so your client and ours are the same version.
+pub use aws_sdk_dynamodb;
+
+/// **Not part of the API**: the exact expressions the store sends, for
+/// `idem-bench` to measure the store against bare SDK requests. Only with
+/// the `bench` feature; may change in any release.
+///
+/// Placeholders: `#exp` and `#ttl` name `exp` and `ttl`; values are
+/// described beside each.
+#[cfg(feature = "bench")]
 pub mod expressions {
     /// The claim's `UpdateExpression`: `:fp` (B), `:own` (S), `:f` ("f"),
     /// `:lease`, `:exp` (epoch ms), `:ttl` (epoch s), `:zero`, `:one`,
     /// `:tenant`, `:k` (S).
-    pub const CLAIM_UPDATE: &str = "SET fp = :fp, own = :own, st = :f, lease = :lease, #exp = :exp, \
-        #ttl = :ttl, att = if_not_exists(att, :zero) + :one, tenant = :tenant, k = :k \
-        REMOVE rs, rh, rb, datt";
+    pub const CLAIM_UPDATE: &str = crate::commands::CLAIM_UPDATE;
     /// The claim's `ConditionExpression`; `:now` is epoch ms.
-    pub const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR #exp <= :now \
-        OR (st = :f AND lease <= :now AND fp = :fp)";
+    pub const CLAIM_CONDITION: &str = crate::commands::CLAIM_CONDITION;
     /// The completion's `UpdateExpression`: `:c` ("c"), `:rs` (N), `:rh`,
     /// `:rb` (B), `:exp`, `:ttl`, `:att` (N).
-    pub const COMPLETE_UPDATE: &str = "SET st = :c, rs = :rs, rh = :rh, rb = :rb, #exp = :exp, \
-        #ttl = :ttl, datt = :att REMOVE lease, att, cpn, cpd";
+    pub const COMPLETE_UPDATE: &str = crate::commands::COMPLETE_UPDATE;
     /// The fence of every write after the claim: `:own`, `:f`, `:now`.
-    pub const FENCE: &str = "own = :own AND st = :f AND #exp > :now";
+    pub const FENCE: &str = crate::commands::FENCE;
 }
-
-mod claim;
-mod config;
-mod error;
-mod item;
-mod store;
-mod table;
-mod transact;
-
-pub use config::{DEFAULT_MAX_RESPONSE_BYTES, ITEM_LIMIT, TableName, item_key};
-pub use store::DynamoStore;
-pub use transact::{RejectedItem, TransactError};
-
-/// The SDK, re-exported so your client and ours are the same version.
-pub use aws_sdk_dynamodb;

@@ -1,27 +1,27 @@
-//! `DynamoStore`: the trait implementation and the fenced writes.
+//! `DynamoStore`: construction, the table, and the trait implementation.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
+use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+    TimeToLiveSpecification,
+};
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
+    Record, Timestamp, TransactionSharing, validate_lease,
+};
 use idem_core::{
-    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability,
-    IdempotencyStore, InvalidInput, Lease, Record, Scope, StoreError, StoredResponse, SystemClock,
-    Timestamp, TransactionSharing, async_trait, validate_lease_ttl,
+    Checkpoint, InvalidInput, Operation, Scope, StoreError, StoredResponse, async_trait,
 };
 
-use crate::config::{DEFAULT_MAX_RESPONSE_BYTES, ITEM_LIMIT, ITEM_OVERHEAD, TableName};
-use crate::error::{classify, corrupt};
-use crate::item::{self, attr, b, n, s};
-
-use crate::expressions::{COMPLETE_UPDATE, FENCE};
+use crate::codec::{self, attr, key, n};
+use crate::commands::{self, FENCE, PAST_RETENTION, fence_values};
+use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
+use crate::options::DynamoOptions;
+use crate::transaction::DynamoTransaction;
 
 /// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
 ///
@@ -35,72 +35,57 @@ use crate::expressions::{COMPLETE_UPDATE, FENCE};
 /// leases at least 100 times the skew you expect.
 ///
 /// ```no_run
-/// use idem_dynamo::{aws_sdk_dynamodb, DynamoStore};
+/// use idem_dynamo::{aws_sdk_dynamodb, DynamoOptions, DynamoStore};
 ///
 /// # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
 /// let client = aws_sdk_dynamodb::Client::from_conf(config);
-/// let store = DynamoStore::new(client, "idem-records")?;
+/// let store = DynamoStore::with_options(client, DynamoOptions::default().table("orders-idem"))?;
 /// store.create_table().await?; // tests and quick starts
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct DynamoStore {
-    pub(crate) client: Client,
-    pub(crate) table: TableName,
-    clock: Arc<dyn Clock>,
-    max_response_bytes: usize,
+    client: Client,
+    options: DynamoOptions,
 }
 
 impl fmt::Debug for DynamoStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynamoStore")
-            .field("table", &self.table)
-            .field("clock", &self.clock)
-            .field("max_response_bytes", &self.max_response_bytes)
+            .field("table", &self.options.table)
+            .field("clock", &self.options.clock)
+            .field("max_response_bytes", &self.options.max_response_bytes)
             .finish_non_exhaustive()
     }
 }
 
 impl DynamoStore {
-    /// A store on `table`, on the system clock.
+    /// A store on the table [`DEFAULT_TABLE`](crate::DEFAULT_TABLE)
+    /// (`idem-records`), with the default response limit, on the system clock.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            options: DynamoOptions::default(),
+        }
+    }
+
+    /// A store with `options`.
     ///
     /// # Errors
     ///
-    /// [`InvalidInput`] if `table` is not a valid DynamoDB table name.
-    pub fn new(client: Client, table: &str) -> Result<Self, InvalidInput> {
+    /// [`InvalidInput`] if the table name breaks DynamoDB's rules or the
+    /// response limit is outside 1 byte to
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES).
+    pub fn with_options(client: Client, options: DynamoOptions) -> Result<Self, InvalidInput> {
         Ok(Self {
             client,
-            table: TableName::new(table)?,
-            clock: Arc::new(SystemClock),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            options: options.validate()?,
         })
     }
 
-    /// Judges leases and retention by `clock` (tests inject a manual clock).
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// Lowers the largest response accepted (the default is what an item holds).
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidInput::OutOfRange`] above [`DEFAULT_MAX_RESPONSE_BYTES`].
-    pub fn with_max_response_bytes(mut self, max: usize) -> Result<Self, InvalidInput> {
-        if max > DEFAULT_MAX_RESPONSE_BYTES {
-            return Err(InvalidInput::OutOfRange {
-                field: "max response bytes",
-                reason: "a DynamoDB item holds 400 KB, the record's own attributes included",
-            });
-        }
-        self.max_response_bytes = max;
-        Ok(self)
-    }
-
-    /// The table.
-    pub fn table(&self) -> &TableName {
-        &self.table
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.options.table
     }
 
     /// The client.
@@ -108,219 +93,212 @@ impl DynamoStore {
         &self.client
     }
 
-    pub(crate) fn now(&self) -> Timestamp {
-        self.clock.now()
+    /// Opens a transaction that the completion (and checkpoints) of a run
+    /// join: your items and the record commit in one `TransactWriteItems`.
+    /// No request is sent until [`commit`](idem_core::store::Transaction::commit);
+    /// it is `async` to fit [`Idempotency::run_in`](idem_core::Idempotency::run_in).
+    /// See [`DynamoTransaction`].
+    ///
+    /// # Errors
+    ///
+    /// None today; the signature leaves room for one.
+    pub async fn begin(&self) -> Result<DynamoTransaction, StoreError> {
+        Ok(DynamoTransaction::new(
+            self.client.clone(),
+            self.options.clone(),
+        ))
     }
 
-    /// The values [`FENCE`] names, for the lease at `now`; more are added
-    /// beside them.
-    fn fence_values(lease: &Lease, now: Timestamp) -> HashMap<String, AttributeValue> {
-        HashMap::from([
-            (":own".to_string(), s(lease.owner().to_string())),
-            (":f".to_string(), s("f")),
-            (":now".to_string(), n(now.as_unix_millis())),
-        ])
+    fn now(&self) -> Timestamp {
+        self.options.clock.now()
     }
 
-    /// An `UpdateItem` on the lease's record, fenced on its owner.
-    fn fenced_update(&self, lease: &Lease, now: Timestamp) -> UpdateItemFluentBuilder {
-        self.client
-            .update_item()
-            .table_name(self.table.as_str())
-            .key(attr::PK, s(crate::item_key(lease.scope())))
-            .condition_expression(FENCE)
-            .expression_attribute_names("#exp", attr::EXPIRES)
-            .set_expression_attribute_values(Some(Self::fence_values(lease, now)))
-    }
-
-    /// Refuses a response that cannot fit one item, before anything is written.
-    fn check_size(&self, lease: &Lease, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
-        let headers = response.encoded_headers();
-        let scope = lease.scope();
-        // DynamoDB counts attribute names and values: names (32 bytes),
-        // fingerprint (32), owner (36), status (1), four numbers (21 each at
-        // most), the key's length digits and colons (5), then tenant and key
-        // twice (in `pk` and on their own), headers and body.
-        let item = 190
-            + 2 * (scope.tenant().as_str().len() + scope.key().as_str().len())
-            + headers.len()
-            + response.body().len();
-        if response.size() > self.max_response_bytes || item > ITEM_LIMIT {
-            return Err(StoreError::TooLarge {
-                size: response.size().max(item.saturating_sub(ITEM_OVERHEAD)),
-                max: self.max_response_bytes,
-            });
+    /// Creates the table if it does not exist, and enables TTL on it.
+    ///
+    /// The definition, for those who create tables with their own tools:
+    ///
+    /// - partition key `pk`, type `S` (no sort key):
+    ///   [`storage_key`](idem_core::store::storage_key) of the scope,
+    ///   `<n>:<tenant>:<key>`;
+    /// - billing mode on demand (`PAY_PER_REQUEST`) here; provisioned works too;
+    /// - Time to Live enabled on the attribute `ttl` (epoch seconds). TTL
+    ///   deletes lazily, so the store checks retention (`exp`, epoch
+    ///   milliseconds) on every read and write itself.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from DynamoDB.
+    pub async fn create_table(&self) -> Result<(), StoreError> {
+        const OP: Operation = Operation::Setup;
+        let created = self
+            .client
+            .create_table()
+            .table_name(self.table())
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(attr::PK)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .map_err(|e| build_failure(OP, e))?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(attr::PK)
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .map_err(|e| build_failure(OP, e))?,
+            )
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await;
+        if let Err(error) = created {
+            return match error.as_service_error() {
+                Some(CreateTableError::ResourceInUseException(_)) => Ok(()),
+                _ => Err(classify(OP, error)),
+            };
         }
-        Ok(headers)
+        self.wait_until_active().await?;
+        self.client
+            .update_time_to_live()
+            .table_name(self.table())
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .attribute_name(attr::TTL)
+                    .enabled(true)
+                    .build()
+                    .map_err(|e| build_failure(OP, e))?,
+            )
+            .send()
+            .await
+            .map_err(|e| classify(OP, e))?;
+        Ok(())
     }
 
-    /// The completion as one `Update`, fenced on the lease: for
-    /// [`IdempotencyStore::complete`] and for the caller's own transactions.
-    pub(crate) fn completion(
-        &self,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<Update, StoreError> {
-        let headers = self.check_size(lease, response)?;
-        let now = self.now();
-        let expires = now + lease.retention();
-        Update::builder()
-            .table_name(self.table.as_str())
-            .key(attr::PK, s(crate::item_key(lease.scope())))
-            .update_expression(COMPLETE_UPDATE)
-            .condition_expression(FENCE)
-            .expression_attribute_names("#exp", attr::EXPIRES)
-            .expression_attribute_names("#ttl", attr::TTL)
-            .set_expression_attribute_values(Some(Self::fence_values(lease, now)))
-            .expression_attribute_values(":c", s("c"))
-            .expression_attribute_values(":rs", n(response.status()))
-            .expression_attribute_values(":rh", b(headers))
-            .expression_attribute_values(":rb", b(response.body().to_vec()))
-            .expression_attribute_values(":exp", n(expires.as_unix_millis()))
-            .expression_attribute_values(":ttl", n(expires.as_unix_secs_ceil()))
-            .expression_attribute_values(":att", n(lease.attempt()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::backend("building the completion", e))
+    async fn wait_until_active(&self) -> Result<(), StoreError> {
+        for _ in 0..600 {
+            let described = self
+                .client
+                .describe_table()
+                .table_name(self.table())
+                .send()
+                .await
+                .map_err(|e| classify(Operation::Setup, e))?;
+            if described.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(StoreError::unavailable(
+            STORE,
+            Operation::Setup,
+            "the table did not become active within a minute",
+        ))
     }
-}
-
-/// A fenced write's result: a failed condition is a lost lease.
-fn fenced<T, R>(
-    what: &str,
-    result: Result<T, SdkError<UpdateItemError, R>>,
-) -> Result<T, StoreError>
-where
-    R: fmt::Debug + Send + Sync + 'static,
-{
-    result.map_err(|error| match error.as_service_error() {
-        Some(UpdateItemError::ConditionalCheckFailedException(_)) => StoreError::LostLease,
-        _ => classify(what, error),
-    })
 }
 
 #[async_trait]
 impl IdempotencyStore for DynamoStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_item(request).await
+        crate::claim::claim(&self.client, self.table(), request, self.now()).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let update = self.completion(lease, response)?;
-        let sent = self
-            .client
-            .update_item()
-            .table_name(update.table_name())
-            .set_key(Some(update.key().clone()))
-            .update_expression(update.update_expression())
-            .set_condition_expression(update.condition_expression().map(str::to_string))
-            .set_expression_attribute_names(update.expression_attribute_names().cloned())
-            .set_expression_attribute_values(update.expression_attribute_values().cloned())
+        let update =
+            commands::complete(lease, response, self.now(), self.options.max_response_bytes)?;
+        update
+            .request(&self.client, self.table())
             .send()
-            .await;
-        fenced("complete", sent).map(|_| ())
+            .await
+            .map_err(|e| fenced(Operation::Complete, e))?;
+        Ok(())
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        let extend = validate_lease_ttl(extend)?;
-        let now = self.now();
-        let until = now + extend;
-        // The record must outlive the lease; without max() in update
-        // expressions, keep retention from now, as a fresh claim would.
-        let expires = now + extend.max(lease.retention());
-        let sent = self
-            .fenced_update(lease, now)
-            .update_expression("SET lease = :lease, #exp = :exp, #ttl = :ttl")
-            .expression_attribute_names("#ttl", attr::TTL)
-            .expression_attribute_values(":lease", n(until.as_unix_millis()))
-            .expression_attribute_values(":exp", n(expires.as_unix_millis()))
-            .expression_attribute_values(":ttl", n(expires.as_unix_secs_ceil()))
+        let extend = validate_lease(extend)?;
+        let (update, until) = commands::renew(lease, extend, self.now());
+        update
+            .request(&self.client, self.table())
             .send()
-            .await;
-        fenced("renew", sent)?;
+            .await
+            .map_err(|e| fenced(Operation::Renew, e))?;
         Ok(lease.renewed(until))
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let now = self.now();
         self.client
             .delete_item()
-            .table_name(self.table.as_str())
-            .key(attr::PK, s(crate::item_key(lease.scope())))
+            .table_name(self.table())
+            .key(attr::PK, key(lease.scope()))
             .condition_expression(FENCE)
             .expression_attribute_names("#exp", attr::EXPIRES)
-            .set_expression_attribute_values(Some(Self::fence_values(lease, now)))
+            .set_expression_attribute_values(Some(fence_values(lease, self.now())))
             .send()
             .await
-            .map_err(|error| match error.as_service_error() {
-                Some(DeleteItemError::ConditionalCheckFailedException(_)) => StoreError::LostLease,
-                _ => classify("release", error),
-            })?;
+            .map_err(|e| fenced(Operation::Release, e))?;
         Ok(())
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        let sent = self
-            .fenced_update(lease, self.now())
-            .update_expression("SET cpn = :cpn, cpd = :cpd")
-            .expression_attribute_values(":cpn", s(checkpoint.name()))
-            .expression_attribute_values(":cpd", s(checkpoint.data_json()))
+        commands::checkpoint(lease, checkpoint, self.now())
+            .request(&self.client, self.table())
             .send()
-            .await;
-        fenced("checkpoint", sent).map(|_| ())
+            .await
+            .map_err(|e| fenced(Operation::Checkpoint, e))?;
+        Ok(())
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let output = self
             .client
             .get_item()
-            .table_name(self.table.as_str())
-            .key(attr::PK, s(crate::item_key(scope)))
+            .table_name(self.table())
+            .key(attr::PK, key(scope))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| classify("get", e))?;
+            .map_err(|e| classify(Operation::Get, e))?;
         match output.item() {
             // TTL deletes lazily: an item past retention counts as absent.
-            Some(found) if item::is_live(found, self.now()) => item::record(scope, found).map(Some),
+            Some(found) if codec::is_live(found, self.now()) => {
+                codec::record(scope, found, Operation::Get).map(Some)
+            }
             _ => Ok(None),
         }
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = self.now();
+        const OP: Operation = Operation::Purge;
+        let now = n(self.now().as_unix_millis());
         let mut deleted = 0;
         let mut pages = self
             .client
             .scan()
-            .table_name(self.table.as_str())
-            .filter_expression("#exp <= :now")
-            .projection_expression("pk")
+            .table_name(self.table())
+            .filter_expression(PAST_RETENTION)
+            .projection_expression(attr::PK)
             .expression_attribute_names("#exp", attr::EXPIRES)
-            .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .expression_attribute_values(":now", now.clone())
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| classify("purge scan", e))?;
+            let page = page.map_err(|e| classify(OP, e))?;
             for found in page.items() {
-                let key = found.get(attr::PK).ok_or_else(|| corrupt(attr::PK))?;
+                let pk = found.get(attr::PK).ok_or_else(|| corrupt(OP, attr::PK))?;
                 // Conditional, so a record claimed afresh since the scan stays.
                 let result = self
                     .client
                     .delete_item()
-                    .table_name(self.table.as_str())
-                    .key(attr::PK, key.clone())
-                    .condition_expression("#exp <= :now")
+                    .table_name(self.table())
+                    .key(attr::PK, pk.clone())
+                    .condition_expression(PAST_RETENTION)
                     .expression_attribute_names("#exp", attr::EXPIRES)
-                    .expression_attribute_values(":now", n(now.as_unix_millis()))
+                    .expression_attribute_values(":now", now.clone())
                     .send()
                     .await;
                 match result {
                     Ok(_) => deleted += 1,
-                    Err(error) => match error.as_service_error() {
-                        Some(DeleteItemError::ConditionalCheckFailedException(_)) => {}
-                        _ => return Err(classify("purge delete", error)),
-                    },
+                    Err(error) if is_condition_failure(&error) => {}
+                    Err(error) => return Err(classify(OP, error)),
                 }
             }
         }
@@ -332,7 +310,7 @@ impl IdempotencyStore for DynamoStore {
             TransactionSharing::TransactItems,
             Durability::Durable,
             ClockSource::Caller,
-            self.max_response_bytes,
+            self.options.max_response_bytes,
         )
     }
 }

@@ -1,39 +1,41 @@
-//! DynamoDB-specific behaviour: transact completion, the item size limit,
-//! lingering items past retention, and one request per operation, counted by
-//! the server on a table of each test's own.
+//! DynamoDB-specific behaviour: runs whose completion shares the caller's
+//! `TransactWriteItems`, the item size limit, lingering items past retention,
+//! and one request per operation, counted by the server on a table of each
+//! test's own. Every test works in a random tenant of its own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_conformance::support::cost_of_each_operation;
+use idem_conformance::support::{
+    cost_of_each_operation, fresh_scope, long, must_claim, request, wait_for_claim,
+};
+use idem_core::store::{
+    ClaimOutcome, IdempotencyStore, Lease, ManualClock, OwnerToken, Timestamp, Transaction,
+};
 use idem_core::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, ManualClock, Scope,
-    StoreError, StoredResponse, Timestamp,
+    Checkpoint, Fingerprint, HandlerError, Idempotency, Operation, RunError, RunOutcome, Scope,
+    StoreError, StoredResponse,
 };
 use idem_dynamo::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-use idem_dynamo::{DynamoStore, TransactError};
+use idem_dynamo::{DynamoOptions, DynamoStore, DynamoTransaction};
 
-fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
-    ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
-        .with_lease_ttl(Duration::from_millis(lease_ms))
-        .unwrap()
+/// The fingerprint of the request body `a`, as `support::request(.., "a", ..)` claims it.
+fn fp_a() -> Fingerprint {
+    Fingerprint::of_bytes("a")
 }
 
-fn fresh(key: &str) -> Scope {
-    Scope::parse(&format!("dynamo-{}", uuid::Uuid::new_v4()), key).unwrap()
+/// A runner over the store as `Arc<dyn IdempotencyStore>`, as services hold it.
+fn runner(store: &DynamoStore) -> Idempotency<dyn IdempotencyStore> {
+    let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
+    Idempotency::new(shared)
 }
 
-async fn claimed(store: &DynamoStore, request: &ClaimRequest) -> idem_core::Lease {
-    match store.claim(request).await.unwrap() {
-        ClaimOutcome::Claimed { lease, .. } => lease,
-        other => panic!("expected Claimed, got {other:?}"),
-    }
-}
-
-/// A business item for the caller's side of a transaction.
+/// A business item for the caller's side of a transaction: an order that
+/// must not exist yet.
 fn order(table: &str, id: &str) -> TransactWriteItem {
     TransactWriteItem::builder()
         .put(
@@ -52,7 +54,7 @@ async fn order_exists(store: &DynamoStore, id: &str) -> bool {
     store
         .client()
         .get_item()
-        .table_name(store.table().as_str())
+        .table_name(store.table())
         .key("pk", AttributeValue::S(format!("order#{id}")))
         .consistent_read(true)
         .send()
@@ -62,101 +64,225 @@ async fn order_exists(store: &DynamoStore, id: &str) -> bool {
         .is_some()
 }
 
+/// Runs a transactional handler that writes `orders` and answers `body`.
+async fn place(
+    idem: &Idempotency<dyn IdempotencyStore>,
+    store: &DynamoStore,
+    scope: &Scope,
+    orders: &[&str],
+    body: &'static str,
+) -> Result<RunOutcome, RunError> {
+    let items: Vec<_> = orders.iter().map(|id| order(store.table(), id)).collect();
+    idem.run_in(
+        scope.clone(),
+        fp_a(),
+        store.begin(),
+        |_ctx, mut tx| async move {
+            for item in items {
+                tx.push(item);
+            }
+            Ok((tx, StoredResponse::new(201, body)))
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transact_completion_lands_with_the_business_items() {
+async fn business_items_commit_with_the_completion_and_a_retry_replays() {
     let store = common::own_store("tx").await;
-    let table = store.table().as_str().to_string();
-    let scope = fresh("order-1");
-    let lease = claimed(&store, &request(&scope, "a", 30_000)).await;
-    store
-        .complete_with(
-            &lease,
-            &StoredResponse::new(201, "placed"),
-            vec![order(&table, "1"), order(&table, "1b")],
+    let idem = runner(&store);
+    let scope = fresh_scope();
+    let items = [order(store.table(), "1"), order(store.table(), "1b")];
+    let outcome = idem
+        .run_in(
+            scope.clone(),
+            fp_a(),
+            store.begin(),
+            |ctx, mut tx| async move {
+                for item in items {
+                    tx.push(item);
+                }
+                // A checkpoint and the completion of one record in one
+                // transaction: the completion replaces the checkpoint.
+                ctx.checkpoint_in(&mut tx, "ordered", &1).await?;
+                Ok((tx, StoredResponse::new(201, "placed")))
+            },
         )
         .await
         .unwrap();
-    assert!(order_exists(&store, "1").await && order_exists(&store, "1b").await);
     assert_eq!(
-        store.claim(&request(&scope, "a", 30_000)).await.unwrap(),
-        ClaimOutcome::Completed(StoredResponse::new(201, "placed"))
+        outcome,
+        RunOutcome::Executed(StoredResponse::new(201, "placed"))
+    );
+    assert!(order_exists(&store, "1").await && order_exists(&store, "1b").await);
+    let record = store.get(&scope).await.unwrap().unwrap();
+    assert_eq!(
+        (record.response(), record.checkpoint()),
+        (Some(&StoredResponse::new(201, "placed")), None)
+    );
+    let retry = idem
+        .run_in(scope, fp_a(), store.begin(), |_ctx, _tx| async move {
+            unreachable!("a completed key ran again")
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        retry,
+        RunOutcome::Replayed(StoredResponse::new(201, "placed"))
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_lease_cancels_the_transaction_and_leaves_no_business_item() {
     let store = common::own_store("tx").await;
-    let table = store.table().as_str().to_string();
-    let scope = fresh("order-2");
-    let stale = claimed(&store, &request(&scope, "a", 100)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let fresh_owner = claimed(&store, &request(&scope, "a", 30_000)).await;
-    assert_eq!(fresh_owner.attempt(), 2);
-    let err = store
-        .complete_with(
-            &stale,
-            &StoredResponse::new(201, "stale"),
-            vec![order(&table, "2")],
+    let idem = runner(&store)
+        .with_lease(Duration::from_millis(300))
+        .unwrap();
+    let scope = fresh_scope();
+    let (rival, item) = (store.clone(), order(store.table(), "2"));
+    let takeover = scope.clone();
+    let result = idem
+        .run_in(
+            scope.clone(),
+            fp_a(),
+            store.begin(),
+            |_ctx, mut tx| async move {
+                tx.push(item);
+                // The handler outlives its lease and another claim takes over.
+                let (lease, _) = wait_for_claim(&rival, &long(&takeover, "a")).await;
+                assert_eq!(lease.attempt(), 2);
+                Ok((tx, StoredResponse::new(201, "stale")))
+            },
         )
-        .await
-        .unwrap_err();
-    assert!(err.is_lost_lease(), "{err:?}");
+        .await;
+    assert!(matches!(result, Err(RunError::LostLease)), "{result:?}");
     assert!(
         !order_exists(&store, "2").await,
         "a business item landed under a lost lease"
     );
-    assert!(store.get(&scope).await.unwrap().unwrap().is_in_flight());
+    let record = store.get(&scope).await.unwrap().unwrap();
+    assert!(record.is_in_flight() && record.attempt() == 2, "{record:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rejected_business_items_are_named_and_nothing_is_written() {
+async fn rejected_business_item_writes_nothing_and_releases_the_claim() {
     let store = common::own_store("tx").await;
-    let table = store.table().as_str().to_string();
-    let scope = fresh("order-3");
-    let lease = claimed(&store, &request(&scope, "a", 30_000)).await;
+    let idem = runner(&store);
+    let setup = fresh_scope();
+    place(&idem, &store, &setup, &["3"], "setup").await.unwrap();
+    let scope = fresh_scope();
     // Order 3 exists already, so its conditional put cancels the transaction.
-    let setup = claimed(&store, &request(&fresh("setup"), "a", 30_000)).await;
-    store
-        .complete_with(
-            &setup,
-            &StoredResponse::new(200, ""),
-            vec![order(&table, "3")],
-        )
-        .await
-        .unwrap();
-    let err = store
-        .complete_with(
-            &lease,
-            &StoredResponse::new(201, "placed"),
-            vec![order(&table, "3-new"), order(&table, "3")],
-        )
-        .await
-        .unwrap_err();
-    match err {
-        TransactError::ItemsRejected(items) => {
-            assert_eq!(items.len(), 1, "{items:?}");
-            assert_eq!(items[0].index, 1);
-            assert_eq!(items[0].code, "ConditionalCheckFailed");
-        }
-        other => panic!("expected ItemsRejected, got {other:?}"),
+    let result = place(&idem, &store, &scope, &["3-new", "3"], "placed").await;
+    match result {
+        Err(RunError::Store(StoreError::Rejected {
+            store: "dynamodb",
+            operation: Operation::Transaction,
+            message,
+            source: Some(_),
+        })) => assert!(message.contains("#1 (ConditionalCheckFailed)"), "{message}"),
+        other => panic!("expected Rejected, got {other:?}"),
     }
     assert!(!order_exists(&store, "3-new").await);
-    assert!(
-        store.get(&scope).await.unwrap().unwrap().is_in_flight(),
-        "the lease still holds"
+    assert_eq!(
+        store.get(&scope).await.unwrap(),
+        None,
+        "the claim was released"
     );
-    store
-        .complete(&lease, &StoredResponse::new(201, "later"))
-        .await
+    let retry = place(&idem, &store, &scope, &["3-retry"], "placed").await;
+    assert_eq!(
+        retry.unwrap(),
+        RunOutcome::Executed(StoredResponse::new(201, "placed"))
+    );
+    assert!(order_exists(&store, "3-retry").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_in_a_transaction_is_written_only_by_its_commit() {
+    let store = common::own_store("tx").await;
+    let point = Checkpoint::new("charged", &7).unwrap();
+
+    // Through the runner: the handler fails after its checkpoint, keeping the
+    // claim; its transaction was dropped, so no checkpoint was written.
+    let idem = runner(&store);
+    let scope = fresh_scope();
+    let result = idem
+        .run_in(
+            scope.clone(),
+            fp_a(),
+            store.begin(),
+            |ctx, mut tx: DynamoTransaction| async move {
+                ctx.checkpoint_in(&mut tx, "charged", &7).await?;
+                Err(HandlerError::started("the provider timed out"))
+            },
+        )
+        .await;
+    assert!(matches!(result, Err(RunError::Failed(_))), "{result:?}");
+    let record = store.get(&scope).await.unwrap().unwrap();
+    assert!(
+        record.is_in_flight() && record.checkpoint().is_none(),
+        "{record:?}"
+    );
+
+    // By hand: the checkpoint and an item land together at the commit.
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&store, &long(&scope, "a")).await;
+    let mut tx = store.begin().await.unwrap();
+    tx.push(order(store.table(), "4"));
+    tx.checkpoint(&lease, &point).await.unwrap();
+    assert_eq!(store.get(&scope).await.unwrap().unwrap().checkpoint(), None);
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store.get(&scope).await.unwrap().unwrap().checkpoint(),
+        Some(&point)
+    );
+    assert!(order_exists(&store, "4").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_renewal_keeps_the_key_through_a_slow_transactional_handler() {
+    let store = common::own_store("tx").await;
+    let idem = runner(&store)
+        .with_lease(Duration::from_millis(600))
+        .unwrap()
+        .with_auto_renew(Duration::from_secs(10))
         .unwrap();
+    let scope = fresh_scope();
+    let slow = {
+        let (idem, store, scope) = (idem.clone(), store.clone(), scope.clone());
+        let item = order(store.table(), "5");
+        tokio::spawn(async move {
+            idem.run_in(scope, fp_a(), store.begin(), |_ctx, mut tx| async move {
+                tx.push(item);
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                Ok((tx, StoredResponse::new(201, "slow")))
+            })
+            .await
+        })
+    };
+    // Past the first lease: only renewals keep the key.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let duplicate = idem
+        .run(scope, fp_a(), |_ctx| async move {
+            unreachable!("a duplicate ran while the first run held the key")
+        })
+        .await;
+    assert!(
+        matches!(duplicate, Err(RunError::InProgress { .. })),
+        "{duplicate:?}"
+    );
+    assert_eq!(
+        slow.await.unwrap().unwrap(),
+        RunOutcome::Executed(StoredResponse::new(201, "slow"))
+    );
+    assert!(order_exists(&store, "5").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_too_large_for_an_item_is_refused_before_any_request() {
     let store = common::own_store("size").await;
-    let table = store.table().as_str().to_string();
-    let scope = fresh("big");
-    let lease = claimed(&store, &request(&scope, "a", 30_000)).await;
+    let table = store.table().to_string();
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&store, &long(&scope, "a")).await;
     let max = store.capabilities().max_response_bytes;
     let before = common::requests(&table).await;
     let too_big = StoredResponse::new(200, vec![7u8; max + 1]);
@@ -164,53 +290,96 @@ async fn response_too_large_for_an_item_is_refused_before_any_request() {
         store.complete(&lease, &too_big).await,
         Err(StoreError::TooLarge { .. })
     ));
+    let mut tx = store.begin().await.unwrap();
+    tx.push(order(&table, "big"));
     assert!(matches!(
-        store
-            .complete_with(&lease, &too_big, vec![order(&table, "big")])
-            .await,
-        Err(TransactError::Store(StoreError::TooLarge { .. }))
+        tx.complete(&lease, &too_big).await,
+        Err(StoreError::TooLarge { .. })
     ));
-    assert!(store.complete_item(&lease, &too_big).is_err());
+    drop(tx);
     assert_eq!(common::requests(&table).await, before, "a request was sent");
     assert!(store.get(&scope).await.unwrap().unwrap().is_in_flight());
 }
 
-#[tokio::test]
-async fn default_limit_fits_a_real_dynamodb_item_and_many_headers_count() {
-    let store = DynamoStore::new(common::client(), "no-requests-sent").unwrap();
-    let max = store.capabilities().max_response_bytes;
-    assert!(max > 400_000 && max < idem_dynamo::ITEM_LIMIT, "{max}");
-    let lease = idem_core::Lease::issued(
+/// A lease on a record no server holds, for checks made before any request.
+fn offline_lease() -> Lease {
+    Lease::issued(
         Scope::parse(&"t".repeat(255), &"k".repeat(255)).unwrap(),
-        idem_core::OwnerToken::generate(),
+        OwnerToken::generate(),
         1,
         Timestamp::from_unix_millis(0),
         Duration::from_secs(1),
-    );
+    )
+}
+
+#[tokio::test]
+async fn default_limit_fits_a_real_dynamodb_item_and_many_headers_count() {
+    let store = DynamoStore::new(common::client());
+    let max = store.capabilities().max_response_bytes;
+    assert!(max > 400_000 && max < idem_dynamo::ITEM_LIMIT, "{max}");
+    let lease = offline_lease();
+    let mut tx = store.begin().await.unwrap();
     let at_max = StoredResponse::new(200, vec![0u8; max - 10]).with_header("x-h", "1234567");
-    assert!(store.complete_item(&lease, &at_max).is_ok());
+    assert!(tx.complete(&lease, &at_max).await.is_ok());
     // Under the response limit, but 8 bytes of framing per header overflow the item.
     let mut many = StoredResponse::new(200, vec![0u8; max - 20_000]);
     for _ in 0..5_000 {
         many = many.with_header("", "ab");
     }
     assert!(many.size() <= max);
+    let mut tx = store.begin().await.unwrap();
     assert!(matches!(
-        store.complete_item(&lease, &many),
+        tx.complete(&lease, &many).await,
         Err(StoreError::TooLarge { .. })
     ));
+}
+
+#[tokio::test]
+async fn transaction_refuses_a_second_write_after_the_completion_of_its_record() {
+    let store = DynamoStore::new(common::client());
+    let lease = offline_lease();
+    let mut tx = store.begin().await.unwrap();
+    let point = Checkpoint::new("p", &1).unwrap();
+    tx.checkpoint(&lease, &point).await.unwrap();
+    tx.checkpoint(&lease, &point).await.unwrap();
+    tx.complete(&lease, &StoredResponse::new(200, ""))
+        .await
+        .unwrap();
+    assert!(matches!(
+        tx.checkpoint(&lease, &point).await,
+        Err(StoreError::LostLease)
+    ));
+    assert!(matches!(
+        tx.complete(&lease, &StoredResponse::new(200, "")).await,
+        Err(StoreError::LostLease)
+    ));
+}
+
+#[tokio::test]
+async fn options_are_checked_once_when_the_store_is_made() {
+    let with = |options: DynamoOptions| DynamoStore::with_options(common::client(), options);
+    assert_eq!(DynamoStore::new(common::client()).table(), "idem-records");
+    assert!(with(DynamoOptions::default().table("orders.idem_1")).is_ok());
+    assert!(with(DynamoOptions::default().table("no spaces")).is_err());
+    assert!(with(DynamoOptions::default().max_response_bytes(0)).is_err());
+    assert!(with(DynamoOptions::default().max_response_bytes(idem_dynamo::ITEM_LIMIT)).is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lingering_item_past_retention_is_claimed_afresh_without_its_checkpoint() {
     // A manual clock stands in for an item that TTL has not deleted yet.
     let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000_000));
-    let store = common::own_store("ttl").await.with_clock(clock.clone());
-    let scope = fresh("abandoned");
-    let old = request(&scope, "a", 1_000)
+    let store = common::store_with(
+        DynamoOptions::default()
+            .table(&common::own_table("ttl"))
+            .clock(clock.clone()),
+    )
+    .await;
+    let scope = fresh_scope();
+    let old = request(&scope, "a", Duration::from_secs(1))
         .with_retention(Duration::from_secs(60))
         .unwrap();
-    let lease = claimed(&store, &old).await;
+    let (lease, _) = must_claim(&store, &old).await;
     store
         .checkpoint(&lease, &Checkpoint::new("half", &1).unwrap())
         .await
@@ -221,38 +390,47 @@ async fn lingering_item_past_retention_is_claimed_afresh_without_its_checkpoint(
         None,
         "past retention counts as absent"
     );
-    let ClaimOutcome::Claimed { lease, checkpoint } = store
-        .claim(&request(&scope, "other", 30_000))
-        .await
-        .unwrap()
+    let ClaimOutcome::Claimed { lease, checkpoint } =
+        store.claim(&long(&scope, "other")).await.unwrap()
     else {
         panic!("past retention must be claimable with any fingerprint");
     };
     assert_eq!((lease.attempt(), checkpoint), (1, None));
     let record = store.get(&scope).await.unwrap().unwrap();
-    assert_eq!((record.attempt, record.checkpoint), (1, None));
+    assert_eq!((record.attempt(), record.checkpoint()), (1, None));
     assert_eq!(store.purge_expired().await.unwrap(), 0);
     clock.advance(Duration::from_secs(3600 * 25));
     assert_eq!(store.purge_expired().await.unwrap(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_and_claim_outcome_is_one_request() {
+async fn every_operation_claim_outcome_and_commit_is_one_request() {
     let store = common::own_store("rt").await;
-    let table = store.table().as_str().to_string();
+    let table = store.table().to_string();
     let mut costs = cost_of_each_operation(&store, || common::requests(&table)).await;
-    let lease = claimed(&store, &request(&fresh("t"), "a", 60_000)).await;
+    let (lease, _) = must_claim(&store, &long(&fresh_scope(), "a")).await;
     let before = common::requests(&table).await;
-    store
-        .complete_with(
-            &lease,
-            &StoredResponse::new(200, ""),
-            vec![order(&table, "rt")],
-        )
+    let mut tx = store.begin().await.unwrap();
+    tx.push(order(&table, "rt"));
+    tx.checkpoint(&lease, &Checkpoint::new("p", &1).unwrap())
         .await
         .unwrap();
-    costs.push(("complete_with", common::requests(&table).await - before));
+    tx.complete(&lease, &StoredResponse::new(200, ""))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    costs.push((
+        "begin, push, checkpoint, complete, commit",
+        common::requests(&table).await - before,
+    ));
     for (what, n) in &costs {
         assert_eq!(*n, 1, "{what} took {n} requests: {costs:?}");
     }
+    let before = common::requests(&table).await;
+    store.begin().await.unwrap().commit().await.unwrap();
+    assert_eq!(
+        common::requests(&table).await,
+        before,
+        "an empty commit sent a request"
+    );
 }

@@ -9,10 +9,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem_core::{
-    Fingerprint, HandlerError, Idempotency, IdempotencyStore, RunError, RunOutcome, Scope,
-    StoredResponse,
-};
+use idem_core::store::IdempotencyStore;
+use idem_core::{Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoredResponse};
 use idem_memory::MemoryStore;
 use tokio::sync::oneshot;
 
@@ -45,10 +43,7 @@ async fn checkout(
                 let _ = started.send(());
                 let _ = finish.await;
             }
-            Ok::<_, HandlerError<std::io::Error>>(StoredResponse::new(
-                201,
-                format!("order #{order} placed"),
-            ))
+            Ok(StoredResponse::new(201, format!("order #{order} placed")))
         })
         .await;
     match result {

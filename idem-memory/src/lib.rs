@@ -4,7 +4,7 @@
 //! tests, examples and single-process services. Records live in this
 //! process only (not durable, nothing shared across instances), and the
 //! caller's [`Clock`] judges leases and retention, so tests can inject a
-//! [`ManualClock`](idem_core::ManualClock).
+//! [`ManualClock`](idem_core::store::ManualClock) through [`MemoryOptions`].
 //!
 //! Each decision runs inside one moka `and_compute_with` on the record's
 //! key, which serialises all operations on one scope: a claim reads and
@@ -13,7 +13,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, Scope, StoredResponse};
+//! use idem_core::{Fingerprint, Scope, StoredResponse};
+//! use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore};
 //! use idem_memory::MemoryStore;
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -33,30 +34,70 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability,
-    IdempotencyStore, Lease, OwnerToken, Record, RecordState, Scope, StoreError, StoredResponse,
-    SystemClock, Timestamp, TransactionSharing, async_trait, decide, validate_lease_ttl,
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
+    Lease, OwnerToken, Record, RecordState, SystemClock, Timestamp, TransactionSharing,
+    check_response_size, decide, validate_lease,
 };
+use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use moka::Expiry;
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
+/// The store's name in errors.
+const STORE: &str = "memory";
+
 /// The default [`Capabilities::max_response_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 
-/// The in-process store. Cloning is cheap and shares the records.
+/// How a [`MemoryStore`] is built: its clock and its response limit.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{ManualClock, Timestamp};
-/// use idem_memory::MemoryStore;
+/// use idem_core::store::{IdempotencyStore, ManualClock, Timestamp};
+/// use idem_memory::{MemoryOptions, MemoryStore};
 ///
 /// let clock = ManualClock::new(Timestamp::from_unix_millis(0));
-/// let store = MemoryStore::with_clock(clock.clone()).with_max_response_bytes(64 * 1024);
+/// let store = MemoryStore::with_options(
+///     MemoryOptions::default().clock(clock.clone()).max_response_bytes(64 * 1024),
+/// );
 /// clock.advance(Duration::from_secs(60)); // leases judged by this clock
-/// # let _ = store;
+/// assert_eq!(store.capabilities().max_response_bytes, 64 * 1024);
 /// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct MemoryOptions {
+    clock: Arc<dyn Clock>,
+    max_response_bytes: usize,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        }
+    }
+}
+
+impl MemoryOptions {
+    /// Judges leases and retention by `clock` (default: the system clock).
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The largest response accepted, as [`StoredResponse::size`] counts
+    /// (default 1 MiB).
+    #[must_use]
+    pub fn max_response_bytes(mut self, max: usize) -> Self {
+        self.max_response_bytes = max;
+        self
+    }
+}
+
+/// The in-process store. Cloning is cheap and shares the records.
 #[derive(Clone)]
 pub struct MemoryStore {
     records: Cache<Scope, Arc<Record>>,
@@ -73,7 +114,7 @@ impl RetentionExpiry {
     fn remaining(&self, record: &Record) -> Option<Duration> {
         Some(
             record
-                .expires_at
+                .retained_until()
                 .saturating_duration_since(self.clock.now()),
         )
     }
@@ -117,14 +158,17 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the system clock.
+    /// A store on the system clock with the default limit.
     pub fn new() -> Self {
-        Self::with_clock(SystemClock)
+        Self::with_options(MemoryOptions::default())
     }
 
-    /// A store whose leases and retention follow `clock`.
-    pub fn with_clock(clock: impl Clock) -> Self {
-        let clock: Arc<dyn Clock> = Arc::new(clock);
+    /// A store built from `options`.
+    pub fn with_options(options: MemoryOptions) -> Self {
+        let MemoryOptions {
+            clock,
+            max_response_bytes,
+        } = options;
         let records = Cache::builder()
             .expire_after(RetentionExpiry {
                 clock: Arc::clone(&clock),
@@ -133,14 +177,8 @@ impl MemoryStore {
         Self {
             records,
             clock,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            max_response_bytes,
         }
-    }
-
-    /// Sets the largest response accepted (see [`StoredResponse::size`]).
-    pub fn with_max_response_bytes(mut self, max: usize) -> Self {
-        self.max_response_bytes = max;
-        self
     }
 
     /// Runs `change` on the record only while `lease` holds it, atomically
@@ -168,10 +206,8 @@ impl MemoryStore {
         }
     }
 
-    fn updated(record: &Record, edit: impl FnOnce(&mut Record)) -> Op<Arc<Record>> {
-        let mut next = record.clone();
-        edit(&mut next);
-        Op::Put(Arc::new(next))
+    fn updated(record: &Record, edit: impl FnOnce(Record) -> Record) -> Op<Arc<Record>> {
+        Op::Put(Arc::new(edit(record.clone())))
     }
 }
 
@@ -191,41 +227,32 @@ impl IdempotencyStore for MemoryStore {
                     None => Op::Nop,
                 }
             });
-        outcome.ok_or_else(|| StoreError::Backend {
-            message: "moka did not run the claim".into(),
-            source: None,
+        outcome.ok_or_else(|| {
+            StoreError::backend(STORE, Operation::Claim, "moka did not run the claim")
         })
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let size = response.size();
-        if size > self.max_response_bytes {
-            return Err(StoreError::TooLarge {
-                size,
-                max: self.max_response_bytes,
-            });
-        }
+        check_response_size(response, self.max_response_bytes)?;
         self.fenced(lease, |record, now| {
             Self::updated(record, |r| {
-                r.state = RecordState::Completed {
-                    response: response.clone(),
-                };
-                r.expires_at = now + lease.retention();
+                r.completed(response.clone(), now + lease.retention())
             })
         })
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        let extend = validate_lease_ttl(extend)?;
+        let extend = validate_lease(extend)?;
         let mut renewed = None;
         self.fenced(lease, |record, now| {
             let until = now + extend;
             renewed = Some(lease.renewed(until));
             Self::updated(record, |r| {
-                r.state = RecordState::InFlight {
+                let retained_until = r.retained_until().max(until);
+                r.with_state(RecordState::InFlight {
                     lease_expires_at: until,
-                };
-                r.expires_at = r.expires_at.max(until);
+                })
+                .with_retained_until(retained_until)
             })
         })?;
         renewed.ok_or(StoreError::LostLease)
@@ -237,7 +264,7 @@ impl IdempotencyStore for MemoryStore {
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
         self.fenced(lease, |record, _| {
-            Self::updated(record, |r| r.checkpoint = Some(checkpoint.clone()))
+            Self::updated(record, |r| r.with_checkpoint(Some(checkpoint.clone())))
         })
     }
 
@@ -288,7 +315,8 @@ impl IdempotencyStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::{Fingerprint, ManualClock};
+    use idem_core::Fingerprint;
+    use idem_core::store::ManualClock;
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -298,7 +326,7 @@ mod tests {
 
     fn request(key: &str, retention: Duration) -> ClaimRequest {
         ClaimRequest::new(Scope::parse("t", key).unwrap(), Fingerprint::of_bytes(b"x"))
-            .with_lease_ttl(Duration::from_secs(10))
+            .with_lease(Duration::from_secs(10))
             .unwrap()
             .with_retention(retention)
             .unwrap()
@@ -308,7 +336,7 @@ mod tests {
     fn manual_clock_drives_takeover_without_waiting() {
         runtime().block_on(async {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
-            let store = MemoryStore::with_clock(clock.clone());
+            let store = MemoryStore::with_options(MemoryOptions::default().clock(clock.clone()));
             let req = request("k", Duration::from_secs(3600));
             assert!(matches!(
                 store.claim(&req).await.unwrap(),
@@ -330,7 +358,7 @@ mod tests {
     fn purge_counts_exactly_the_records_past_retention() {
         runtime().block_on(async {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
-            let store = MemoryStore::with_clock(clock.clone());
+            let store = MemoryStore::with_options(MemoryOptions::default().clock(clock.clone()));
             for key in ["a", "b", "c"] {
                 store
                     .claim(&request(key, Duration::from_secs(60)))
@@ -357,7 +385,7 @@ mod tests {
 
     #[test]
     fn response_limit_is_configurable_and_advertised() {
-        let store = MemoryStore::new().with_max_response_bytes(10);
+        let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(10));
         assert_eq!(store.capabilities().max_response_bytes, 10);
         assert_eq!(store.capabilities().clock, ClockSource::Caller);
         assert_eq!(store.capabilities().durability, Durability::Volatile);

@@ -8,7 +8,7 @@ mod direct {
 mod through_dyn {
     use std::sync::Arc;
 
-    use idem_core::IdempotencyStore;
+    use idem_core::store::IdempotencyStore;
 
     idem_conformance::conformance_suite!(async {
         Arc::new(idem_memory::MemoryStore::new()) as Arc<dyn IdempotencyStore>

@@ -11,16 +11,17 @@
 //!   function (see `claim.rs` and `migrations/`) whose replay path writes
 //!   nothing. Complete, renew, release and checkpoint are one fenced
 //!   statement each. The server's clock judges leases and retention.
-//! - [`PostgresStore::complete_in`] completes inside your transaction, and
-//!   [`PostgresStore::run_in_transaction`] runs the whole flow;
+//! - [`PostgresStore::begin`] opens a [`PgTransaction`] for
+//!   [`Idempotency::run_in`](idem_core::Idempotency::run_in): the handler's
+//!   writes, its checkpoints and the completion commit together;
 //!   [`PostgresStore::claim_in`] is the inbox mode for message consumers.
-//! - [`PostgresStore::purge_expired`](idem_core::IdempotencyStore::purge_expired)
-//!   deletes in bounded `SKIP LOCKED` batches; [`PostgresStore::spawn_sweeper`]
-//!   runs it on an interval.
+//! - [`IdempotencyStore::purge_expired`](idem_core::store::IdempotencyStore::purge_expired)
+//!   deletes in bounded `SKIP LOCKED` batches; run it on an interval with
+//!   [`idem_core::Sweeper`].
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use idem_core::{Fingerprint, HandlerError, Idempotency, Scope, StoredResponse};
+//! use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse};
 //! use idem_postgres::{sqlx::postgres::PgPoolOptions, PostgresStore};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,24 +31,26 @@
 //! let idem = Idempotency::new(Arc::new(store));
 //! let outcome = idem
 //!     .run(Scope::parse("acme", "k-1")?, Fingerprint::of_bytes(b"body"), |_ctx| async {
-//!         Ok::<_, HandlerError<std::io::Error>>(StoredResponse::new(200, "done"))
+//!         Ok(StoredResponse::new(200, "done"))
 //!     })
 //!     .await?;
 //! # let _ = outcome; Ok(()) }
 //! ```
 
 mod claim;
-mod config;
+mod codec;
+mod commands;
 mod error;
+mod options;
 mod store;
-mod sweeper;
+mod transaction;
 
-pub use config::{DEFAULT_TABLE, MAX_TABLE_NAME, TableName};
-pub use store::{
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PURGE_BATCH, MAX_RESPONSE_BYTES_LIMIT, PostgresStore,
-    TxClaim, TxFuture,
+pub use options::{
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PURGE_BATCH, DEFAULT_TABLE, MAX_RESPONSE_BYTES_LIMIT,
+    MAX_TABLE_NAME, PostgresOptions, TableName,
 };
-pub use sweeper::Sweeper;
+pub use store::PostgresStore;
+pub use transaction::PgTransaction;
 
 /// The driver, re-exported so your pool and ours are the same version.
 pub use sqlx;

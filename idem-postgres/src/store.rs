@@ -1,53 +1,27 @@
-//! `PostgresStore`: the trait implementation, the fenced statements, and the
-//! operations that run inside the caller's transaction.
+//! `PostgresStore`: the trait implementation and the fenced statements,
+//! which also run inside the caller's transaction.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
-    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, ClockSource, Durability, Fingerprint,
-    HandlerError, IdempotencyKey, IdempotencyStore, InvalidInput, Lease, OwnerToken, Record,
-    RecordState, RunError, RunOutcome, Scope, StoreError, StoredResponse, Timestamp,
-    TransactionSharing, async_trait, validate_lease_ttl,
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
+    Record, Timestamp, TransactionSharing, check_response_size, checkpoint_json, millis,
+    validate_lease,
 };
+use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
 
-use crate::claim::{self, bind_response, decode_response, millis};
-use crate::config::{Statements, TableName};
-use crate::error::{classify, corrupt};
-
-/// The default [`Capabilities::max_response_bytes`]: 8 MiB.
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
-/// The largest response limit accepted: Postgres caps a `bytea` at 1 GiB.
-pub const MAX_RESPONSE_BYTES_LIMIT: usize = 512 << 20;
-/// The default number of rows one purge statement deletes.
-pub const DEFAULT_PURGE_BATCH: u32 = 5_000;
+use crate::claim;
+use crate::codec::{bind_response, record};
+use crate::commands::Statements;
+use crate::error::classify;
+use crate::options::{PostgresOptions, TableName};
+use crate::transaction::PgTransaction;
 
 /// Serialises concurrent `migrate()` calls (CREATE OR REPLACE FUNCTION races otherwise).
 const MIGRATION_LOCK: i64 = 0x1de3_0001;
-
-/// The future a transactional handler returns; it may borrow the connection.
-pub type TxFuture<'t, T> = Pin<Box<dyn Future<Output = T> + Send + 't>>;
-
-/// What a transactional handler is told about its claim.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TxClaim {
-    /// The lease the completion will name.
-    pub lease: Lease,
-    /// The checkpoint a previous owner left (takeovers only).
-    pub checkpoint: Option<Checkpoint>,
-}
-
-impl TxClaim {
-    /// A deterministic key for a downstream call; see [`Scope::downstream_key`].
-    pub fn downstream_key(&self, name: &str) -> IdempotencyKey {
-        self.lease.scope().downstream_key(name)
-    }
-}
 
 /// The Postgres store, over the caller's `sqlx::PgPool`.
 ///
@@ -58,7 +32,7 @@ impl TxClaim {
 /// connection before every use.
 ///
 /// ```no_run
-/// use idem_postgres::PostgresStore;
+/// use idem_postgres::{PostgresOptions, PostgresStore};
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -66,7 +40,7 @@ impl TxClaim {
 ///     .test_before_acquire(false)
 ///     .connect("postgres://localhost/app")
 ///     .await?;
-/// let store = PostgresStore::new(pool).with_table("billing.idempotency")?;
+/// let store = PostgresStore::with_options(pool, PostgresOptions::default().table("billing.idempotency"))?;
 /// store.migrate().await?;
 /// # Ok(()) }
 /// ```
@@ -99,59 +73,35 @@ fn rows_to_lease(affected: u64) -> Result<(), StoreError> {
 }
 
 impl PostgresStore {
-    /// A store on the default table, `idem_records`.
+    /// A store with the default options: table `idem_records`, 8 MiB
+    /// responses.
     pub fn new(pool: PgPool) -> Self {
         let table = TableName::default();
+        let defaults = PostgresOptions::default();
         Self {
             sql: Arc::new(Statements::new(&table)),
             pool,
             table,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            purge_batch: DEFAULT_PURGE_BATCH,
+            max_response_bytes: defaults.max_response_bytes,
+            purge_batch: defaults.purge_batch,
         }
     }
 
-    /// Uses another table: `table` or `schema.table`, lowercase identifiers.
+    /// A store built from `options`.
     ///
     /// # Errors
     ///
-    /// [`InvalidInput`] if the name is not an identifier.
-    pub fn with_table(mut self, name: &str) -> Result<Self, InvalidInput> {
-        self.table = TableName::new(name)?;
-        self.sql = Arc::new(Statements::new(&self.table));
-        Ok(self)
-    }
-
-    /// Sets the largest response accepted (default 8 MiB).
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidInput::OutOfRange`] above 512 MiB.
-    pub fn with_max_response_bytes(mut self, max: usize) -> Result<Self, InvalidInput> {
-        if max > MAX_RESPONSE_BYTES_LIMIT {
-            return Err(InvalidInput::OutOfRange {
-                field: "max response bytes",
-                reason: "Postgres bytea holds at most 1 GiB; the limit is 512 MiB",
-            });
-        }
-        self.max_response_bytes = max;
-        Ok(self)
-    }
-
-    /// Sets how many rows one purge statement deletes (default 5,000).
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidInput::OutOfRange`] for zero.
-    pub fn with_purge_batch_size(mut self, rows: u32) -> Result<Self, InvalidInput> {
-        if rows == 0 {
-            return Err(InvalidInput::OutOfRange {
-                field: "purge batch size",
-                reason: "must be at least 1",
-            });
-        }
-        self.purge_batch = rows;
-        Ok(self)
+    /// [`StoreError::InvalidInput`] if the table is not a lowercase
+    /// identifier, the response limit is over 512 MiB, or the purge batch is 0.
+    pub fn with_options(pool: PgPool, options: PostgresOptions) -> Result<Self, StoreError> {
+        let table = options.validate()?;
+        Ok(Self {
+            sql: Arc::new(Statements::new(&table)),
+            pool,
+            table,
+            max_response_bytes: options.max_response_bytes,
+            purge_batch: options.purge_batch,
+        })
     }
 
     /// The table.
@@ -166,13 +116,16 @@ impl PostgresStore {
 
     /// The exact statement a claim sends: `SELECT * FROM <table>_claim($1..$6)`
     /// with tenant, key, fingerprint, new owner, lease ms and retention ms.
-    /// For tools that measure the store against its bare SQL.
+    /// For the benchmarks only; not part of the API.
+    #[cfg(feature = "bench")]
     pub fn claim_sql(&self) -> &str {
         &self.sql.claim
     }
 
     /// The exact statement a completion sends: tenant, key, owner, retention
-    /// ms, status, header names, header values, body.
+    /// ms, status, header names, header values, body. For the benchmarks
+    /// only; not part of the API.
+    #[cfg(feature = "bench")]
     pub fn complete_sql(&self) -> &str {
         &self.sql.complete
     }
@@ -189,7 +142,7 @@ impl PostgresStore {
     ///
     /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let fail = |e| classify("migration", e);
+        let fail = |e| classify(Operation::Setup, e);
         let mut tx = self.pool.begin().await.map_err(fail)?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATION_LOCK)
@@ -222,43 +175,26 @@ impl PostgresStore {
         claim::claim(&self.sql.claim, conn, request).await
     }
 
-    /// Completes inside the caller's transaction: the business writes and the
-    /// completed marker commit or vanish together.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LostLease`] if another owner took over: roll the
-    /// transaction back. [`StoreError::TooLarge`] before anything is written.
-    pub async fn complete_in(
-        &self,
-        conn: &mut PgConnection,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.complete_on(conn, lease, response).await
-    }
-
-    /// The whole transactional flow: the claim commits on its own (so a
-    /// concurrent duplicate sees it), then a transaction opens, `handler`
-    /// does its writes on it, the completion runs in it, and it commits.
-    ///
-    /// A lost lease rolls the handler's writes back and returns
-    /// [`StoreError::LostLease`]. A handler error rolls back too; as with
-    /// [`Idempotency::run`](idem_core::Idempotency::run),
-    /// [`HandlerError::NotStarted`] also releases the claim.
+    /// Opens a transaction on the store's database for
+    /// [`Idempotency::run_in`](idem_core::Idempotency::run_in): the handler
+    /// writes through it, and the completion (and any
+    /// [`checkpoint_in`](idem_core::Context::checkpoint_in)) commits with
+    /// those writes or not at all.
     ///
     /// ```no_run
-    /// use idem_core::{ClaimRequest, Fingerprint, HandlerError, Scope, StoredResponse};
+    /// use std::sync::Arc;
+    /// use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse};
+    /// use idem_core::store::IdempotencyStore;
     /// use idem_postgres::PostgresStore;
     ///
     /// # async fn example(store: PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
-    /// let request = ClaimRequest::new(Scope::parse("acme", "order-9")?, Fingerprint::of_bytes(b"..."));
-    /// let outcome = store
-    ///     .run_in_transaction(&request, |tx, _claim| {
-    ///         Box::pin(async move {
-    ///             sqlx::query("INSERT INTO orders (id) VALUES (9)").execute(&mut *tx).await?;
-    ///             Ok::<_, HandlerError<sqlx::Error>>(StoredResponse::new(201, "order 9"))
-    ///         })
+    /// let idem: Idempotency<dyn IdempotencyStore> = Idempotency::new(Arc::new(store.clone()));
+    /// let scope = Scope::parse("acme", "order-9")?;
+    /// let outcome = idem
+    ///     .run_in(scope, Fingerprint::of_bytes(b"..."), store.begin(), |ctx, mut tx| async move {
+    ///         sqlx::query("INSERT INTO orders (id) VALUES (9)").execute(&mut *tx).await?;
+    ///         ctx.checkpoint_in(&mut tx, "order-written", &9).await?;
+    ///         Ok((tx, StoredResponse::new(201, "order 9")))
     ///     })
     ///     .await?;
     /// # let _ = outcome; Ok(()) }
@@ -266,80 +202,45 @@ impl PostgresStore {
     ///
     /// # Errors
     ///
-    /// As [`Idempotency::run`](idem_core::Idempotency::run).
-    pub async fn run_in_transaction<F, E>(
-        &self,
-        request: &ClaimRequest,
-        handler: F,
-    ) -> Result<RunOutcome, RunError<E>>
-    where
-        F: for<'t> FnOnce(
-            &'t mut PgConnection,
-            TxClaim,
-        ) -> TxFuture<'t, Result<StoredResponse, HandlerError<E>>>,
-    {
-        let (lease, checkpoint) = match self.claim(request).await? {
-            ClaimOutcome::Claimed { lease, checkpoint } => (lease, checkpoint),
-            ClaimOutcome::Completed(response) => return Ok(RunOutcome::Replayed(response)),
-            ClaimOutcome::InProgress { retry_after } => {
-                return Err(RunError::InProgress { retry_after });
-            }
-            ClaimOutcome::Mismatch => return Err(RunError::Mismatch),
-        };
-        let fail = |e| RunError::Store(classify("transaction", e));
-        let mut tx = self.pool.begin().await.map_err(fail)?;
-        let claim = TxClaim {
-            lease: lease.clone(),
-            checkpoint,
-        };
-        match handler(&mut tx, claim).await {
-            Ok(response) => match self.complete_on(&mut *tx, &lease, &response).await {
-                Ok(()) => {
-                    tx.commit().await.map_err(fail)?;
-                    Ok(RunOutcome::Executed(response))
-                }
-                Err(error) => {
-                    tx.rollback().await.map_err(fail)?;
-                    Err(RunError::Store(error))
-                }
-            },
-            Err(HandlerError::NotStarted(error)) => {
-                tx.rollback().await.map_err(fail)?;
-                if let Err(release) = self.release(&lease).await {
-                    tracing::warn!(error = %release, "could not release a claim; it will expire with its lease");
-                }
-                Err(RunError::Rejected(error))
-            }
-            Err(HandlerError::Failed(error)) => {
-                tx.rollback().await.map_err(fail)?;
-                Err(RunError::Failed(error))
-            }
-        }
+    /// [`StoreError::Unavailable`] if no connection could be had.
+    pub async fn begin(&self) -> Result<PgTransaction, StoreError> {
+        let tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| classify(Operation::Transaction, e))?;
+        Ok(PgTransaction::new(self.clone(), tx))
     }
 
-    fn check_size(&self, response: &StoredResponse) -> Result<(), StoreError> {
-        let size = response.size();
-        if size > self.max_response_bytes {
-            return Err(StoreError::TooLarge {
-                size,
-                max: self.max_response_bytes,
-            });
-        }
-        Ok(())
-    }
-
-    async fn complete_on<'e>(
+    /// Completes the lease's record on `executor`: the pool, or a transaction.
+    pub(crate) async fn complete_on<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        self.check_size(response)?;
+        check_response_size(response, self.max_response_bytes)?;
         let query = Self::fenced(&self.sql.complete, lease).bind(millis(lease.retention()));
         let done = bind_response(query, response)
             .execute(executor)
             .await
-            .map_err(|e| classify("complete", e))?;
+            .map_err(|e| classify(Operation::Complete, e))?;
+        rows_to_lease(done.rows_affected())
+    }
+
+    /// Writes a checkpoint on the lease's record on `executor`.
+    pub(crate) async fn checkpoint_on<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        lease: &Lease,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        let done = Self::fenced(&self.sql.checkpoint, lease)
+            .bind(checkpoint.name())
+            .bind(checkpoint_json(checkpoint))
+            .execute(executor)
+            .await
+            .map_err(|e| classify(Operation::Checkpoint, e))?;
         rows_to_lease(done.rows_affected())
     }
 
@@ -349,7 +250,7 @@ impl PostgresStore {
             .bind(i64::from(self.purge_batch))
             .execute(&self.pool)
             .await
-            .map_err(|e| classify("purge", e))?;
+            .map_err(|e| classify(Operation::Purge, e))?;
         Ok(done.rows_affected())
     }
 
@@ -375,15 +276,15 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        let extend = validate_lease_ttl(extend)?;
+        let extend = validate_lease(extend)?;
         let until: Option<i64> = Self::fenced(&self.sql.renew, lease)
             .bind(millis(extend))
             .fetch_optional(&self.pool)
             .await
-            .map_err(|e| classify("renew", e))?
+            .map_err(|e| classify(Operation::Renew, e))?
             .map(|row| row.try_get(0))
             .transpose()
-            .map_err(|e| classify("renew decode", e))?;
+            .map_err(|e| classify(Operation::Renew, e))?;
         let until = until.ok_or(StoreError::LostLease)?;
         Ok(lease.renewed(Timestamp::from_unix_millis(until)))
     }
@@ -392,18 +293,12 @@ impl IdempotencyStore for PostgresStore {
         let done = Self::fenced(&self.sql.release, lease)
             .execute(&self.pool)
             .await
-            .map_err(|e| classify("release", e))?;
+            .map_err(|e| classify(Operation::Release, e))?;
         rows_to_lease(done.rows_affected())
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        let done = Self::fenced(&self.sql.checkpoint, lease)
-            .bind(checkpoint.name())
-            .bind(checkpoint.data_json())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify("checkpoint", e))?;
-        rows_to_lease(done.rows_affected())
+        self.checkpoint_on(&self.pool, lease, checkpoint).await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -412,8 +307,8 @@ impl IdempotencyStore for PostgresStore {
             .bind(scope.key().as_str())
             .fetch_optional(&self.pool)
             .await
-            .map_err(|e| classify("get", e))?;
-        row.map(|row| record_from_row(scope, &row)).transpose()
+            .map_err(|e| classify(Operation::Get, e))?;
+        row.map(|row| record(scope, &row)).transpose()
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -435,53 +330,4 @@ impl IdempotencyStore for PostgresStore {
             self.max_response_bytes,
         )
     }
-}
-
-fn record_from_row(scope: &Scope, row: &sqlx::postgres::PgRow) -> Result<Record, StoreError> {
-    let get_err = |e| classify("get decode", e);
-    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(get_err)?;
-    let owner: uuid::Uuid = row.try_get("owner").map_err(get_err)?;
-    let attempt: i32 = row.try_get("attempt").map_err(get_err)?;
-    let status: String = row.try_get("status").map_err(get_err)?;
-    let expires_ms: i64 = row.try_get("expires_ms").map_err(get_err)?;
-    let state = match status.as_str() {
-        "in_flight" => RecordState::InFlight {
-            lease_expires_at: Timestamp::from_unix_millis(
-                row.try_get::<Option<i64>, _>("lease_expires_ms")
-                    .map_err(get_err)?
-                    .ok_or_else(|| corrupt("lease expiry"))?,
-            ),
-        },
-        "completed" => RecordState::Completed {
-            response: decode_response(
-                row.try_get("response_status").map_err(get_err)?,
-                row.try_get("response_header_names").map_err(get_err)?,
-                row.try_get("response_header_values").map_err(get_err)?,
-                row.try_get("response_body").map_err(get_err)?,
-            )
-            .ok_or_else(|| corrupt("stored response"))?,
-        },
-        _ => return Err(corrupt("status")),
-    };
-    let checkpoint = match (
-        row.try_get::<Option<String>, _>("checkpoint_name")
-            .map_err(get_err)?,
-        row.try_get::<Option<String>, _>("checkpoint_data")
-            .map_err(get_err)?,
-    ) {
-        (Some(name), Some(data)) => {
-            Some(Checkpoint::from_json(name, &data).map_err(|_| corrupt("checkpoint"))?)
-        }
-        _ => None,
-    };
-    Ok(Record {
-        scope: scope.clone(),
-        fingerprint: Fingerprint::try_from_slice(&fingerprint)
-            .map_err(|_| corrupt("fingerprint"))?,
-        owner: OwnerToken::from_uuid(owner),
-        attempt: u32::try_from(attempt).map_err(|_| corrupt("attempt"))?,
-        state,
-        checkpoint,
-        expires_at: Timestamp::from_unix_millis(expires_ms),
-    })
 }

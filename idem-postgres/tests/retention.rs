@@ -7,9 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, Scope, StoredResponse};
-use idem_postgres::PostgresStore;
+use std::sync::Arc;
+
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore};
+use idem_core::{Fingerprint, Scope, StoredResponse, Sweeper};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
+use idem_postgres::{PostgresOptions, PostgresStore};
 
 fn request(tenant: &str, key: &str) -> ClaimRequest {
     ClaimRequest::new(
@@ -40,10 +43,14 @@ async fn drop_table(store: &PostgresStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sweep_of_100000_expired_rows_runs_beside_live_claims() {
-    let store = common::store_on_own_table("sweep")
-        .await
-        .with_purge_batch_size(2_000)
-        .unwrap();
+    let own = common::store_on_own_table("sweep").await;
+    let store = PostgresStore::with_options(
+        own.pool().clone(),
+        PostgresOptions::default()
+            .table(&own.table().to_string())
+            .purge_batch(2_000),
+    )
+    .unwrap();
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {} (tenant, key, fingerprint, owner, attempt, status, expires_at) \
          SELECT 'old', 'k' || g, sha256('body'::bytea), gen_random_uuid(), 1, 'completed', \
@@ -107,13 +114,13 @@ async fn sweep_of_100000_expired_rows_runs_beside_live_claims() {
 async fn sweeper_task_purges_on_its_interval_and_stops() {
     let store = common::store_on_own_table("sweeper").await;
     let short = request("t", "short")
-        .with_lease_ttl(Duration::from_millis(50))
+        .with_lease(Duration::from_millis(50))
         .unwrap()
         .with_retention(Duration::from_millis(50))
         .unwrap();
     store.claim(&short).await.unwrap();
     store.claim(&request("t", "long")).await.unwrap();
-    let sweeper = store.spawn_sweeper(Duration::from_millis(50));
+    let sweeper = Sweeper::spawn(Arc::new(store.clone()), Duration::from_millis(50));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while count(&store, "true").await > 1 {
         assert!(
@@ -180,14 +187,12 @@ async fn replay_and_in_progress_do_not_rewrite_the_row() {
 async fn table_names_that_are_not_identifiers_are_refused() {
     let pool = common::pool().await;
     for bad in ["idem records", "idem;drop table x", "Idem", "a.b.c", ""] {
-        let err = PostgresStore::new(pool.clone())
-            .with_table(bad)
+        let err = PostgresStore::with_options(pool.clone(), PostgresOptions::default().table(bad))
             .unwrap_err();
         assert!(!err.to_string().is_empty(), "{bad:?}");
     }
     assert!(
-        PostgresStore::new(pool)
-            .with_table("public.idem_ok")
+        PostgresStore::with_options(pool, PostgresOptions::default().table("public.idem_ok"))
             .is_ok()
     );
 }
@@ -208,5 +213,5 @@ async fn any_header_bytes_and_escaped_checkpoint_text_are_stored() {
     store.complete(&lease, &response).await.unwrap();
     let record = store.get(req.scope()).await.unwrap().unwrap();
     assert_eq!(record.response(), Some(&response));
-    assert_eq!(record.checkpoint, Some(point));
+    assert_eq!(record.checkpoint(), Some(&point));
 }

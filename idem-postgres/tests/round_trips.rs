@@ -10,15 +10,15 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_conformance::support::cost_of_each_operation;
-use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Scope, StoreError, StoredResponse};
+use idem_core::store::{ClaimOutcome, ClaimRequest, Transaction};
+use idem_core::{Fingerprint, Scope, StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
-use idem_postgres::sqlx::{Connection, PgConnection};
 use proxy::CountingProxy;
 
 fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
     ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
-        .with_lease_ttl(Duration::from_millis(lease_ms))
+        .with_lease(Duration::from_millis(lease_ms))
         .unwrap()
 }
 
@@ -37,15 +37,21 @@ async fn proxied_options() -> (CountingProxy, PgConnectOptions) {
     (proxy, options)
 }
 
-/// Without a pool there is no on-release ping: everything on the wire is the
-/// operation's own, and each is exactly one round trip.
+/// Inside an open transaction there is no on-release ping: everything on
+/// the wire is the operation's own, and each is exactly one round trip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_in_and_complete_in_on_a_connection_are_one_round_trip_on_the_wire() {
+async fn claim_in_and_complete_in_a_transaction_are_one_round_trip_on_the_wire() {
     let (proxy, options) = proxied_options().await;
-    let mut conn = PgConnection::connect_with(&options)
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
         .await
         .expect("connect through the proxy");
-    let store = common::store().await;
+    let store = PostgresStore::new(pool);
+    store.migrate().await.unwrap();
+    let mut conn = store.begin().await.unwrap();
     let wire = |before: u64| proxy.ready() - before;
 
     // Warm up: prepare both statements on this connection.
@@ -56,12 +62,7 @@ async fn claim_in_and_complete_in_on_a_connection_are_one_round_trip_on_the_wire
     else {
         panic!("warm-up")
     };
-    store
-        .complete_in(
-            &mut conn,
-            &lease,
-            &StoredResponse::new(200, "w").with_header("h", "v"),
-        )
+    conn.complete(&lease, &StoredResponse::new(200, "w").with_header("h", "v"))
         .await
         .unwrap();
 
@@ -86,11 +87,10 @@ async fn claim_in_and_complete_in_on_a_connection_are_one_round_trip_on_the_wire
     ));
     report.push(("claim_in: in progress", wire(before)));
     let before = proxy.ready();
-    store
-        .complete_in(&mut conn, &lease, &StoredResponse::new(200, "done"))
+    conn.complete(&lease, &StoredResponse::new(200, "done"))
         .await
         .unwrap();
-    report.push(("complete_in", wire(before)));
+    report.push(("complete in a transaction", wire(before)));
     let before = proxy.ready();
     assert!(matches!(
         store
@@ -111,12 +111,11 @@ async fn claim_in_and_complete_in_on_a_connection_are_one_round_trip_on_the_wire
     report.push(("claim_in: mismatch", wire(before)));
     let before = proxy.ready();
     assert!(matches!(
-        store
-            .complete_in(&mut conn, &lease, &StoredResponse::new(200, "again"))
+        conn.complete(&lease, &StoredResponse::new(200, "again"))
             .await,
         Err(StoreError::LostLease)
     ));
-    report.push(("complete_in: lost lease", wire(before)));
+    report.push(("complete in a transaction: lost lease", wire(before)));
 
     // The last response's ReadyForQuery may still be in flight to the proxy.
     tokio::time::sleep(Duration::from_millis(50)).await;

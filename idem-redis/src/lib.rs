@@ -5,13 +5,16 @@
 //!
 //! - [`RedisStore::new`] over a [`redis::aio::ConnectionManager`] (it
 //!   reconnects by itself) or a [`redis::cluster_async::ClusterConnection`],
-//!   with the same behaviour.
+//!   with the same behaviour; [`RedisStore::with_options`] takes
+//!   [`RedisOptions`] (key prefix, response limit, eviction opt-in), checked
+//!   once at construction.
 //! - Every operation is one Lua script, one round trip; the claim is
 //!   `lua/claim.lua` (driven from `claim.rs`). The server's `TIME` judges
 //!   leases and retention, never the caller's clock.
 //! - One Redis key per record, injective in (tenant, key), with a hash tag
 //!   that is exactly the scope: see [`RedisStore::record_key`].
-//! - Construction refuses a `maxmemory-policy` that can evict records.
+//! - Construction refuses a `maxmemory-policy` that can evict records, unless
+//!   [`RedisOptions::accept_eviction_risk`] says otherwise.
 //! - Nothing to share with the caller's transactions; `purge_expired` has
 //!   nothing to do, since Redis expires records by `PEXPIREAT`.
 //!
@@ -28,32 +31,37 @@
 //! ```
 
 mod claim;
-mod config;
+mod codec;
+mod commands;
 mod error;
+mod options;
 mod store;
 
-pub use config::{
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PREFIX, MAX_RESPONSE_BYTES_LIMIT, RedisOptions, record_key,
+pub use options::{
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PREFIX, MAX_RESPONSE_BYTES_LIMIT, RedisOptions,
 };
 pub use store::{RedisConnection, RedisStore};
 
-/// The exact scripts the store runs, for tools that measure the store
-/// against its bare scripts.
+/// The driver, re-exported so your connection and ours are the same version.
+pub use redis;
+
+/// **Not part of the API**: the exact scripts the store runs, for
+/// `idem-bench` to measure the store against its bare scripts. Only with the
+/// `bench` feature; may change or vanish in any release.
+#[cfg(feature = "bench")]
+#[doc(hidden)]
 pub mod scripts {
     use redis::Script;
 
     /// The claim: `KEYS[1]` the record key; `ARGV` fingerprint (32 bytes),
     /// owner (UUID text), lease ms, retention ms.
     pub fn claim() -> &'static Script {
-        &crate::claim::SCRIPTS.claim
+        &crate::commands::SCRIPTS.claim
     }
 
     /// The completion: `KEYS[1]` the record key; `ARGV` owner, retention ms,
     /// status, encoded headers, body. Replies 1, or 0 for a lost lease.
     pub fn complete() -> &'static Script {
-        &crate::claim::SCRIPTS.complete
+        &crate::commands::SCRIPTS.complete
     }
 }
-
-/// The driver, re-exported so your connection and ours are the same version.
-pub use redis;

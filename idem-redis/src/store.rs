@@ -1,21 +1,23 @@
 //! `RedisStore`: one script per operation over a single node or a cluster.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use idem_core::{
-    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, ClockSource, Durability, Eviction,
-    Fingerprint, IdempotencyStore, Lease, OwnerToken, Record, RecordState, Scope, StoreError,
-    StoredResponse, Timestamp, TransactionSharing, async_trait, validate_lease_ttl,
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, Eviction, IdempotencyStore,
+    Lease, Record, Timestamp, TransactionSharing, check_response_size, checkpoint_json,
+    encode_headers, millis, storage_key_escaped, validate_lease,
 };
+use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::claim::{self, SCRIPTS, bytes, decode_checkpoint, decode_response, int, millis};
-use crate::config::{RedisOptions, record_key};
-use crate::error::{classify, corrupt};
+use crate::claim::claim;
+use crate::codec::{bytes, record};
+use crate::commands::SCRIPTS;
+use crate::error::{STORE, classify};
+use crate::options::RedisOptions;
 
 /// A connection to one Redis server or to a Redis Cluster.
 #[derive(Clone)]
@@ -136,18 +138,21 @@ impl RedisStore {
         Self::with_options(conn, RedisOptions::default()).await
     }
 
-    /// A store over `conn`, after checking that the server will not evict records.
+    /// A store over `conn`, after checking the options and that the server
+    /// will not evict records.
     ///
     /// # Errors
     ///
-    /// [`StoreError::Misconfigured`] if `maxmemory-policy` can evict and the
-    /// options do not accept the risk. Where `CONFIG` is disabled the policy
-    /// cannot be read: a warning is logged and capabilities report
-    /// [`Eviction::Unknown`].
+    /// [`StoreError::InvalidInput`] if an option breaks its rule (see
+    /// [`RedisOptions`]); [`StoreError::Misconfigured`] if
+    /// `maxmemory-policy` can evict and the options do not accept the risk.
+    /// Where `CONFIG` is disabled the policy cannot be read: a warning is
+    /// logged and capabilities report [`Eviction::Unknown`].
     pub async fn with_options(
         conn: impl Into<RedisConnection>,
         options: RedisOptions,
     ) -> Result<Self, StoreError> {
+        options.validate()?;
         let conn = conn.into();
         let eviction = match config_get(&conn, "maxmemory-policy").await {
             None => {
@@ -159,12 +164,15 @@ impl RedisStore {
             }
             Some(policy) if policy.starts_with("allkeys-") || policy.starts_with("volatile-") => {
                 if !options.accept_eviction_risk {
-                    return Err(StoreError::Misconfigured(format!(
-                        "maxmemory-policy is {policy}: Redis may evict idempotency records under \
-                         memory pressure, and a retry after an eviction runs the work again. Set \
-                         `maxmemory-policy noeviction` (CONFIG SET or redis.conf), or opt in with \
-                         RedisOptions::accept_eviction_risk()"
-                    )));
+                    return Err(StoreError::Misconfigured {
+                        store: STORE,
+                        message: format!(
+                            "maxmemory-policy is {policy}: Redis may evict idempotency records \
+                             under memory pressure, and a retry after an eviction runs the work \
+                             again. Set `maxmemory-policy noeviction` (CONFIG SET or redis.conf), \
+                             or opt in with RedisOptions::accept_eviction_risk()"
+                        ),
+                    });
                 }
                 tracing::warn!(%policy, "accepting a maxmemory-policy that may evict idempotency records");
                 Eviction::Possible
@@ -185,15 +193,22 @@ impl RedisStore {
         })
     }
 
-    /// The Redis key that holds a scope's record.
+    /// The Redis key that holds a scope's record: `<prefix>:{<n>:<tenant>:<key>}`,
+    /// where tenant and key are percent-escaped (`%`, `{`, `}`) and `n` is the
+    /// escaped tenant's byte length (see
+    /// [`storage_key_escaped`](idem_core::store::storage_key_escaped)). The
+    /// length prefix makes the encoding injective, whatever separators the
+    /// parts hold, and the braces are a hash tag that holds exactly the
+    /// scope, so a cluster places each record by its whole scope.
     pub fn record_key(&self, scope: &Scope) -> String {
         record_key(&self.options.prefix, scope)
     }
 
-    /// Runs one fenced script: `true` if the lease held.
+    /// Runs one fenced script with the lease's owner and `args`; its reply,
+    /// 0 where the lease no longer holds.
     async fn fenced(
         &self,
-        what: &str,
+        operation: Operation,
         script: &redis::Script,
         lease: &Lease,
         args: &[&[u8]],
@@ -206,10 +221,16 @@ impl RedisStore {
         invocation
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(|e| classify(what, e))
+            .map_err(|e| classify(operation, e))
     }
 }
 
+/// The Redis key of `scope` under `prefix`; see [`RedisStore::record_key`].
+fn record_key(prefix: &str, scope: &Scope) -> String {
+    format!("{prefix}:{{{}}}", storage_key_escaped(scope, &['{', '}']))
+}
+
+/// A fenced script's 1 or 0 as success or a lost lease.
 fn held(reply: i64) -> Result<(), StoreError> {
     if reply == 1 {
         Ok(())
@@ -221,20 +242,15 @@ fn held(reply: i64) -> Result<(), StoreError> {
 #[async_trait]
 impl IdempotencyStore for RedisStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        claim::claim(&self.conn, &self.record_key(request.scope()), request).await
+        let key = self.record_key(request.scope());
+        claim(&mut self.conn.clone(), &key, request).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let size = response.size();
-        if size > self.options.max_response_bytes {
-            return Err(StoreError::TooLarge {
-                size,
-                max: self.options.max_response_bytes,
-            });
-        }
+        check_response_size(response, self.options.max_response_bytes)?;
         let retention = millis(lease.retention()).to_string();
         let status = response.status().to_string();
-        let headers = response.encoded_headers();
+        let headers = encode_headers(response);
         let args: [&[u8]; 4] = [
             retention.as_bytes(),
             status.as_bytes(),
@@ -242,15 +258,20 @@ impl IdempotencyStore for RedisStore {
             response.body(),
         ];
         held(
-            self.fenced("complete", &SCRIPTS.complete, lease, &args)
+            self.fenced(Operation::Complete, &SCRIPTS.complete, lease, &args)
                 .await?,
         )
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        let extend = millis(validate_lease_ttl(extend)?).to_string();
+        let extend = millis(validate_lease(extend)?).to_string();
         match self
-            .fenced("renew", &SCRIPTS.renew, lease, &[extend.as_bytes()])
+            .fenced(
+                Operation::Renew,
+                &SCRIPTS.renew,
+                lease,
+                &[extend.as_bytes()],
+            )
             .await?
         {
             0 => Err(StoreError::LostLease),
@@ -259,14 +280,17 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        held(self.fenced("release", &SCRIPTS.release, lease, &[]).await?)
+        held(
+            self.fenced(Operation::Release, &SCRIPTS.release, lease, &[])
+                .await?,
+        )
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        let data = checkpoint.data_json();
+        let data = checkpoint_json(checkpoint);
         let args: [&[u8]; 2] = [checkpoint.name().as_bytes(), data.as_bytes()];
         held(
-            self.fenced("checkpoint", &SCRIPTS.checkpoint, lease, &args)
+            self.fenced(Operation::Checkpoint, &SCRIPTS.checkpoint, lease, &args)
                 .await?,
         )
     }
@@ -277,20 +301,8 @@ impl IdempotencyStore for RedisStore {
             .key(self.record_key(scope))
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(|e| classify("get", e))?;
-        if reply.is_empty() {
-            return Ok(None);
-        }
-        let mut fields = HashMap::new();
-        for pair in reply.chunks(2) {
-            if let [name, value] = pair {
-                let name = bytes(name).ok_or_else(|| corrupt("field name"))?;
-                fields.insert(name, value);
-            }
-        }
-        record(scope, &fields)
-            .map(Some)
-            .ok_or_else(|| corrupt("record"))
+            .map_err(|e| classify(Operation::Get, e))?;
+        record(scope, &reply)
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -309,28 +321,34 @@ impl IdempotencyStore for RedisStore {
     }
 }
 
-fn record(scope: &Scope, fields: &HashMap<Vec<u8>, &Value>) -> Option<Record> {
-    let field = |name: &str| fields.get(name.as_bytes()).copied();
-    let int_field = |name: &str| field(name).and_then(int);
-    let bytes_field = |name: &str| field(name).and_then(bytes);
-    let state = match bytes_field("st")?.as_slice() {
-        b"f" => RecordState::InFlight {
-            lease_expires_at: Timestamp::from_unix_millis(int_field("lease")?),
-        },
-        b"c" => RecordState::Completed {
-            response: decode_response(int_field("rs")?, &bytes_field("rh")?, bytes_field("rb")?)?,
-        },
-        _ => return None,
-    };
-    let checkpoint = decode_checkpoint(bytes_field("cpn"), bytes_field("cpd"))?;
-    let owner = uuid::Uuid::parse_str(std::str::from_utf8(&bytes_field("own")?).ok()?).ok()?;
-    Some(Record {
-        scope: scope.clone(),
-        fingerprint: Fingerprint::try_from_slice(&bytes_field("fp")?).ok()?,
-        owner: OwnerToken::from_uuid(owner),
-        attempt: u32::try_from(int_field("att")?).ok()?,
-        state,
-        checkpoint,
-        expires_at: Timestamp::from_unix_millis(int_field("exp")?),
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tenant: &str, key: &str) -> String {
+        record_key("idem", &Scope::parse(tenant, key).unwrap())
+    }
+
+    #[test]
+    fn separators_cannot_make_two_scopes_meet() {
+        assert_eq!(key("a:b", "c"), "idem:{3:a:b:c}");
+        assert_eq!(key("a", "b:c"), "idem:{1:a:b:c}");
+        assert_ne!(key("a}", "b"), key("a", "}b"));
+        assert_ne!(key("a%7D", "b"), key("a}", "b"));
+        assert_eq!(key("{t}", "{k}"), "idem:{7:%7Bt%7D:%7Bk%7D}");
+    }
+
+    #[test]
+    fn hash_tag_is_the_whole_scope() {
+        let k = key("t{x}", "k}");
+        let open = k.find('{').unwrap();
+        let close = k[open..].find('}').unwrap() + open;
+        assert_eq!(close, k.len() - 1, "{k}");
+    }
+
+    #[test]
+    fn the_prefix_leads_the_key() {
+        let scope = Scope::parse("t", "k").unwrap();
+        assert_eq!(record_key("billing", &scope), "billing:{1:t:k}");
+    }
 }

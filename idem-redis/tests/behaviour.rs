@@ -1,5 +1,6 @@
-//! Redis-specific behaviour: the eviction check, the key encoding, surviving
-//! a server restart, and one round trip per operation, counted by the server.
+//! Redis-specific behaviour: the options and eviction checks at
+//! construction, the key encoding, surviving a server restart, and one round
+//! trip per operation, counted by the server.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
@@ -9,15 +10,13 @@ use std::time::Duration;
 
 use common::PrivateServer;
 use idem_conformance::support::cost_of_each_operation;
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Durability, Eviction, Fingerprint, IdempotencyStore, Scope,
-    StoreError,
-};
-use idem_redis::{RedisOptions, RedisStore, redis};
+use idem_core::store::{ClaimOutcome, ClaimRequest, Durability, Eviction, IdempotencyStore};
+use idem_core::{Fingerprint, Scope, StoreError};
+use idem_redis::{MAX_RESPONSE_BYTES_LIMIT, RedisOptions, RedisStore, redis};
 
 fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
     ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
-        .with_lease_ttl(Duration::from_millis(lease_ms))
+        .with_lease(Duration::from_millis(lease_ms))
         .unwrap()
 }
 
@@ -31,7 +30,10 @@ async fn evicting_policies_are_refused_unless_the_risk_is_accepted() {
         let server = PrivateServer::start(&["--maxmemory-policy", policy]).await;
         let refused = RedisStore::new(common::manager(&server.url()).await).await;
         match refused {
-            Err(StoreError::Misconfigured(message)) => {
+            Err(StoreError::Misconfigured {
+                store: "redis",
+                message,
+            }) => {
                 assert!(message.contains(policy), "{message}");
                 assert!(message.contains("noeviction"), "{message}");
             }
@@ -51,6 +53,70 @@ async fn evicting_policies_are_refused_unless_the_risk_is_accepted() {
         .unwrap();
     assert_eq!(store.capabilities().eviction, Eviction::Never);
     assert_eq!(store.capabilities().durability, Durability::Volatile);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_options_are_refused_at_construction() {
+    let invalid = [
+        (RedisOptions::default().prefix(""), "key prefix"),
+        (RedisOptions::default().prefix("bad{prefix}"), "key prefix"),
+        (RedisOptions::default().prefix("a:b"), "key prefix"),
+        (
+            RedisOptions::default().max_response_bytes(MAX_RESPONSE_BYTES_LIMIT + 1),
+            "max response bytes",
+        ),
+    ];
+    for (options, field) in invalid {
+        let refused =
+            RedisStore::with_options(common::manager(&common::url()).await, options).await;
+        match refused {
+            Err(StoreError::InvalidInput(input)) => {
+                assert!(input.to_string().starts_with(field), "{input}");
+            }
+            other => panic!("invalid {field} was not refused: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        RedisStore::with_options(
+            common::manager(&common::url()).await,
+            RedisOptions::default().max_response_bytes(1 << 20),
+        )
+        .await
+        .map(|store| store.capabilities().max_response_bytes),
+        Ok(1_048_576)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_prefix_leads_every_stored_key() {
+    let prefix = format!("idem-test-{}", uuid::Uuid::new_v4().simple());
+    let store = RedisStore::with_options(
+        common::manager(&common::url()).await,
+        RedisOptions::default().prefix(&prefix),
+    )
+    .await
+    .unwrap();
+    let scope = fresh("k");
+    let expected = format!(
+        "{prefix}:{{{}:{}:k}}",
+        scope.tenant().as_str().len(),
+        scope.tenant().as_str()
+    );
+    assert_eq!(store.record_key(&scope), expected);
+    store.claim(&request(&scope, "x", 30_000)).await.unwrap();
+    let mut conn = common::manager(&common::url()).await;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&expected)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(exists, "no record under {expected}");
+    let claimed = store
+        .get(&scope)
+        .await
+        .unwrap()
+        .expect("the claimed record");
+    assert!(claimed.is_in_flight());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

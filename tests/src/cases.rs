@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::store::{ClaimOutcome, IdempotencyStore, Lease, RecordState};
 use idem_core::{
-    Checkpoint, ClaimOutcome, Context, HandlerError, Idempotency, IdempotencyStore, RecordState,
-    RunError, RunOutcome, Scope, StoreError, StoredResponse, Tenant,
+    Checkpoint, Context, HandlerError, Idempotency, RunError, RunOutcome, Scope, StoredResponse,
+    Tenant,
 };
 
 use crate::support::*;
@@ -22,7 +23,7 @@ pub async fn absent_record_is_claimed_at_attempt_one<S: IdempotencyStore + ?Size
     assert_eq!(checkpoint, None);
     let record = store.get(&scope).await.unwrap().expect("claimed record");
     assert!(record.is_in_flight());
-    assert_eq!(record.owner, lease.owner());
+    assert_eq!(record.owner(), lease.owner());
 }
 
 /// A duplicate while the lease is valid is told to retry within the lease.
@@ -69,8 +70,8 @@ pub async fn expired_lease_is_taken_over_with_next_attempt<S: IdempotencyStore +
     let (third, _) = wait_for_claim(&*store, &request).await;
     assert_eq!(third.attempt(), 3);
     let record = store.get(&scope).await.unwrap().expect("record");
-    assert_eq!(record.owner, third.owner());
-    assert_eq!(record.attempt, 3);
+    assert_eq!(record.owner(), third.owner());
+    assert_eq!(record.attempt(), 3);
 }
 
 /// A takeover receives the checkpoint the previous owner recorded.
@@ -110,7 +111,11 @@ pub async fn other_fingerprint_on_expired_lease_is_mismatch<S: IdempotencyStore 
         ClaimOutcome::Mismatch
     );
     let record = store.get(&scope).await.unwrap().expect("record");
-    assert_eq!(record.owner, first.owner(), "a mismatch must not take over");
+    assert_eq!(
+        record.owner(),
+        first.owner(),
+        "a mismatch must not take over"
+    );
 }
 
 /// A completed record replays its response.
@@ -163,9 +168,7 @@ pub async fn record_past_retention_is_claimed_with_any_fingerprint<S: Idempotenc
 
 // ---- Fencing -------------------------------------------------------------
 
-async fn taken_over<S: IdempotencyStore + ?Sized>(
-    store: &S,
-) -> (Scope, idem_core::Lease, idem_core::Lease) {
+async fn taken_over<S: IdempotencyStore + ?Sized>(store: &S) -> (Scope, Lease, Lease) {
     let scope = fresh_scope();
     let request = short(&scope, "a");
     let (stale, _) = must_claim(store, &request).await;
@@ -197,8 +200,8 @@ pub async fn stale_owner_cannot_renew_after_takeover<S: IdempotencyStore + ?Size
     let before = store.get(&scope).await.unwrap().expect("record");
     assert_lost("stale renew", store.renew(&stale, LONG_LEASE).await);
     let after = store.get(&scope).await.unwrap().expect("record");
-    assert_eq!(before.state, after.state, "stale renew moved the lease");
-    assert_eq!(after.owner, fresh.owner());
+    assert_eq!(before.state(), after.state(), "stale renew moved the lease");
+    assert_eq!(after.owner(), fresh.owner());
 }
 
 /// After a takeover the stale owner cannot delete the new owner's record.
@@ -212,7 +215,7 @@ pub async fn stale_owner_cannot_release_after_takeover<S: IdempotencyStore + ?Si
         .await
         .unwrap()
         .expect("stale release deleted the record");
-    assert_eq!(record.owner, fresh.owner());
+    assert_eq!(record.owner(), fresh.owner());
 }
 
 /// After a takeover the stale owner cannot overwrite the checkpoint.
@@ -225,7 +228,7 @@ pub async fn stale_owner_cannot_checkpoint_after_takeover<S: IdempotencyStore + 
     let theirs = Checkpoint::new("stale", &2).unwrap();
     assert_lost("stale checkpoint", store.checkpoint(&stale, &theirs).await);
     let record = store.get(&scope).await.unwrap().expect("record");
-    assert_eq!(record.checkpoint, Some(mine));
+    assert_eq!(record.checkpoint(), Some(&mine));
 }
 
 /// An owner whose lease expired, but which nobody took over, still completes.
@@ -313,14 +316,14 @@ pub async fn checkpoint_is_kept_on_the_record<S: IdempotencyStore + ?Sized>(stor
     let first = Checkpoint::new("step-1", &serde_json_value()).unwrap();
     store.checkpoint(&lease, &first).await.unwrap();
     assert_eq!(
-        store.get(&scope).await.unwrap().unwrap().checkpoint,
-        Some(first)
+        store.get(&scope).await.unwrap().unwrap().checkpoint(),
+        Some(&first)
     );
     let second = Checkpoint::new("step-2", &[1, 2, 3]).unwrap();
     store.checkpoint(&lease, &second).await.unwrap();
     assert_eq!(
-        store.get(&scope).await.unwrap().unwrap().checkpoint,
-        Some(second)
+        store.get(&scope).await.unwrap().unwrap().checkpoint(),
+        Some(&second)
     );
 }
 
@@ -333,20 +336,20 @@ pub async fn get_shows_in_flight_and_completed_records<S: IdempotencyStore + ?Si
     assert_eq!(store.get(&scope).await.unwrap(), None);
     let (lease, _) = must_claim(&*store, &request).await;
     let record = store.get(&scope).await.unwrap().expect("in-flight record");
-    assert_eq!(record.scope, scope);
-    assert_eq!(record.fingerprint, request.fingerprint());
-    assert_eq!(record.attempt, 1);
-    match record.state {
+    assert_eq!(record.scope(), &scope);
+    assert_eq!(record.fingerprint(), request.fingerprint());
+    assert_eq!(record.attempt(), 1);
+    match record.state() {
         RecordState::InFlight { lease_expires_at } => {
-            assert_eq!(lease_expires_at, lease.expires_at());
+            assert_eq!(*lease_expires_at, lease.expires_at());
         }
         other => panic!("expected in flight, got {other:?}"),
     }
-    assert!(record.expires_at >= lease.expires_at());
+    assert!(record.retained_until() >= lease.expires_at());
     store.complete(&lease, &response("done")).await.unwrap();
     let record = store.get(&scope).await.unwrap().expect("completed record");
     assert_eq!(record.response(), Some(&response("done")));
-    assert_eq!(record.fingerprint, request.fingerprint());
+    assert_eq!(record.fingerprint(), request.fingerprint());
 }
 
 // ---- Retention -----------------------------------------------------------
@@ -467,7 +470,7 @@ pub async fn non_ascii_scopes_round_trip<S: IdempotencyStore + ?Sized>(store: Ar
     let scope = Scope::new(tenant, key("ключ-🔑-{ä}/:"));
     let lease = claim_and_complete(&*store, &long(&scope, "a"), &response("ok")).await;
     let record = store.get(&scope).await.unwrap().expect("record");
-    assert_eq!(record.scope, scope);
+    assert_eq!(record.scope(), &scope);
     assert_eq!(lease.scope(), &scope);
     let near = Scope::new(scope.tenant().clone(), key("ключ-🔑-{a}/:"));
     assert_eq!(store.get(&near).await.unwrap(), None);
@@ -629,7 +632,7 @@ pub async fn response_over_the_maximum_is_refused_and_nothing_written<
     let request = long(&scope, "a");
     let (lease, _) = must_claim(&*store, &request).await;
     match store.complete(&lease, &sized_response(max + 1)).await {
-        Err(StoreError::TooLarge { size, max: limit }) => {
+        Err(idem_core::StoreError::TooLarge { size, max: limit }) => {
             assert_eq!(size, max + 1);
             assert_eq!(limit, max);
         }
@@ -652,9 +655,9 @@ pub async fn response_over_the_maximum_is_refused_and_nothing_written<
 
 // ---- The runner ----------------------------------------------------------
 
-type Outcome = Result<RunOutcome, RunError<String>>;
+type Outcome = Result<RunOutcome, RunError>;
 
-fn ok(text: &str) -> Result<StoredResponse, HandlerError<String>> {
+fn ok(text: &str) -> Result<StoredResponse, HandlerError> {
     Ok(response(text))
 }
 
@@ -669,7 +672,7 @@ async fn run_once_the_lease_expires<S, F, Fut>(
 where
     S: IdempotencyStore + ?Sized,
     F: Fn(Context<S>) -> Fut,
-    Fut: std::future::Future<Output = Result<StoredResponse, HandlerError<String>>>,
+    Fut: std::future::Future<Output = Result<StoredResponse, HandlerError>>,
 {
     eventually("takeover after the lease expires", || async {
         match idem.run(scope.clone(), fp, &handler).await {
@@ -774,11 +777,11 @@ pub async fn runner_releases_the_claim_when_nothing_started<S: IdempotencyStore 
     let fp = idem_core::Fingerprint::of_bytes("a");
     let rejected: Outcome = idem
         .run(scope.clone(), fp, |_| async {
-            Err(HandlerError::NotStarted("invalid".to_string()))
+            Err(HandlerError::not_started("invalid"))
         })
         .await;
     assert!(
-        matches!(rejected, Err(RunError::Rejected(ref e)) if e == "invalid"),
+        matches!(rejected, Err(RunError::NotStarted(ref e)) if e.to_string() == "invalid"),
         "{rejected:?}"
     );
     assert_eq!(store.get(&scope).await.unwrap(), None);
@@ -792,17 +795,15 @@ pub async fn runner_keeps_the_claim_when_the_handler_failed<S: IdempotencyStore 
     store: Arc<S>,
 ) {
     let idem = Idempotency::new(Arc::clone(&store))
-        .with_lease_ttl(SHORT_LEASE)
+        .with_lease(SHORT_LEASE)
         .unwrap();
     let scope = fresh_scope();
     let fp = idem_core::Fingerprint::of_bytes("a");
     let failed: Outcome = idem
-        .run(scope.clone(), fp, |_| async {
-            Err("boom".to_string().into())
-        })
+        .run(scope.clone(), fp, |_| async { Err("boom".into()) })
         .await;
     assert!(
-        matches!(failed, Err(RunError::Failed(ref e)) if e == "boom"),
+        matches!(failed, Err(RunError::Failed(ref e)) if e.to_string() == "boom"),
         "{failed:?}"
     );
     assert!(
@@ -829,7 +830,7 @@ pub async fn runner_reports_a_lost_lease_instead_of_success<S: IdempotencyStore 
     store: Arc<S>,
 ) {
     let idem = Idempotency::new(Arc::clone(&store))
-        .with_lease_ttl(SHORT_LEASE)
+        .with_lease(SHORT_LEASE)
         .unwrap();
     let scope = fresh_scope();
     let fp = idem_core::Fingerprint::of_bytes("a");
@@ -849,10 +850,7 @@ pub async fn runner_reports_a_lost_lease_instead_of_success<S: IdempotencyStore 
             }
         })
         .await;
-    assert!(
-        matches!(slow, Err(RunError::Store(StoreError::LostLease))),
-        "{slow:?}"
-    );
+    assert!(matches!(slow, Err(RunError::LostLease)), "{slow:?}");
     assert_eq!(
         claim(&*store, &short(&scope, "a")).await,
         ClaimOutcome::Completed(response("new owner"))
@@ -866,7 +864,7 @@ pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
 >(
     store: Arc<S>,
 ) {
-    let idem = Idempotency::new(store).with_lease_ttl(SHORT_LEASE).unwrap();
+    let idem = Idempotency::new(store).with_lease(SHORT_LEASE).unwrap();
     let scope = fresh_scope();
     let fp = idem_core::Fingerprint::of_bytes("a");
     let first_key = Arc::new(std::sync::Mutex::new(None));
@@ -875,7 +873,7 @@ pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
         .run(scope.clone(), fp, |ctx| async move {
             *seen.lock().unwrap() = Some(ctx.downstream_key("charge"));
             ctx.checkpoint("charged", &"ch_42").await.unwrap();
-            Err("crashed after charging".to_string().into())
+            Err("crashed after charging".into())
         })
         .await;
     assert!(matches!(failed, Err(RunError::Failed(_))));
@@ -904,7 +902,7 @@ pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStor
     // 400 ms before the key lapses.
     let lease = Duration::from_millis(600);
     let idem = Idempotency::new(Arc::clone(&store))
-        .with_lease_ttl(lease)
+        .with_lease(lease)
         .unwrap()
         .with_auto_renew(Duration::from_secs(30))
         .unwrap();

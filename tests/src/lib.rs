@@ -30,7 +30,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::IdempotencyStore;
+use idem_core::store::IdempotencyStore;
 
 pub mod cases;
 pub mod support;

@@ -4,9 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease};
 use idem_core::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, Lease,
-    Scope, StoreError, StoredResponse, Tenant,
+    Checkpoint, Fingerprint, IdempotencyKey, Scope, StoreError, StoredResponse, Tenant,
 };
 
 /// A lease short enough that cases can wait it out.
@@ -37,7 +37,7 @@ pub fn key(text: &str) -> IdempotencyKey {
 /// A claim of `scope` for the request `body`, with `lease` and a long retention.
 pub fn request(scope: &Scope, body: &str, lease: Duration) -> ClaimRequest {
     ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
-        .with_lease_ttl(lease)
+        .with_lease(lease)
         .expect("valid lease")
 }
 

@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{
-    Capabilities, Checkpoint, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability,
-    IdempotencyStore, Lease, OwnerToken, Record, RecordState, Scope, StoreError, StoredResponse,
-    SystemClock, Timestamp, TransactionSharing, async_trait, decide,
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
+    Lease, OwnerToken, Record, RecordState, SystemClock, Timestamp, TransactionSharing, decide,
 };
+use idem_core::{Checkpoint, Scope, StoreError, StoredResponse, async_trait};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defect {
@@ -54,10 +54,8 @@ impl NaiveStore {
     fn live(&self, record: Option<&Record>, now: Timestamp) -> Option<Record> {
         let record = record?.clone();
         if self.defect == Defect::IgnoresRetention || record.is_live(now) {
-            Some(Record {
-                expires_at: record.expires_at.max(now + Duration::from_millis(1)),
-                ..record
-            })
+            let retained_until = record.retained_until().max(now + Duration::from_millis(1));
+            Some(record.with_retained_until(retained_until))
         } else {
             None
         }
@@ -67,15 +65,16 @@ impl NaiveStore {
         &self,
         lease: &Lease,
         ignore_owner: bool,
-        change: impl FnOnce(&mut Record, Timestamp),
+        change: impl FnOnce(Record, Timestamp) -> Record,
     ) -> Result<(), StoreError> {
         let now = self.now();
         let mut records = self.records.lock().unwrap();
-        match records.get_mut(lease.scope()) {
+        match records.get(lease.scope()) {
             Some(record)
                 if record.is_held_by(lease, now) || (ignore_owner && record.is_live(now)) =>
             {
-                change(record, now);
+                let changed = change(record.clone(), now);
+                records.insert(lease.scope().clone(), changed);
                 Ok(())
             }
             _ => Err(StoreError::LostLease),
@@ -102,17 +101,17 @@ impl IdempotencyStore for NaiveStore {
         };
         let request = match (&existing, self.defect) {
             (Some(record), Defect::FingerprintIgnored) => {
-                ClaimRequest::new(request.scope().clone(), record.fingerprint)
-                    .with_lease_ttl(request.lease_ttl())?
+                ClaimRequest::new(request.scope().clone(), record.fingerprint())
+                    .with_lease(request.lease())?
                     .with_retention(request.retention())?
             }
             _ => request.clone(),
         };
         let mut decision = decide(existing.as_ref(), &request, now, OwnerToken::generate());
-        if self.defect == Defect::CheckpointNotCarried {
-            if let ClaimOutcome::Claimed { checkpoint, .. } = &mut decision.outcome {
-                *checkpoint = None;
-            }
+        if self.defect == Defect::CheckpointNotCarried
+            && let ClaimOutcome::Claimed { checkpoint, .. } = &mut decision.outcome
+        {
+            *checkpoint = None;
         }
         if let Some(record) = decision.write {
             records.insert(request.scope().clone(), record);
@@ -139,8 +138,7 @@ impl IdempotencyStore for NaiveStore {
         }
         let ignore_owner = self.defect == Defect::CompleteIgnoresOwner;
         self.fenced(lease, ignore_owner, |record, now| {
-            record.state = RecordState::Completed { response };
-            record.expires_at = now + lease.retention();
+            record.completed(response, now + lease.retention())
         })
     }
 
@@ -148,10 +146,12 @@ impl IdempotencyStore for NaiveStore {
         let ignore_owner = self.defect == Defect::RenewIgnoresOwner;
         let until = self.now() + extend;
         self.fenced(lease, ignore_owner, |record, _| {
-            record.state = RecordState::InFlight {
-                lease_expires_at: until,
-            };
-            record.expires_at = record.expires_at.max(until);
+            let retained_until = record.retained_until().max(until);
+            record
+                .with_state(RecordState::InFlight {
+                    lease_expires_at: until,
+                })
+                .with_retained_until(retained_until)
         })?;
         Ok(lease.renewed(until))
     }
@@ -170,7 +170,7 @@ impl IdempotencyStore for NaiveStore {
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
         self.fenced(lease, false, |record, _| {
-            record.checkpoint = Some(checkpoint.clone());
+            record.with_checkpoint(Some(checkpoint.clone()))
         })
     }
 

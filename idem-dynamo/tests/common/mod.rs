@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use idem_dynamo::DynamoStore;
 use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
 use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
+use idem_dynamo::{DynamoOptions, DynamoStore};
 
 pub const ENDPOINT_VAR: &str = "IDEM_DYNAMO_ENDPOINT";
 
@@ -46,7 +46,7 @@ pub async fn shared_store() -> DynamoStore {
 
 /// A store on a table of the test's own, for counting its requests.
 pub async fn own_store(prefix: &str) -> DynamoStore {
-    store_on(&format!("{prefix}-{}", uuid::Uuid::new_v4().simple())).await
+    store_on(&own_table(prefix)).await
 }
 
 /// moto counts a binary attribute written by UpdateItem by its base64 text
@@ -55,17 +55,29 @@ pub async fn own_store(prefix: &str) -> DynamoStore {
 pub const MOTO_MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
 pub async fn store_on(table: &str) -> DynamoStore {
-    let store = DynamoStore::new(client(), table)
-        .expect("valid table name")
-        .with_max_response_bytes(MOTO_MAX_RESPONSE_BYTES)
-        .expect("within the item limit");
+    store_with(DynamoOptions::default().table(table)).await
+}
+
+/// A store with `options` (the moto response limit added), its table created.
+pub async fn store_with(options: DynamoOptions) -> DynamoStore {
+    let store = DynamoStore::with_options(
+        client(),
+        options.max_response_bytes(MOTO_MAX_RESPONSE_BYTES),
+    )
+    .expect("valid options");
     store.create_table().await.unwrap_or_else(|e| {
         panic!(
-            "cannot create table {table} at {ENDPOINT_VAR}={}: {e:?}",
+            "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",
+            store.table(),
             endpoint()
         )
     });
     store
+}
+
+/// A fresh table name for a test of its own.
+pub fn own_table(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Requests the server has served that named `table` (the test launcher counts them).

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::PgPool;
 use idem_postgres::sqlx::postgres::PgPoolOptions;
+use idem_postgres::{PostgresOptions, PostgresStore};
 
 pub const URL_VAR: &str = "IDEM_POSTGRES_URL";
 
@@ -43,8 +43,7 @@ pub async fn store() -> PostgresStore {
 pub async fn store_on_own_table(prefix: &str) -> PostgresStore {
     let table = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
     let table = &table[..table.len().min(idem_postgres::MAX_TABLE_NAME)];
-    let store = PostgresStore::new(pool().await)
-        .with_table(table)
+    let store = PostgresStore::with_options(pool().await, PostgresOptions::default().table(table))
         .expect("valid table name");
     store.migrate().await.expect("migrate");
     store

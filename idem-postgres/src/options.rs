@@ -1,8 +1,7 @@
-//! The table name, validated before it goes anywhere near SQL, and the SQL
-//! built from it.
+//! How a store is built: its table, validated before it goes anywhere near
+//! SQL, its response limit and its purge batch.
 
 use std::fmt;
-use std::sync::Arc;
 
 use idem_core::InvalidInput;
 
@@ -84,7 +83,7 @@ impl TableName {
     }
 
     /// A name derived from the table's, in the same schema (`<table><suffix>`).
-    fn derived(&self, suffix: &str) -> String {
+    pub(crate) fn derived(&self, suffix: &str) -> String {
         match &self.schema {
             Some(schema) => format!("{schema}.{}{suffix}", self.table),
             None => format!("{}{suffix}", self.table),
@@ -126,69 +125,81 @@ impl fmt::Debug for TableName {
     }
 }
 
-/// Every statement the store runs, built once per table name.
-#[derive(Debug)]
-pub(crate) struct Statements {
-    pub(crate) claim: Arc<str>,
-    pub(crate) complete: Arc<str>,
-    pub(crate) renew: Arc<str>,
-    pub(crate) release: Arc<str>,
-    pub(crate) checkpoint: Arc<str>,
-    pub(crate) get: Arc<str>,
-    pub(crate) purge_batch: Arc<str>,
+/// The default [`Capabilities::max_response_bytes`](idem_core::store::Capabilities): 8 MiB.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
+/// The largest response limit accepted: Postgres caps a `bytea` at 1 GiB.
+pub const MAX_RESPONSE_BYTES_LIMIT: usize = 512 << 20;
+/// The default number of rows one purge statement deletes.
+pub const DEFAULT_PURGE_BATCH: u32 = 5_000;
+
+/// How a [`PostgresStore`](crate::PostgresStore) is built; validated once by
+/// [`PostgresStore::with_options`](crate::PostgresStore::with_options).
+///
+/// ```
+/// use idem_postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::default()
+///     .table("billing.idempotency")
+///     .max_response_bytes(1 << 20)
+///     .purge_batch(1_000);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresOptions {
+    pub(crate) table: String,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) purge_batch: u32,
 }
 
-/// Millisecond precision keeps every store's timestamps comparable.
-const NOW: &str = "(SELECT date_trunc('milliseconds', clock_timestamp()) AS now) AS c";
-/// The fence: live, in flight, and owned by the lease's owner ($1, $2, $3).
-const FENCE: &str = "r.tenant = $1 AND r.key = $2 AND r.owner = $3 \
-                     AND r.status = 'in_flight' AND r.expires_at > c.now";
-const MS: &str = "* interval '1 millisecond'";
-
-impl Statements {
-    pub(crate) fn new(table: &TableName) -> Self {
-        let t = table.derived("");
-        let claim_fn = table.derived("_claim");
+impl Default for PostgresOptions {
+    fn default() -> Self {
         Self {
-            claim: format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)").into(),
-            complete: format!(
-                "UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, \
-                 expires_at = c.now + $4 {MS}, response_status = $5, \
-                 response_header_names = $6, response_header_values = $7, response_body = $8 \
-                 FROM {NOW} WHERE {FENCE}"
-            )
-            .into(),
-            renew: format!(
-                "UPDATE {t} AS r SET lease_expires_at = c.now + $4 {MS}, \
-                 expires_at = greatest(r.expires_at, c.now + $4 {MS}) \
-                 FROM {NOW} WHERE {FENCE} \
-                 RETURNING (extract(epoch FROM r.lease_expires_at) * 1000)::bigint"
-            )
-            .into(),
-            release: format!("DELETE FROM {t} AS r USING {NOW} WHERE {FENCE}").into(),
-            checkpoint: format!(
-                "UPDATE {t} AS r SET checkpoint_name = $4, checkpoint_data = $5 \
-                 FROM {NOW} WHERE {FENCE}"
-            )
-            .into(),
-            get: format!(
-                "SELECT r.fingerprint, r.owner, r.attempt, r.status, \
-                 (extract(epoch FROM r.lease_expires_at) * 1000)::bigint AS lease_expires_ms, \
-                 (extract(epoch FROM r.expires_at) * 1000)::bigint AS expires_ms, \
-                 r.checkpoint_name, r.checkpoint_data, r.response_status, \
-                 r.response_header_names, r.response_header_values, r.response_body \
-                 FROM {t} AS r, {NOW} WHERE r.tenant = $1 AND r.key = $2 AND r.expires_at > c.now"
-            )
-            .into(),
-            // Bounded, and SKIP LOCKED: a sweep never waits on (or blocks) a live claim.
-            purge_batch: format!(
-                "DELETE FROM {t} AS r USING (\
-                   SELECT tenant, key FROM {t} WHERE expires_at <= now() \
-                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED\
-                 ) AS old WHERE r.tenant = old.tenant AND r.key = old.key"
-            )
-            .into(),
+            table: DEFAULT_TABLE.to_string(),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            purge_batch: DEFAULT_PURGE_BATCH,
         }
+    }
+}
+
+impl PostgresOptions {
+    /// The table: `table` or `schema.table`, lowercase SQL identifiers
+    /// (default `idem_records`; see [`TableName`]).
+    #[must_use]
+    pub fn table(mut self, name: &str) -> Self {
+        self.table = name.to_string();
+        self
+    }
+
+    /// The largest response accepted (default 8 MiB, at most 512 MiB).
+    #[must_use]
+    pub fn max_response_bytes(mut self, max: usize) -> Self {
+        self.max_response_bytes = max;
+        self
+    }
+
+    /// How many rows one purge statement deletes (default 5,000, at least 1).
+    #[must_use]
+    pub fn purge_batch(mut self, rows: u32) -> Self {
+        self.purge_batch = rows;
+        self
+    }
+
+    /// The table name, validated.
+    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
+        if self.max_response_bytes > MAX_RESPONSE_BYTES_LIMIT {
+            return Err(InvalidInput::OutOfRange {
+                field: "max response bytes",
+                reason: "Postgres bytea holds at most 1 GiB; the limit is 512 MiB",
+            });
+        }
+        if self.purge_batch == 0 {
+            return Err(InvalidInput::OutOfRange {
+                field: "purge batch",
+                reason: "must be at least 1",
+            });
+        }
+        TableName::new(&self.table)
     }
 }
 

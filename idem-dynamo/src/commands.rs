@@ -1,0 +1,188 @@
+//! The expressions the store sends, and the fenced updates built from them
+//! (one shape for a single `UpdateItem` and for an item of a transaction).
+//!
+//! Placeholders: `#exp` and `#ttl` name `exp` and `ttl`; the values each
+//! expression names are described beside it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use idem_core::store::{Lease, Timestamp, check_response_size, checkpoint_json, encode_headers};
+use idem_core::{Checkpoint, Operation, StoreError, StoredResponse};
+
+use crate::codec::{COMPLETED, IN_FLIGHT, attr, b, key, n, s};
+use crate::error::build_failure;
+use crate::options::{ITEM_LIMIT, ITEM_OVERHEAD};
+
+/// The claim's `UpdateExpression`: `:fp` (B), `:own` (S), `:f` ("f"),
+/// `:lease`, `:exp` (epoch ms), `:ttl` (epoch s), `:zero`, `:one`,
+/// `:tenant`, `:k` (S).
+pub(crate) const CLAIM_UPDATE: &str = "SET fp = :fp, own = :own, st = :f, lease = :lease, \
+    #exp = :exp, #ttl = :ttl, att = if_not_exists(att, :zero) + :one, tenant = :tenant, k = :k \
+    REMOVE rs, rh, rb, datt";
+
+/// The claim's `ConditionExpression`: absent, past retention, or a takeover
+/// of an expired lease with the same fingerprint; `:now` is epoch ms.
+pub(crate) const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR #exp <= :now \
+    OR (st = :f AND lease <= :now AND fp = :fp)";
+
+/// Resets a claim over an abandoned item past retention to attempt 1,
+/// without its checkpoint: `:one`, `:own` (the new owner).
+pub(crate) const RESET_UPDATE: &str = "SET att = :one REMOVE cpn, cpd";
+/// The condition of [`RESET_UPDATE`]: the new owner still holds the item.
+pub(crate) const RESET_CONDITION: &str = "own = :own";
+
+/// The completion's `UpdateExpression`: `:c` ("c"), `:rs` (N), `:rh`,
+/// `:rb` (B), `:exp`, `:ttl`, `:att` (N).
+pub(crate) const COMPLETE_UPDATE: &str = "SET st = :c, rs = :rs, rh = :rh, rb = :rb, \
+    #exp = :exp, #ttl = :ttl, datt = :att REMOVE lease, att, cpn, cpd";
+
+/// The renewal's `UpdateExpression`: `:lease`, `:exp` (epoch ms), `:ttl` (epoch s).
+pub(crate) const RENEW_UPDATE: &str = "SET lease = :lease, #exp = :exp, #ttl = :ttl";
+
+/// The checkpoint's `UpdateExpression`: `:cpn` (S), `:cpd` (S, JSON).
+pub(crate) const CHECKPOINT_UPDATE: &str = "SET cpn = :cpn, cpd = :cpd";
+
+/// The fence of every write after the claim: `:own`, `:f`, `:now`.
+pub(crate) const FENCE: &str = "own = :own AND st = :f AND #exp > :now";
+
+/// The condition of the sweeper's deletes: `:now`.
+pub(crate) const PAST_RETENTION: &str = "#exp <= :now";
+
+/// The values [`FENCE`] names, for `lease` at `now`.
+pub(crate) fn fence_values(lease: &Lease, now: Timestamp) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (":own".to_string(), s(lease.owner().to_string())),
+        (":f".to_string(), s(IN_FLIGHT)),
+        (":now".to_string(), n(now.as_unix_millis())),
+    ])
+}
+
+/// An update of a lease's record, fenced on its owner: sent alone as an
+/// `UpdateItem`, or as an item of a `TransactWriteItems`.
+#[derive(Debug, Clone)]
+pub(crate) struct FencedUpdate {
+    /// The operation it performs, for errors.
+    pub(crate) operation: Operation,
+    /// The item's partition key value.
+    pub(crate) key: AttributeValue,
+    update: &'static str,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl FencedUpdate {
+    fn new(operation: Operation, lease: &Lease, now: Timestamp, update: &'static str) -> Self {
+        Self {
+            operation,
+            key: key(lease.scope()),
+            update,
+            names: HashMap::from([("#exp".to_string(), attr::EXPIRES.to_string())]),
+            values: fence_values(lease, now),
+        }
+    }
+
+    fn name(mut self, placeholder: &str, name: &str) -> Self {
+        self.names.insert(placeholder.to_string(), name.to_string());
+        self
+    }
+
+    fn value(mut self, placeholder: &str, value: AttributeValue) -> Self {
+        self.values.insert(placeholder.to_string(), value);
+        self
+    }
+
+    /// The update as one `UpdateItem` request on `table`.
+    pub(crate) fn request(self, client: &Client, table: &str) -> UpdateItemFluentBuilder {
+        client
+            .update_item()
+            .table_name(table)
+            .key(attr::PK, self.key)
+            .update_expression(self.update)
+            .condition_expression(FENCE)
+            .set_expression_attribute_names(Some(self.names))
+            .set_expression_attribute_values(Some(self.values))
+    }
+
+    /// The update as an item of a `TransactWriteItems` on `table`.
+    pub(crate) fn transact_item(self, table: &str) -> Result<TransactWriteItem, StoreError> {
+        let operation = self.operation;
+        let update = Update::builder()
+            .table_name(table)
+            .key(attr::PK, self.key)
+            .update_expression(self.update)
+            .condition_expression(FENCE)
+            .set_expression_attribute_names(Some(self.names))
+            .set_expression_attribute_values(Some(self.values))
+            .build()
+            .map_err(|e| build_failure(operation, e))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+}
+
+/// The completion of `lease`'s record with `response` at `now`.
+///
+/// # Errors
+///
+/// [`StoreError::TooLarge`] over `max` bytes, or when the response cannot
+/// fit one item beside the record's own attributes.
+pub(crate) fn complete(
+    lease: &Lease,
+    response: &StoredResponse,
+    now: Timestamp,
+    max: usize,
+) -> Result<FencedUpdate, StoreError> {
+    check_response_size(response, max)?;
+    let headers = encode_headers(response);
+    let scope = lease.scope();
+    // DynamoDB counts attribute names and values: names (32 bytes),
+    // fingerprint (32), owner (36), status (1), four numbers (21 each at
+    // most), the key's length digits and colons (5), then tenant and key
+    // twice (in `pk` and on their own), headers and body.
+    let item = 190
+        + 2 * (scope.tenant().as_str().len() + scope.key().as_str().len())
+        + headers.len()
+        + response.body().len();
+    if item > ITEM_LIMIT {
+        return Err(StoreError::TooLarge {
+            size: response.size().max(item.saturating_sub(ITEM_OVERHEAD)),
+            max,
+        });
+    }
+    let retained_until = now + lease.retention();
+    Ok(
+        FencedUpdate::new(Operation::Complete, lease, now, COMPLETE_UPDATE)
+            .name("#ttl", attr::TTL)
+            .value(":c", s(COMPLETED))
+            .value(":rs", n(response.status()))
+            .value(":rh", b(headers))
+            .value(":rb", b(response.body().to_vec()))
+            .value(":exp", n(retained_until.as_unix_millis()))
+            .value(":ttl", n(retained_until.as_unix_secs_ceil()))
+            .value(":att", n(lease.attempt())),
+    )
+}
+
+/// The renewal of `lease` to `extend` from `now`, and the lease's new expiry.
+pub(crate) fn renew(lease: &Lease, extend: Duration, now: Timestamp) -> (FencedUpdate, Timestamp) {
+    let until = now + extend;
+    // The record must outlive the lease; without max() in update
+    // expressions, keep retention from now, as a fresh claim would.
+    let retained_until = now + extend.max(lease.retention());
+    let update = FencedUpdate::new(Operation::Renew, lease, now, RENEW_UPDATE)
+        .name("#ttl", attr::TTL)
+        .value(":lease", n(until.as_unix_millis()))
+        .value(":exp", n(retained_until.as_unix_millis()))
+        .value(":ttl", n(retained_until.as_unix_secs_ceil()));
+    (update, until)
+}
+
+/// The recovery point `checkpoint` on `lease`'s record at `now`.
+pub(crate) fn checkpoint(lease: &Lease, checkpoint: &Checkpoint, now: Timestamp) -> FencedUpdate {
+    FencedUpdate::new(Operation::Checkpoint, lease, now, CHECKPOINT_UPDATE)
+        .value(":cpn", s(checkpoint.name()))
+        .value(":cpd", s(checkpoint_json(checkpoint)))
+}

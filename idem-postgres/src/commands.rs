@@ -1,0 +1,71 @@
+//! The SQL the store sends, built once per table name from validated names.
+
+use std::sync::Arc;
+
+use crate::options::TableName;
+
+/// Every statement the store runs, built once per table name.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) checkpoint: Arc<str>,
+    pub(crate) get: Arc<str>,
+    pub(crate) purge_batch: Arc<str>,
+}
+
+/// Millisecond precision keeps every store's timestamps comparable.
+const NOW: &str = "(SELECT date_trunc('milliseconds', clock_timestamp()) AS now) AS c";
+/// The fence: live, in flight, and owned by the lease's owner ($1, $2, $3).
+const FENCE: &str = "r.tenant = $1 AND r.key = $2 AND r.owner = $3 \
+                     AND r.status = 'in_flight' AND r.expires_at > c.now";
+const MS: &str = "* interval '1 millisecond'";
+
+impl Statements {
+    pub(crate) fn new(table: &TableName) -> Self {
+        let t = table.derived("");
+        let claim_fn = table.derived("_claim");
+        Self {
+            claim: format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)").into(),
+            complete: format!(
+                "UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, \
+                 expires_at = c.now + $4 {MS}, response_status = $5, \
+                 response_header_names = $6, response_header_values = $7, response_body = $8 \
+                 FROM {NOW} WHERE {FENCE}"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {t} AS r SET lease_expires_at = c.now + $4 {MS}, \
+                 expires_at = greatest(r.expires_at, c.now + $4 {MS}) \
+                 FROM {NOW} WHERE {FENCE} \
+                 RETURNING (extract(epoch FROM r.lease_expires_at) * 1000)::bigint"
+            )
+            .into(),
+            release: format!("DELETE FROM {t} AS r USING {NOW} WHERE {FENCE}").into(),
+            checkpoint: format!(
+                "UPDATE {t} AS r SET checkpoint_name = $4, checkpoint_data = $5 \
+                 FROM {NOW} WHERE {FENCE}"
+            )
+            .into(),
+            get: format!(
+                "SELECT r.fingerprint, r.owner, r.attempt, r.status, \
+                 (extract(epoch FROM r.lease_expires_at) * 1000)::bigint AS lease_expires_ms, \
+                 (extract(epoch FROM r.expires_at) * 1000)::bigint AS expires_ms, \
+                 r.checkpoint_name, r.checkpoint_data, r.response_status, \
+                 r.response_header_names, r.response_header_values, r.response_body \
+                 FROM {t} AS r, {NOW} WHERE r.tenant = $1 AND r.key = $2 AND r.expires_at > c.now"
+            )
+            .into(),
+            // Bounded, and SKIP LOCKED: a sweep never waits on (or blocks) a live claim.
+            purge_batch: format!(
+                "DELETE FROM {t} AS r USING (\
+                   SELECT tenant, key FROM {t} WHERE expires_at <= now() \
+                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED\
+                 ) AS old WHERE r.tenant = old.tenant AND r.key = old.key"
+            )
+            .into(),
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! A transaction on the store's database that the completion and
+//! checkpoints join: [`idem_core::store::Transaction`] for Postgres.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+use idem_core::store::{Lease, Transaction};
+use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
+use sqlx::{PgConnection, Postgres};
+
+use crate::error::classify_commit;
+use crate::store::PostgresStore;
+
+/// A transaction on the store's database, from [`PostgresStore::begin`].
+///
+/// Write your business rows through it (`&mut *tx` is a `PgConnection`);
+/// the runner completes the record inside it and commits, so the rows and
+/// the stored response commit together. Dropping it rolls back.
+pub struct PgTransaction {
+    store: PostgresStore,
+    tx: sqlx::Transaction<'static, Postgres>,
+}
+
+impl PgTransaction {
+    pub(crate) fn new(store: PostgresStore, tx: sqlx::Transaction<'static, Postgres>) -> Self {
+        Self { store, tx }
+    }
+}
+
+impl fmt::Debug for PgTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgTransaction")
+            .field("table", self.store.table())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deref for PgTransaction {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for PgTransaction {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+}
+
+#[async_trait]
+impl Transaction for PgTransaction {
+    async fn complete(
+        &mut self,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.store.complete_on(&mut *self.tx, lease, response).await
+    }
+
+    async fn checkpoint(
+        &mut self,
+        lease: &Lease,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        self.store
+            .checkpoint_on(&mut *self.tx, lease, checkpoint)
+            .await
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        self.tx.commit().await.map_err(classify_commit)
+    }
+}

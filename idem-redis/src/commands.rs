@@ -1,0 +1,40 @@
+//! The Lua scripts, one per operation, each with its preludes, hashed once.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Every script's prelude: `server_now()`, the server's clock in ms.
+const NOW: &str = include_str!("../lua/now.lua");
+/// The fenced scripts' prelude: `holds(now)`, whether `ARGV[1]` owns the record.
+const FENCE: &str = include_str!("../lua/fence.lua");
+
+/// Every script, with its preludes.
+pub(crate) struct Scripts {
+    /// `lua/claim.lua`: the decision table.
+    pub(crate) claim: Script,
+    /// `lua/complete.lua`.
+    pub(crate) complete: Script,
+    /// `lua/renew.lua`.
+    pub(crate) renew: Script,
+    /// `lua/release.lua`.
+    pub(crate) release: Script,
+    /// `lua/checkpoint.lua`.
+    pub(crate) checkpoint: Script,
+    /// `lua/get.lua`.
+    pub(crate) get: Script,
+}
+
+fn script(preludes: &[&str], body: &str) -> Script {
+    Script::new(&format!("{}\n{body}", preludes.concat()))
+}
+
+/// The scripts the store runs, built on first use.
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: script(&[NOW], include_str!("../lua/claim.lua")),
+    complete: script(&[NOW, FENCE], include_str!("../lua/complete.lua")),
+    renew: script(&[NOW, FENCE], include_str!("../lua/renew.lua")),
+    release: script(&[NOW, FENCE], include_str!("../lua/release.lua")),
+    checkpoint: script(&[NOW, FENCE], include_str!("../lua/checkpoint.lua")),
+    get: script(&[NOW], include_str!("../lua/get.lua")),
+});
