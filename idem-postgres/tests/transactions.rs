@@ -66,6 +66,27 @@ fn insert(table: &str, request: &ClaimRequest, note: &str) -> String {
     )
 }
 
+/// A transactional run that writes one business row and answers 201 `placed`.
+async fn place(
+    idem: &Idempotency<dyn IdempotencyStore>,
+    store: &PostgresStore,
+    table: &str,
+    request: &ClaimRequest,
+) -> Result<RunOutcome, RunError> {
+    let sql = insert(table, request, "placed");
+    idem.run_in(
+        request.scope().clone(),
+        request.fingerprint(),
+        store.begin(),
+        |ctx, mut tx| async move {
+            assert_eq!(ctx.attempt(), 1);
+            sqlx::query(AssertSqlSafe(sql)).execute(&mut *tx).await?;
+            Ok((tx, StoredResponse::new(201, "placed")))
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_handler_commits_exactly_one_business_row() {
     let store = common::store().await;
@@ -73,20 +94,7 @@ async fn completed_handler_commits_exactly_one_business_row() {
     let table = business_table(store.pool()).await;
     let request = request(Duration::from_secs(30));
     for expect_replay in [false, true, true] {
-        let sql = insert(&table, &request, "placed");
-        let outcome = idem
-            .run_in(
-                request.scope().clone(),
-                request.fingerprint(),
-                store.begin(),
-                |ctx, mut tx| async move {
-                    assert_eq!(ctx.attempt(), 1);
-                    sqlx::query(AssertSqlSafe(sql)).execute(&mut *tx).await?;
-                    Ok((tx, StoredResponse::new(201, "placed")))
-                },
-            )
-            .await
-            .unwrap();
+        let outcome = place(&idem, &store, &table, &request).await.unwrap();
         assert_eq!(outcome.is_replay(), expect_replay);
         assert_eq!(outcome.response().body(), b"placed");
     }
@@ -170,19 +178,7 @@ async fn rolled_back_handler_releases_the_claim_so_a_retry_runs_at_once() {
         "claim kept"
     );
     assert_eq!(rows(store.pool(), &table).await, 0);
-    let sql = insert(&table, &request, "placed");
-    let retry = idem
-        .run_in(
-            request.scope().clone(),
-            request.fingerprint(),
-            store.begin(),
-            |_ctx, mut tx| async move {
-                sqlx::query(AssertSqlSafe(sql)).execute(&mut *tx).await?;
-                Ok((tx, StoredResponse::new(201, "placed")))
-            },
-        )
-        .await
-        .unwrap();
+    let retry = place(&idem, &store, &table, &request).await.unwrap();
     assert_eq!(
         retry,
         RunOutcome::Executed(StoredResponse::new(201, "placed"))
