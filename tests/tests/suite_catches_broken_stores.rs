@@ -4,204 +4,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a poisoned lock or a failed runtime should fail loudly
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
-    Lease, OwnerToken, Record, RecordState, SystemClock, Timestamp, TransactionSharing, decide,
-};
-use idem_core::{Checkpoint, Scope, StoreError, StoredResponse, async_trait};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Defect {
-    None,
-    /// Reads, yields, then writes: two racing claims both win.
-    NonAtomicClaim,
-    /// Completes whoever asks, owner or not.
-    CompleteIgnoresOwner,
-    /// Compares no fingerprints: a reused key replays someone else's response.
-    FingerprintIgnored,
-    /// Renews whoever asks.
-    RenewIgnoresOwner,
-    /// Keeps records past retention.
-    IgnoresRetention,
-    /// Drops the checkpoint on takeover.
-    CheckpointNotCarried,
-    /// Stores the response body as lossy UTF-8.
-    TextOnlyBodies,
-}
-
-#[derive(Debug)]
-struct NaiveStore {
-    records: Mutex<HashMap<Scope, Record>>,
-    defect: Defect,
-}
-
-impl NaiveStore {
-    fn new(defect: Defect) -> Arc<Self> {
-        Arc::new(Self {
-            records: Mutex::new(HashMap::new()),
-            defect,
-        })
-    }
-
-    fn now(&self) -> Timestamp {
-        SystemClock.now()
-    }
-
-    fn live(&self, record: Option<&Record>, now: Timestamp) -> Option<Record> {
-        let record = record?.clone();
-        if self.defect == Defect::IgnoresRetention || record.is_live(now) {
-            let retained_until = record.retained_until().max(now + Duration::from_millis(1));
-            Some(record.with_retained_until(retained_until))
-        } else {
-            None
-        }
-    }
-
-    fn fenced(
-        &self,
-        lease: &Lease,
-        ignore_owner: bool,
-        change: impl FnOnce(Record, Timestamp) -> Record,
-    ) -> Result<(), StoreError> {
-        let now = self.now();
-        let mut records = self.records.lock().unwrap();
-        match records.get(lease.scope()) {
-            Some(record)
-                if record.is_held_by(lease, now) || (ignore_owner && record.is_live(now)) =>
-            {
-                let changed = change(record.clone(), now);
-                records.insert(lease.scope().clone(), changed);
-                Ok(())
-            }
-            _ => Err(StoreError::LostLease),
-        }
-    }
-}
-
-#[async_trait]
-impl IdempotencyStore for NaiveStore {
-    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let now = self.now();
-        let existing = {
-            let records = self.records.lock().unwrap();
-            self.live(records.get(request.scope()), now)
-        };
-        if self.defect == Defect::NonAtomicClaim {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let mut records = self.records.lock().unwrap();
-        let existing = if self.defect == Defect::NonAtomicClaim {
-            existing
-        } else {
-            self.live(records.get(request.scope()), now)
-        };
-        let request = match (&existing, self.defect) {
-            (Some(record), Defect::FingerprintIgnored) => {
-                ClaimRequest::new(request.scope().clone(), record.fingerprint())
-                    .with_lease(request.lease())?
-                    .with_retention(request.retention())?
-            }
-            _ => request.clone(),
-        };
-        let mut decision = decide(existing.as_ref(), &request, now, OwnerToken::generate());
-        if self.defect == Defect::CheckpointNotCarried
-            && let ClaimOutcome::Claimed { checkpoint, .. } = &mut decision.outcome
-        {
-            *checkpoint = None;
-        }
-        if let Some(record) = decision.write {
-            records.insert(request.scope().clone(), record);
-        }
-        Ok(decision.outcome)
-    }
-
-    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let max = self.capabilities().max_response_bytes;
-        if response.size() > max {
-            return Err(StoreError::TooLarge {
-                size: response.size(),
-                max,
-            });
-        }
-        let mut response = response.clone();
-        if self.defect == Defect::TextOnlyBodies {
-            let text = String::from_utf8_lossy(response.body()).into_owned();
-            let mut lossy = StoredResponse::new(response.status(), text);
-            for (name, value) in response.headers() {
-                lossy = lossy.with_header(name.clone(), value.clone());
-            }
-            response = lossy;
-        }
-        let ignore_owner = self.defect == Defect::CompleteIgnoresOwner;
-        self.fenced(lease, ignore_owner, |record, now| {
-            record.completed(response, now + lease.retention())
-        })
-    }
-
-    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        let ignore_owner = self.defect == Defect::RenewIgnoresOwner;
-        let until = self.now() + extend;
-        self.fenced(lease, ignore_owner, |record, _| {
-            let retained_until = record.retained_until().max(until);
-            record
-                .with_state(RecordState::InFlight {
-                    lease_expires_at: until,
-                })
-                .with_retained_until(retained_until)
-        })?;
-        Ok(lease.renewed(until))
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let now = self.now();
-        let mut records = self.records.lock().unwrap();
-        match records.get(lease.scope()) {
-            Some(record) if record.is_held_by(lease, now) => {
-                records.remove(lease.scope());
-                Ok(())
-            }
-            _ => Err(StoreError::LostLease),
-        }
-    }
-
-    async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        self.fenced(lease, false, |record, _| {
-            record.with_checkpoint(Some(checkpoint.clone()))
-        })
-    }
-
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let now = self.now();
-        let records = self.records.lock().unwrap();
-        // Report the stored record, not the expiry `live` may have stretched.
-        Ok(self
-            .live(records.get(scope), now)
-            .and(records.get(scope).cloned()))
-    }
-
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = self.now();
-        let mut records = self.records.lock().unwrap();
-        let before = records.len();
-        if self.defect != Defect::IgnoresRetention {
-            records.retain(|_, r| r.is_live(now));
-        }
-        Ok((before - records.len()) as u64)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            TransactionSharing::None,
-            Durability::Volatile,
-            ClockSource::Caller,
-            64 * 1024,
-        )
-    }
-}
+use idem_own_store::{Defect, OwnStore};
 
 fn failing(defect: Defect) -> Vec<&'static str> {
     tokio::runtime::Builder::new_multi_thread()
@@ -209,7 +14,9 @@ fn failing(defect: Defect) -> Vec<&'static str> {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(idem_conformance::failing_cases(NaiveStore::new(defect)))
+        .block_on(idem_conformance::failing_cases(Arc::new(
+            OwnStore::with_defect(defect),
+        )))
 }
 
 fn assert_caught(defect: Defect, expected: &[&str]) {
@@ -224,7 +31,7 @@ fn assert_caught(defect: Defect, expected: &[&str]) {
 
 #[test]
 fn suite_has_at_least_25_named_cases_with_unique_names() {
-    let cases = idem_conformance::all_cases::<NaiveStore>();
+    let cases = idem_conformance::all_cases::<OwnStore>();
     let mut names: Vec<_> = cases.iter().map(|(name, _)| *name).collect();
     assert!(names.len() >= 25, "{} cases", names.len());
     names.sort_unstable();
@@ -233,7 +40,7 @@ fn suite_has_at_least_25_named_cases_with_unique_names() {
 }
 
 #[test]
-fn correct_naive_store_passes_every_case() {
+fn correct_own_store_passes_every_case() {
     assert_eq!(failing(Defect::None), Vec::<&str>::new());
 }
 
