@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use idem_conformance::support::eventually;
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore};
 use idem_core::{Fingerprint, Scope, StoredResponse, Sweeper};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
@@ -121,14 +122,10 @@ async fn sweeper_task_purges_on_its_interval_and_stops() {
     store.claim(&short).await.unwrap();
     store.claim(&request("t", "long")).await.unwrap();
     let sweeper = Sweeper::spawn(Arc::new(store.clone()), Duration::from_millis(50));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while count(&store, "true").await > 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "sweeper did not purge"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually("the sweeper to purge", || async {
+        (count(&store, "true").await == 1).then_some(())
+    })
+    .await;
     sweeper.stop().await;
     assert_eq!(count(&store, "key = 'long'").await, 1);
     drop_table(&store).await;

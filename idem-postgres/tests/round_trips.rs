@@ -9,22 +9,12 @@ mod proxy;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_conformance::support::cost_of_each_operation;
-use idem_core::store::{ClaimOutcome, ClaimRequest, Transaction};
-use idem_core::{Fingerprint, Scope, StoreError, StoredResponse};
+use idem_conformance::support::{cost_of_each_operation, fresh_scope, long};
+use idem_core::store::{ClaimOutcome, Transaction};
+use idem_core::{StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use proxy::CountingProxy;
-
-fn request(scope: &Scope, body: &str, lease_ms: u64) -> ClaimRequest {
-    ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(body))
-        .with_lease(Duration::from_millis(lease_ms))
-        .unwrap()
-}
-
-fn scope(key: &str) -> Scope {
-    Scope::parse(&format!("rt-{}", uuid::Uuid::new_v4()), key).unwrap()
-}
 
 async fn proxied_options() -> (CountingProxy, PgConnectOptions) {
     let options = PgConnectOptions::from_str(&common::url()).expect("IDEM_POSTGRES_URL parses");
@@ -56,7 +46,7 @@ async fn claim_in_and_complete_in_a_transaction_are_one_round_trip_on_the_wire()
 
     // Warm up: prepare both statements on this connection.
     let ClaimOutcome::Claimed { lease, .. } = store
-        .claim_in(&mut conn, &request(&scope("w"), "a", 60_000))
+        .claim_in(&mut conn, &long(&fresh_scope(), "a"))
         .await
         .unwrap()
     else {
@@ -66,23 +56,18 @@ async fn claim_in_and_complete_in_a_transaction_are_one_round_trip_on_the_wire()
         .await
         .unwrap();
 
-    let s = scope("k");
+    let s = fresh_scope();
     let mut report = Vec::new();
     let before = proxy.ready();
-    let ClaimOutcome::Claimed { lease, .. } = store
-        .claim_in(&mut conn, &request(&s, "a", 60_000))
-        .await
-        .unwrap()
+    let ClaimOutcome::Claimed { lease, .. } =
+        store.claim_in(&mut conn, &long(&s, "a")).await.unwrap()
     else {
         panic!("claim")
     };
     report.push(("claim_in: claimed", wire(before)));
     let before = proxy.ready();
     assert!(matches!(
-        store
-            .claim_in(&mut conn, &request(&s, "a", 60_000))
-            .await
-            .unwrap(),
+        store.claim_in(&mut conn, &long(&s, "a")).await.unwrap(),
         ClaimOutcome::InProgress { .. }
     ));
     report.push(("claim_in: in progress", wire(before)));
@@ -93,19 +78,13 @@ async fn claim_in_and_complete_in_a_transaction_are_one_round_trip_on_the_wire()
     report.push(("complete in a transaction", wire(before)));
     let before = proxy.ready();
     assert!(matches!(
-        store
-            .claim_in(&mut conn, &request(&s, "a", 60_000))
-            .await
-            .unwrap(),
+        store.claim_in(&mut conn, &long(&s, "a")).await.unwrap(),
         ClaimOutcome::Completed(_)
     ));
     report.push(("claim_in: replay", wire(before)));
     let before = proxy.ready();
     assert_eq!(
-        store
-            .claim_in(&mut conn, &request(&s, "b", 60_000))
-            .await
-            .unwrap(),
+        store.claim_in(&mut conn, &long(&s, "b")).await.unwrap(),
         ClaimOutcome::Mismatch
     );
     report.push(("claim_in: mismatch", wire(before)));

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use idem_conformance::support::{eventually, fresh_scope, wait_for_claim};
+
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Transaction};
-use idem_core::{
-    Fingerprint, HandlerError, Idempotency, RunError, RunOutcome, Scope, StoreError, StoredResponse,
-};
+use idem_core::{HandlerError, Idempotency, RunError, RunOutcome, StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 
@@ -50,12 +50,7 @@ async fn drop_table(pool: &PgPool, table: &str) {
 }
 
 fn request(lease: Duration) -> ClaimRequest {
-    ClaimRequest::new(
-        Scope::parse(&format!("tx-{}", uuid::Uuid::new_v4()), "order-1").unwrap(),
-        Fingerprint::of_bytes("order body"),
-    )
-    .with_lease(lease)
-    .unwrap()
+    idem_conformance::support::request(&fresh_scope(), "order body", lease)
 }
 
 fn insert(table: &str, request: &ClaimRequest, note: &str) -> String {
@@ -118,19 +113,8 @@ async fn lost_lease_rolls_back_the_business_rows() {
             |_ctx, mut tx| async move {
                 sqlx::query(AssertSqlSafe(sql)).execute(&mut *tx).await?;
                 // The handler stalls past its lease; a retry takes the key over.
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-                loop {
-                    match rival.claim(&rival_request).await.unwrap() {
-                        ClaimOutcome::Claimed { lease, .. } => {
-                            assert_eq!(lease.attempt(), 2);
-                            break;
-                        }
-                        ClaimOutcome::InProgress { .. } => {}
-                        other => panic!("unexpected {other:?}"),
-                    }
-                    assert!(tokio::time::Instant::now() < deadline, "no takeover");
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
+                let (lease, _) = wait_for_claim(&rival, &rival_request).await;
+                assert_eq!(lease.attempt(), 2);
                 Ok((tx, StoredResponse::new(201, "stale")))
             },
         )
@@ -238,7 +222,7 @@ async fn checkpoint_commits_with_its_phase_and_a_takeover_receives_it() {
     assert_eq!(rows(store.pool(), &table).await, 1);
     let record = store.get(request.scope()).await.unwrap().unwrap();
     assert_eq!(record.checkpoint().map(|c| c.name()), Some("phase-1"));
-    let resumed = loop {
+    let resumed = eventually("a takeover after the lease", || async {
         let outcome = idem
             .run_in(
                 request.scope().clone(),
@@ -253,10 +237,11 @@ async fn checkpoint_commits_with_its_phase_and_a_takeover_receives_it() {
             )
             .await;
         match outcome {
-            Err(RunError::InProgress { .. }) => tokio::time::sleep(Duration::from_millis(25)).await,
-            other => break other,
+            Err(RunError::InProgress { .. }) => None,
+            other => Some(other),
         }
-    };
+    })
+    .await;
     assert_eq!(
         resumed.unwrap(),
         RunOutcome::Executed(StoredResponse::new(201, "resumed"))
