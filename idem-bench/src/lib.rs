@@ -5,6 +5,10 @@
 //! `--concurrency`, `--duration` or `--requests`, `--raw`, `--json`);
 //! `scripts/bench` runs the whole matrix and `idem-bench-report` turns its
 //! JSON lines into a markdown table and a PNG chart.
+//!
+//! Every run reports what its operations got (the [`Mix`] of [`Outcome`]s:
+//! executed, replayed, in progress, mismatch) and how many failed, so a
+//! throughput is never read without knowing what was measured.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +23,8 @@ pub struct RunResult {
     pub mode: String,
     /// Concurrent callers.
     pub concurrency: usize,
-    /// Operations completed (one request through idem each).
+    /// Operations answered, one request through idem each: executed,
+    /// replayed, in progress and mismatch add up to it.
     pub ops: u64,
     /// Operations per second.
     pub ops_per_s: f64,
@@ -34,8 +39,100 @@ pub struct RunResult {
     /// Store calls (claims plus completions) per operation: a fresh
     /// operation is a claim and a completion, a replay one claim.
     pub store_calls_per_op: f64,
-    /// Operations that failed with an unexpected error.
+    /// Operations that failed with an unexpected error (not counted in `ops`).
     pub errors: u64,
+    /// Operations that ran the handler and stored its response.
+    #[serde(default)]
+    pub executed: u64,
+    /// Operations answered with a stored response.
+    #[serde(default)]
+    pub replayed: u64,
+    /// Operations refused because another caller held the key (HTTP 409).
+    #[serde(default)]
+    pub in_progress: u64,
+    /// Operations refused because the key was used for another payload (HTTP 422).
+    #[serde(default)]
+    pub mismatch: u64,
+}
+
+impl RunResult {
+    /// The outcome mix of the run's operations (all zero in results written
+    /// before the mix was recorded).
+    pub fn mix(&self) -> Mix {
+        Mix {
+            executed: self.executed,
+            replayed: self.replayed,
+            in_progress: self.in_progress,
+            mismatch: self.mismatch,
+        }
+    }
+}
+
+/// What one operation got, through idem or from the raw server's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Claimed and completed: the handler ran.
+    Executed,
+    /// A completed record with the same fingerprint: its response came back.
+    Replayed,
+    /// Another caller holds the key (HTTP 409).
+    InProgress,
+    /// The key holds another fingerprint (HTTP 422).
+    Mismatch,
+}
+
+/// How many operations got each [`Outcome`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mix {
+    /// [`Outcome::Executed`].
+    pub executed: u64,
+    /// [`Outcome::Replayed`].
+    pub replayed: u64,
+    /// [`Outcome::InProgress`].
+    pub in_progress: u64,
+    /// [`Outcome::Mismatch`].
+    pub mismatch: u64,
+}
+
+impl Mix {
+    /// Counts one operation.
+    pub fn add(&mut self, outcome: Outcome) {
+        let count = match outcome {
+            Outcome::Executed => &mut self.executed,
+            Outcome::Replayed => &mut self.replayed,
+            Outcome::InProgress => &mut self.in_progress,
+            Outcome::Mismatch => &mut self.mismatch,
+        };
+        *count += 1;
+    }
+
+    /// Adds another caller's counts.
+    pub fn merge(&mut self, other: Mix) {
+        self.executed += other.executed;
+        self.replayed += other.replayed;
+        self.in_progress += other.in_progress;
+        self.mismatch += other.mismatch;
+    }
+
+    /// Operations counted.
+    pub fn total(&self) -> u64 {
+        self.executed + self.replayed + self.in_progress + self.mismatch
+    }
+
+    /// Each outcome's share in percent, in the order executed, replayed,
+    /// in progress, mismatch; `None` when nothing was counted.
+    pub fn percentages(&self) -> Option<[f64; 4]> {
+        let total = self.total();
+        (total > 0).then(|| {
+            [
+                self.executed,
+                self.replayed,
+                self.in_progress,
+                self.mismatch,
+            ]
+            .map(|n| n as f64 * 100.0 / total as f64)
+        })
+    }
 }
 
 /// The value at quantile `q` of sorted latencies (0 if empty).
@@ -73,11 +170,51 @@ mod tests {
             p99_us: 2,
             p999_us: 3,
             round_trips_per_op: 2.0,
-            store_calls_per_op: 2.0,
-            errors: 0,
+            store_calls_per_op: 1.6,
+            errors: 1,
+            executed: 6,
+            replayed: 2,
+            in_progress: 1,
+            mismatch: 1,
         };
         let line = serde_json::to_string(&result).unwrap();
         assert!(!line.contains('\n'));
+        assert!(line.contains(r#""in_progress":1"#), "{line}");
         assert_eq!(serde_json::from_str::<RunResult>(&line).unwrap(), result);
+    }
+
+    #[test]
+    fn results_written_before_the_mix_read_as_an_empty_mix() {
+        let line = r#"{"backend":"redis","workload":"fresh","mode":"lib","concurrency":8,"ops":10,"ops_per_s":5.0,"p50_us":1,"p99_us":2,"p999_us":3,"round_trips_per_op":2.0,"store_calls_per_op":2.0,"errors":0}"#;
+        let result: RunResult = serde_json::from_str(line).unwrap();
+        assert_eq!(result.mix(), Mix::default());
+        assert_eq!(result.mix().percentages(), None);
+    }
+
+    #[test]
+    fn the_mix_counts_each_outcome_and_its_share() {
+        let mut mix = Mix::default();
+        for outcome in [
+            Outcome::Executed,
+            Outcome::Executed,
+            Outcome::Replayed,
+            Outcome::Mismatch,
+        ] {
+            mix.add(outcome);
+        }
+        let mut other = Mix::default();
+        other.add(Outcome::InProgress);
+        mix.merge(other);
+        assert_eq!(
+            mix,
+            Mix {
+                executed: 2,
+                replayed: 1,
+                in_progress: 1,
+                mismatch: 1
+            }
+        );
+        assert_eq!(mix.total(), 5);
+        assert_eq!(mix.percentages(), Some([40.0, 20.0, 20.0, 20.0]));
     }
 }

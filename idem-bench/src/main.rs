@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_bench::{RunResult, percentile};
+use idem_bench::{Mix, RunResult, percentile};
 use rand::SeedableRng;
 
+mod backend;
 mod plan;
-mod target;
 
+use backend::{Backend, BackendKind, BenchError, Names};
 use plan::{Plan, REPLAY_KEYS, Workload};
-use target::{Backend, BackendKind, BenchError, Names};
 
 /// Benchmarks an idem backend against its raw server.
 #[derive(Debug, Parser)]
@@ -45,10 +45,10 @@ struct Args {
     json: bool,
 }
 
+/// What one caller saw.
 struct CallerReport {
     latencies_us: Vec<u32>,
-    ops: u64,
-    completions: u64,
+    mix: Mix,
     errors: u64,
     first_error: Option<String>,
 }
@@ -63,8 +63,7 @@ async fn caller(
     let mut rng = rand::rngs::SmallRng::seed_from_u64(caller as u64 * 7919 + 1);
     let mut report = CallerReport {
         latencies_us: Vec::with_capacity(1 << 16),
-        ops: 0,
-        completions: 0,
+        mix: Mix::default(),
         errors: 0,
         first_error: None,
     };
@@ -78,9 +77,8 @@ async fn caller(
         let op = plan.next(caller, i, &mut rng);
         let start = Instant::now();
         match backend.execute(&op).await {
-            Ok(completed) => {
-                report.ops += 1;
-                report.completions += u64::from(completed);
+            Ok(outcome) => {
+                report.mix.add(outcome);
                 let us = start.elapsed().as_micros();
                 report
                     .latencies_us
@@ -112,7 +110,7 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     if !in_process {
         let setup = Backend::connect(args.backend, false, 1, &names, true, retention).await?;
         if replay {
-            target::prepare_replay(&setup, REPLAY_KEYS).await?;
+            setup.prepare_replay(REPLAY_KEYS).await?;
         }
         setup.quiesce().await;
     }
@@ -128,7 +126,7 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
         .await?,
     );
     if in_process && replay {
-        target::prepare_replay(&backend, REPLAY_KEYS).await?;
+        backend.prepare_replay(REPLAY_KEYS).await?;
     }
     let plan = Arc::new(Plan::new(args.workload));
     let before = backend.round_trips().await?;
@@ -149,12 +147,11 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
         })
         .collect();
     let mut latencies = Vec::new();
-    let (mut ops, mut completions, mut errors, mut first_error) = (0, 0, 0, None);
+    let (mut mix, mut errors, mut first_error) = (Mix::default(), 0, None);
     for handle in callers {
         let report = handle.await?;
         latencies.extend(report.latencies_us);
-        ops += report.ops;
-        completions += report.completions;
+        mix.merge(report.mix);
         errors += report.errors;
         first_error = first_error.or(report.first_error);
     }
@@ -168,6 +165,7 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     let trips = after
         .saturating_sub(before)
         .saturating_sub(backend.counter_overhead());
+    let ops = mix.total();
     let per_op = |n: u64| if ops == 0 { 0.0 } else { n as f64 / ops as f64 };
     let result = RunResult {
         backend: args.backend.name().to_string(),
@@ -180,8 +178,13 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
         p99_us: percentile(&latencies, 0.99),
         p999_us: percentile(&latencies, 0.999),
         round_trips_per_op: per_op(trips),
-        store_calls_per_op: per_op(ops + completions),
+        // Every operation claims; an executed one completes too.
+        store_calls_per_op: per_op(ops + mix.executed),
         errors,
+        executed: mix.executed,
+        replayed: mix.replayed,
+        in_progress: mix.in_progress,
+        mismatch: mix.mismatch,
     };
     if let Err(error) = backend.clean_up().await {
         eprintln!("idem-bench: clean-up failed: {error}");
@@ -189,9 +192,12 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     Ok(result)
 }
 
-fn print_table(r: &RunResult) {
-    println!(
-        "{:<14} {:<10} {:<4} {:>5} {:>10} {:>12} {:>8} {:>8} {:>9} {:>8} {:>8}",
+/// The human-readable result: a header line and the run's line, the
+/// outcome mix in operations (409 in progress, 422 mismatch).
+fn table(r: &RunResult) -> String {
+    format!(
+        "{:<14} {:<10} {:<4} {:>5} {:>10} {:>12} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} {:>8} {:>8} {:>6} {:>6}\n\
+         {:<14} {:<10} {:<4} {:>5} {:>10} {:>12.0} {:>8} {:>8} {:>9} {:>8.2} {:>8.2} {:>6} {:>8} {:>8} {:>6} {:>6}",
         "backend",
         "workload",
         "mode",
@@ -202,10 +208,12 @@ fn print_table(r: &RunResult) {
         "p99 µs",
         "p99.9 µs",
         "rt/op",
-        "calls/op"
-    );
-    println!(
-        "{:<14} {:<10} {:<4} {:>5} {:>10} {:>12.0} {:>8} {:>8} {:>9} {:>8.2} {:>8.2}",
+        "calls/op",
+        "errors",
+        "executed",
+        "replayed",
+        "409",
+        "422",
         r.backend,
         r.workload,
         r.mode,
@@ -216,8 +224,13 @@ fn print_table(r: &RunResult) {
         r.p99_us,
         r.p999_us,
         r.round_trips_per_op,
-        r.store_calls_per_op
-    );
+        r.store_calls_per_op,
+        r.errors,
+        r.executed,
+        r.replayed,
+        r.in_progress,
+        r.mismatch,
+    )
 }
 
 fn main() -> std::process::ExitCode {
@@ -243,7 +256,7 @@ fn main() -> std::process::ExitCode {
                     }
                 }
             } else {
-                print_table(&result);
+                println!("{}", table(&result));
             }
             if result.errors > 0 || result.ops == 0 {
                 return std::process::ExitCode::FAILURE;
@@ -254,5 +267,50 @@ fn main() -> std::process::ExitCode {
             eprintln!("idem-bench: {error}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_shows_errors_and_the_outcome_mix_under_their_headers() {
+        let result = RunResult {
+            backend: "redis".into(),
+            workload: "mixed".into(),
+            mode: "raw".into(),
+            concurrency: 4,
+            ops: 200,
+            ops_per_s: 7000.0,
+            p50_us: 500,
+            p99_us: 900,
+            p999_us: 1300,
+            round_trips_per_op: 1.67,
+            store_calls_per_op: 1.67,
+            errors: 3,
+            executed: 134,
+            replayed: 55,
+            in_progress: 1,
+            mismatch: 10,
+        };
+        let text = table(&result);
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let [header, row] = lines.as_slice() else {
+            panic!("two lines: {text}")
+        };
+        let column = |name: &str| {
+            // "p50 µs" and the like are two words: count from the end.
+            let from_end = header.len() - header.iter().position(|h| *h == name).unwrap();
+            row[row.len() - from_end]
+        };
+        assert_eq!(column("errors"), "3");
+        assert_eq!(column("executed"), "134");
+        assert_eq!(column("replayed"), "55");
+        assert_eq!(column("409"), "1");
+        assert_eq!(column("422"), "10");
     }
 }

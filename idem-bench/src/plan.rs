@@ -42,9 +42,19 @@ pub(crate) struct Op {
     pub(crate) fingerprint: [u8; 32],
 }
 
+impl Op {
+    /// The `k`-th key of the replay workload, which a replay run completes first.
+    pub(crate) fn replay(k: u64) -> Self {
+        Self {
+            key: format!("r-{k}"),
+            fingerprint: fingerprint(k, 0),
+        }
+    }
+}
+
 /// A payload's fingerprint: opaque bytes, so a cheap derivation will do
 /// (both modes send the same bytes; hashing is not what is measured here).
-pub(crate) fn fingerprint(key_index: u64, variant: u8) -> [u8; 32] {
+fn fingerprint(key_index: u64, variant: u8) -> [u8; 32] {
     let mut fp = [0u8; 32];
     fp[..8].copy_from_slice(&key_index.to_le_bytes());
     fp[8] = variant;
@@ -76,13 +86,7 @@ impl Plan {
                 key: format!("f-{caller}-{i}"),
                 fingerprint: fingerprint(0, 0),
             },
-            Workload::Replay => {
-                let k = rng.random_range(0..REPLAY_KEYS);
-                Op {
-                    key: format!("r-{k}"),
-                    fingerprint: fingerprint(k, 0),
-                }
-            }
+            Workload::Replay => Op::replay(rng.random_range(0..REPLAY_KEYS)),
             Workload::Contended => Op {
                 key: format!("c-{i}"),
                 fingerprint: fingerprint(i, 0),

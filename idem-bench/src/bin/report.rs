@@ -1,7 +1,7 @@
 //! `idem-bench-report RESULTS.jsonl OUT_DIR [FONT.ttf]`: turns the JSON lines
-//! of a benchmark matrix into `OUT_DIR/results.md` (every run, and the
-//! library-to-raw ratios) and `OUT_DIR/ops_per_s.png` (ops/s against
-//! concurrency, one panel per backend).
+//! of a benchmark matrix into `OUT_DIR/results.md` (every run, the
+//! library-to-raw ratios, errors and the outcome mix) and
+//! `OUT_DIR/ops_per_s.png` (ops/s against concurrency, one panel per backend).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -17,10 +17,36 @@ const BACKENDS: [&str; 5] = ["memory", "postgres", "redis", "redis-cluster", "dy
 const WORKLOADS: [&str; 4] = ["fresh", "replay", "contended", "mixed"];
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
+/// A row's identity: backend, workload, concurrency.
 fn key(r: &RunResult) -> (String, String, usize) {
     (r.backend.clone(), r.workload.clone(), r.concurrency)
 }
 
+/// A share in whole percent (halves rounded up); a share that rounds to 0
+/// or 100 without being it shows as `<1` or `>99`, so a rare outcome stays
+/// visible.
+fn percent(share: f64) -> String {
+    let whole = share.round();
+    if whole == 0.0 && share > 0.0 {
+        "<1".to_string()
+    } else if whole == 100.0 && share < 100.0 {
+        ">99".to_string()
+    } else {
+        format!("{whole:.0}")
+    }
+}
+
+/// The outcome mix as `executed/replayed/409/422` percentages, or `–`
+/// without a run or without a recorded mix (results of older versions).
+fn mix_cell(run: Option<&RunResult>) -> String {
+    match run.and_then(|r| r.mix().percentages()) {
+        Some(shares) => shares.map(percent).join("/"),
+        None => "–".to_string(),
+    }
+}
+
+/// The markdown report: one row per backend, workload and concurrency,
+/// idem beside raw.
 fn markdown(results: &[RunResult]) -> String {
     let mut lib = BTreeMap::new();
     let mut raw = BTreeMap::new();
@@ -32,9 +58,12 @@ fn markdown(results: &[RunResult]) -> String {
         "# idem benchmarks\n\n\
          One operation is one request through idem: a fresh one is a claim and a completion, \
          a replay one claim. `lib/raw` is idem's ops/s over the same server operations sent \
-         with the driver alone. Round trips are counted by the server.\n\n\
-         | backend | workload | conc | lib ops/s | raw ops/s | lib/raw | lib p50 µs | lib p99 µs | lib p99.9 µs | raw p50 µs | rt/op | calls/op | rt/call |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         with the driver alone. Round trips are counted by the server. `errors` counts \
+         operations that failed (lib/raw), outside the ops; the mix is each run's share of \
+         operations executed, replayed, refused in progress (409) and refused as a \
+         mismatch (422), in percent.\n\n\
+         | backend | workload | conc | lib ops/s | raw ops/s | lib/raw | lib p50 µs | lib p99 µs | lib p99.9 µs | raw p50 µs | rt/op | calls/op | rt/call | errors lib/raw | lib exec/replay/409/422 % | raw exec/replay/409/422 % |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut keys: Vec<_> = lib.keys().chain(raw.keys()).cloned().collect();
     keys.sort_by_key(|(b, w, c)| {
@@ -59,9 +88,14 @@ fn markdown(results: &[RunResult]) -> String {
             (x.store_calls_per_op > 0.0 && x.backend != "memory")
                 .then(|| x.round_trips_per_op / x.store_calls_per_op)
         });
+        let errors = format!(
+            "{}/{}",
+            num(l.map(|x| x.errors as f64), 0),
+            num(r.map(|x| x.errors as f64), 0)
+        );
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             k.0,
             k.1,
             k.2,
@@ -75,11 +109,15 @@ fn markdown(results: &[RunResult]) -> String {
             num(l.map(|x| x.round_trips_per_op), 2),
             num(l.map(|x| x.store_calls_per_op), 2),
             num(rt_per_call, 2),
+            errors,
+            mix_cell(l.copied()),
+            mix_cell(r.copied()),
         );
     }
     out
 }
 
+/// The ops/s chart: one panel per backend, a line per workload and mode.
 fn chart(results: &[RunResult], path: &Path) -> Result<(), Error> {
     let root = BitMapBackend::new(path, (1500, 1000)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -168,4 +206,82 @@ fn main() -> Result<(), Error> {
     chart(&results, &Path::new(out_dir).join("ops_per_s.png"))?;
     print!("{table}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(mode: &str, errors: u64, mix: [u64; 4]) -> RunResult {
+        let [executed, replayed, in_progress, mismatch] = mix;
+        RunResult {
+            backend: "redis".into(),
+            workload: "mixed".into(),
+            mode: mode.into(),
+            concurrency: 4,
+            ops: mix.iter().sum(),
+            ops_per_s: 1000.0,
+            p50_us: 500,
+            p99_us: 900,
+            p999_us: 1300,
+            round_trips_per_op: 1.6,
+            store_calls_per_op: 1.6,
+            errors,
+            executed,
+            replayed,
+            in_progress,
+            mismatch,
+        }
+    }
+
+    fn row(report: &str) -> Vec<String> {
+        let line = report.lines().find(|l| l.starts_with("| redis |")).unwrap();
+        line.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_row_shows_errors_of_both_modes_and_each_modes_outcome_mix() {
+        let report = markdown(&[
+            run("lib", 2, [600, 300, 0, 100]),
+            run("raw", 0, [598, 300, 2, 100]),
+        ]);
+        let row = row(&report);
+        assert_eq!(row.len(), 16, "{row:?}");
+        assert_eq!(row[13], "2/0");
+        assert_eq!(row[14], "60/30/0/10");
+        assert_eq!(row[15], "60/30/<1/10");
+    }
+
+    #[test]
+    fn the_header_names_as_many_columns_as_a_row_has() {
+        let report = markdown(&[run("lib", 0, [1, 0, 0, 0])]);
+        let header = report.lines().find(|l| l.starts_with("| backend")).unwrap();
+        let rule = report.lines().find(|l| l.starts_with("|---")).unwrap();
+        let cells = |l: &str| l.matches('|').count();
+        assert_eq!(cells(header), cells(rule));
+        assert_eq!(cells(header), row(&report).len() + 1);
+    }
+
+    #[test]
+    fn a_missing_run_or_an_unrecorded_mix_shows_a_dash() {
+        let report = markdown(&[run("lib", 0, [0; 4])]);
+        let row = row(&report);
+        assert_eq!(row[13], "0/–");
+        assert_eq!(row[14], "–");
+        assert_eq!(row[15], "–");
+    }
+
+    #[test]
+    fn shares_that_round_to_the_ends_stay_visible() {
+        assert_eq!(percent(0.0), "0");
+        assert_eq!(percent(0.3), "<1");
+        assert_eq!(percent(0.5), "1");
+        assert_eq!(percent(74.5), "75");
+        assert_eq!(percent(99.7), ">99");
+        assert_eq!(percent(100.0), "100");
+        assert_eq!(percent(42.4), "42");
+    }
 }
