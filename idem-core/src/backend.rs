@@ -81,7 +81,8 @@ pub struct Capabilities {
     pub durability: Durability,
     /// Whose clock judges leases and retention.
     pub clock: ClockSource,
-    /// The largest [`StoredResponse::size`] the store accepts.
+    /// The largest [`StoredResponse::size`] the store accepts; `usize::MAX`
+    /// for a store with no limit of its own.
     pub max_response_bytes: usize,
     /// Whether records can vanish before retention.
     pub eviction: Eviction,
@@ -161,12 +162,13 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// [`Capabilities::max_response_bytes`]. Neither writes anything.
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError>;
 
-    /// Pushes the lease's expiry to `extend` from now, for long work.
+    /// Moves the lease's expiry to `extend` from now, for long work.
     ///
     /// # Contract
     ///
-    /// Returns the lease with its new expiry; the record's retention is
-    /// stretched if the lease would outlive it.
+    /// Returns the lease with its new expiry (now + `extend`, by the store's
+    /// clock). The record is retained until the later of its old retention
+    /// and the new expiry.
     ///
     /// # Errors
     ///

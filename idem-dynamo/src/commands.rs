@@ -5,7 +5,6 @@
 //! expression names are described beside it.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
@@ -13,7 +12,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use idem_core::store::{Lease, Timestamp, check_response_size, checkpoint_json, encode_headers};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse};
 
-use crate::codec::{COMPLETED, IN_FLIGHT, attr, b, key, n, s};
+use crate::codec::{COMPLETED, IN_FLIGHT, attr, b, get_n, get_s, key, n, s};
 use crate::error::build_failure;
 use crate::options::{ITEM_LIMIT, ITEM_OVERHEAD};
 
@@ -40,8 +39,15 @@ pub(crate) const RESET_CONDITION: &str = "own = :own";
 pub(crate) const COMPLETE_UPDATE: &str = "SET st = :c, rs = :rs, rh = :rh, rb = :rb, \
     #exp = :exp, #ttl = :ttl, datt = :att REMOVE lease, att, cpn, cpd";
 
-/// The renewal's `UpdateExpression`: `:lease`, `:exp` (epoch ms), `:ttl` (epoch s).
-pub(crate) const RENEW_UPDATE: &str = "SET lease = :lease, #exp = :exp, #ttl = :ttl";
+/// A renewal within the record's retention: `:lease` (epoch ms).
+pub(crate) const RENEW_UPDATE: &str = "SET lease = :lease";
+/// The extra condition of [`RENEW_UPDATE`]: the record outlives the new lease.
+/// Without max() in update expressions, the rare renewal past retention is
+/// a second request ([`RENEW_STRETCHING_UPDATE`]).
+pub(crate) const RENEW_WITHIN_RETENTION: &str = "#exp >= :lease";
+/// A renewal past the record's retention, which it stretches to the new
+/// lease: `:lease` and `:exp` (epoch ms, the same), `:ttl` (epoch s).
+pub(crate) const RENEW_STRETCHING_UPDATE: &str = "SET lease = :lease, #exp = :exp, #ttl = :ttl";
 
 /// The checkpoint's `UpdateExpression`: `:cpn` (S), `:cpd` (S, JSON).
 pub(crate) const CHECKPOINT_UPDATE: &str = "SET cpn = :cpn, cpd = :cpd";
@@ -70,6 +76,7 @@ pub(crate) struct FencedUpdate {
     /// The item's partition key value.
     pub(crate) key: AttributeValue,
     update: &'static str,
+    condition: String,
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
 }
@@ -80,6 +87,7 @@ impl FencedUpdate {
             operation,
             key: key(lease.scope()),
             update,
+            condition: FENCE.to_string(),
             names: HashMap::from([("#exp".to_string(), attr::EXPIRES.to_string())]),
             values: fence_values(lease, now),
         }
@@ -95,6 +103,12 @@ impl FencedUpdate {
         self
     }
 
+    /// The same update, also conditional on `extra`.
+    fn also(mut self, extra: &str) -> Self {
+        self.condition = format!("{} AND {extra}", self.condition);
+        self
+    }
+
     /// The update as one `UpdateItem` request on `table`.
     pub(crate) fn request(self, client: &Client, table: &str) -> UpdateItemFluentBuilder {
         client
@@ -102,7 +116,7 @@ impl FencedUpdate {
             .table_name(table)
             .key(attr::PK, self.key)
             .update_expression(self.update)
-            .condition_expression(FENCE)
+            .condition_expression(self.condition)
             .set_expression_attribute_names(Some(self.names))
             .set_expression_attribute_values(Some(self.values))
     }
@@ -114,7 +128,7 @@ impl FencedUpdate {
             .table_name(table)
             .key(attr::PK, self.key)
             .update_expression(self.update)
-            .condition_expression(FENCE)
+            .condition_expression(self.condition)
             .set_expression_attribute_names(Some(self.names))
             .set_expression_attribute_values(Some(self.values))
             .build()
@@ -166,18 +180,43 @@ pub(crate) fn complete(
     )
 }
 
-/// The renewal of `lease` to `extend` from `now`, and the lease's new expiry.
-pub(crate) fn renew(lease: &Lease, extend: Duration, now: Timestamp) -> (FencedUpdate, Timestamp) {
-    let until = now + extend;
-    // The record must outlive the lease; without max() in update
-    // expressions, keep retention from now, as a fresh claim would.
-    let retained_until = now + extend.max(lease.retention());
-    let update = FencedUpdate::new(Operation::Renew, lease, now, RENEW_UPDATE)
+/// The renewal of `lease` to `until`, for a record retained at least that long.
+pub(crate) fn renew_within_retention(
+    lease: &Lease,
+    until: Timestamp,
+    now: Timestamp,
+) -> FencedUpdate {
+    FencedUpdate::new(Operation::Renew, lease, now, RENEW_UPDATE)
+        .also(RENEW_WITHIN_RETENTION)
+        .value(":lease", n(until.as_unix_millis()))
+}
+
+/// The renewal of `lease` to `until`, retaining the record until then too.
+pub(crate) fn renew_stretching_retention(
+    lease: &Lease,
+    until: Timestamp,
+    now: Timestamp,
+) -> FencedUpdate {
+    FencedUpdate::new(Operation::Renew, lease, now, RENEW_STRETCHING_UPDATE)
         .name("#ttl", attr::TTL)
         .value(":lease", n(until.as_unix_millis()))
-        .value(":exp", n(retained_until.as_unix_millis()))
-        .value(":ttl", n(retained_until.as_unix_secs_ceil()));
-    (update, until)
+        .value(":exp", n(until.as_unix_millis()))
+        .value(":ttl", n(until.as_unix_secs_ceil()))
+}
+
+/// Whether `old`, the item that refused [`renew_within_retention`], is still
+/// held by `lease` and refused only because its retention ends before `until`.
+pub(crate) fn held_but_retained_short(
+    old: &crate::codec::Item,
+    lease: &Lease,
+    now: Timestamp,
+    until: Timestamp,
+) -> bool {
+    let owner = lease.owner().to_string();
+    get_s(old, attr::OWNER) == Some(owner.as_str())
+        && get_s(old, attr::STATUS) == Some(IN_FLIGHT)
+        && get_n(old, attr::EXPIRES)
+            .is_some_and(|exp| exp > now.as_unix_millis() && exp < until.as_unix_millis())
 }
 
 /// The recovery point `checkpoint` on `lease`'s record at `now`.

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
-    TimeToLiveSpecification,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
@@ -215,8 +216,25 @@ impl IdempotencyStore for DynamoStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
-        let (update, until) = commands::renew(lease, extend, self.now());
-        update
+        let now = self.now();
+        let until = now + extend;
+        let within = commands::renew_within_retention(lease, until, now)
+            .request(&self.client, self.table())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let Err(error) = within else {
+            return Ok(lease.renewed(until));
+        };
+        let retained_short = matches!(
+            error.as_service_error(),
+            Some(UpdateItemError::ConditionalCheckFailedException(failed))
+                if failed.item().is_some_and(|old| commands::held_but_retained_short(old, lease, now, until))
+        );
+        if !retained_short {
+            return Err(fenced(Operation::Renew, error));
+        }
+        commands::renew_stretching_retention(lease, until, now)
             .request(&self.client, self.table())
             .send()
             .await

@@ -45,6 +45,28 @@ pub async fn duplicate_while_lease_valid_is_in_progress<S: IdempotencyStore + ?S
     }
 }
 
+/// `InProgress::retry_after` is the lease's remaining time, not the whole
+/// lease: a duplicate arriving late in the lease waits less.
+pub async fn in_progress_waits_only_the_remaining_lease<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let lease = Duration::from_secs(3);
+    let scope = fresh_scope();
+    let request = crate::support::request(&scope, "a", lease);
+    must_claim(&*store, &request).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    match claim(&*store, &request).await {
+        ClaimOutcome::InProgress { retry_after } => {
+            assert!(retry_after > Duration::ZERO);
+            assert!(
+                retry_after <= lease - Duration::from_millis(1_000),
+                "retry_after {retry_after:?} halfway through a {lease:?} lease"
+            );
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
 /// Another fingerprint while the lease is valid is a mismatch.
 pub async fn other_fingerprint_while_in_flight_is_mismatch<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
@@ -309,6 +331,88 @@ pub async fn renew_extends_the_lease<S: IdempotencyStore + ?Sized>(store: Arc<S>
     store.complete(&renewed, &response("done")).await.unwrap();
 }
 
+/// Renewal counts from now, not from the old expiry: renewing a long lease
+/// by a short time shortens it.
+pub async fn renewal_counts_from_now_not_from_the_old_expiry<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    let renewed = store.renew(&lease, Duration::from_secs(1)).await.unwrap();
+    assert!(
+        renewed.expires_at() < lease.expires_at() - Duration::from_secs(30),
+        "renewal by 1 s moved a 60 s lease from {:?} to {:?}",
+        lease.expires_at(),
+        renewed.expires_at()
+    );
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.lease_expires_at(), Some(renewed.expires_at()));
+}
+
+/// An `extend` outside 1 ms to 7 days is `InvalidInput`, and the lease is unchanged.
+pub async fn renewal_outside_the_lease_range_is_invalid_input<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    let before = store.get(&scope).await.unwrap().expect("record");
+    for extend in [
+        Duration::ZERO,
+        idem_core::store::MAX_LEASE + Duration::from_secs(1),
+    ] {
+        match store.renew(&lease, extend).await {
+            Err(idem_core::StoreError::InvalidInput(_)) => {}
+            other => panic!("renew by {extend:?}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    let after = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(before, after, "a refused renewal changed the record");
+}
+
+/// After a renewal the record is retained until the later of its old
+/// retention and the new lease's expiry: a renewal never shortens
+/// retention, and a renewed lease never outlives its record.
+pub async fn renewal_keeps_the_later_of_retention_and_the_new_lease<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    // A long retention: a short renewal must not shorten it.
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    let before = store.get(&scope).await.unwrap().expect("record");
+    let renewed = store
+        .renew(&lease, Duration::from_millis(500))
+        .await
+        .unwrap();
+    let after = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(
+        after.retained_until(),
+        before.retained_until().max(renewed.expires_at()),
+        "a short renewal changed a long retention"
+    );
+    // A short retention: a long renewal stretches it to the new lease.
+    let scope = fresh_scope();
+    let request = brief(short(&scope, "a"));
+    let (lease, _) = must_claim(&*store, &request).await;
+    let before = store.get(&scope).await.unwrap().expect("record");
+    let renewed = store.renew(&lease, Duration::from_secs(2)).await.unwrap();
+    let after = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(
+        after.retained_until(),
+        before.retained_until().max(renewed.expires_at())
+    );
+    // Past the old retention the renewed claim still holds the key.
+    outlive(SHORT_RETENTION).await;
+    assert!(
+        matches!(
+            claim(&*store, &request).await,
+            ClaimOutcome::InProgress { .. }
+        ),
+        "the record ended before its renewed lease"
+    );
+}
+
 /// A checkpoint is kept on the record, and a later one replaces it.
 pub async fn checkpoint_is_kept_on_the_record<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let scope = fresh_scope();
@@ -324,6 +428,55 @@ pub async fn checkpoint_is_kept_on_the_record<S: IdempotencyStore + ?Sized>(stor
     assert_eq!(
         store.get(&scope).await.unwrap().unwrap().checkpoint(),
         Some(&second)
+    );
+}
+
+/// A completed record takes no checkpoint: `LostLease`, and the replay is unchanged.
+pub async fn checkpoint_after_completion_is_a_lost_lease<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let lease = claim_and_complete(&*store, &request, &response("done")).await;
+    let point = Checkpoint::new("late", &1).unwrap();
+    assert_lost(
+        "checkpoint after completion",
+        store.checkpoint(&lease, &point).await,
+    );
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.checkpoint(), None);
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("done"))
+    );
+}
+
+/// A record past its retention is owned by nobody: every fenced write on it
+/// is `LostLease` and none brings it back.
+pub async fn fenced_writes_past_retention_are_lost_leases<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &brief(short(&scope, "a"))).await;
+    wait_until_absent(&*store, &scope).await;
+    let point = Checkpoint::new("late", &1).unwrap();
+    assert_lost(
+        "checkpoint past retention",
+        store.checkpoint(&lease, &point).await,
+    );
+    assert_lost(
+        "renew past retention",
+        store.renew(&lease, LONG_LEASE).await,
+    );
+    assert_lost("release past retention", store.release(&lease).await);
+    assert_lost(
+        "complete past retention",
+        store.complete(&lease, &response("late")).await,
+    );
+    assert_eq!(
+        store.get(&scope).await.unwrap(),
+        None,
+        "a late write revived the record"
     );
 }
 
@@ -407,6 +560,48 @@ pub async fn purge_expired_removes_only_what_is_past_retention<S: IdempotencySto
     assert!(kept.is_in_flight());
 }
 
+/// Completion retains the record for the retention again, counted from the
+/// completion: a record completed late in its claim's retention still
+/// replays after the claim's retention would have ended.
+pub async fn completion_restarts_retention<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let retention = Duration::from_millis(1_000);
+    let scope = fresh_scope();
+    let request = short(&scope, "a").with_retention(retention).unwrap();
+    let (lease, _) = must_claim(&*store, &request).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    store.complete(&lease, &response("late")).await.unwrap();
+    // Past the claim's retention (1 s), well within the completion's (1.7 s).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("late")),
+        "a record completed late expired with its claim's retention"
+    );
+}
+
+/// A sweep keeps a record within retention even when its lease expired: its
+/// attempt count and checkpoint belong to the owner that takes it over.
+pub async fn purge_keeps_an_in_flight_record_whose_lease_expired<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let (lease, _) = must_claim(&*store, &request).await;
+    let point = Checkpoint::new("charged", &"ch_1").unwrap();
+    store.checkpoint(&lease, &point).await.unwrap();
+    outlive(SHORT_LEASE).await;
+    store.purge_expired().await.unwrap();
+    let record = store
+        .get(&scope)
+        .await
+        .unwrap()
+        .expect("purge deleted a record within retention");
+    assert!(record.is_in_flight());
+    let (taken, carried) = must_claim(&*store, &request).await;
+    assert_eq!(taken.attempt(), 2);
+    assert_eq!(carried, Some(point));
+}
+
 // ---- Isolation -----------------------------------------------------------
 
 /// One key in two tenants is two records.
@@ -483,23 +678,36 @@ pub async fn non_ascii_scopes_round_trip<S: IdempotencyStore + ?Sized>(store: Ar
 pub async fn concurrent_claims_of_one_key_have_one_winner<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let scope = fresh_scope();
-    let request = long(&scope, "a");
-    let outcomes = concurrently(&store, 64, |store| {
-        let request = request.clone();
-        async move { store.claim(&request).await }
-    })
-    .await;
-    let claimed = outcomes
-        .iter()
-        .filter(|o| matches!(o, Ok(ClaimOutcome::Claimed { .. })))
-        .count();
-    let waiting = outcomes
-        .iter()
-        .filter(|o| matches!(o, Ok(ClaimOutcome::InProgress { .. })))
-        .count();
-    assert_eq!(claimed, 1, "winners among 64 racing claims: {outcomes:?}");
-    assert_eq!(waiting, 63, "outcomes: {outcomes:?}");
+    // Round after round on fresh keys, for a bounded time: a check-then-insert
+    // loses a race only now and then, so one round would catch it by luck.
+    let tenant = fresh_tenant();
+    let until = tokio::time::Instant::now() + RACE_TIME;
+    let mut round = 0;
+    while round < MIN_RACE_ROUNDS || tokio::time::Instant::now() < until {
+        let request = long(
+            &Scope::new(tenant.clone(), key(&format!("race-{round}"))),
+            "a",
+        );
+        let outcomes = concurrently(&store, RACERS, |store| {
+            let request = request.clone();
+            async move { store.claim(&request).await }
+        })
+        .await;
+        let claimed = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(ClaimOutcome::Claimed { .. })))
+            .count();
+        let waiting = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(ClaimOutcome::InProgress { .. })))
+            .count();
+        assert_eq!(
+            claimed, 1,
+            "round {round}: winners among {RACERS} racing claims: {outcomes:?}"
+        );
+        assert_eq!(waiting, RACERS - 1, "round {round}: outcomes: {outcomes:?}");
+        round += 1;
+    }
 }
 
 /// 32 concurrent takeovers of one expired lease: exactly one wins.
@@ -606,7 +814,11 @@ fn sized_response(size: usize) -> StoredResponse {
 pub async fn response_at_the_advertised_maximum_is_stored_whole<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let max = store.capabilities().max_response_bytes;
+    // An unlimited store (usize::MAX) is held to a size every store can test.
+    let max = store
+        .capabilities()
+        .max_response_bytes
+        .min(UNLIMITED_STAND_IN);
     let scope = fresh_scope();
     let request = long(&scope, "a");
     let big = sized_response(max);
@@ -631,6 +843,13 @@ pub async fn response_over_the_maximum_is_refused_and_nothing_written<
     let scope = fresh_scope();
     let request = long(&scope, "a");
     let (lease, _) = must_claim(&*store, &request).await;
+    if max == usize::MAX {
+        // No limit: a response past the stand-in size is stored, not refused.
+        let big = sized_response(UNLIMITED_STAND_IN + 1);
+        store.complete(&lease, &big).await.unwrap();
+        assert!(claim(&*store, &request).await == ClaimOutcome::Completed(big));
+        return;
+    }
     match store.complete(&lease, &sized_response(max + 1)).await {
         Err(idem_core::StoreError::TooLarge { size, max: limit }) => {
             assert_eq!(size, max + 1);

@@ -19,9 +19,10 @@
 //! wipe anything. Time-dependent cases use leases of a quarter second and
 //! poll to a deadline; the whole suite takes a few seconds.
 //!
-//! [`all_cases`] lists the same cases as values, for harnesses that run them
-//! another way (this crate's own tests use it to prove that deliberately
-//! broken stores fail).
+//! [`all_cases`] lists the same cases as values, and [`failing_cases`] runs
+//! them all, each on a fresh store as the macro does, and names those that
+//! failed (this crate's own tests use it to prove that deliberately broken
+//! stores fail).
 
 // A test suite reports failure by panicking, like `assert!`.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
@@ -87,6 +88,7 @@ macro_rules! __conformance_cases {
         $crate::__conformance_cases! {@expand $mode $args [
             absent_record_is_claimed_at_attempt_one,
             duplicate_while_lease_valid_is_in_progress,
+            in_progress_waits_only_the_remaining_lease,
             other_fingerprint_while_in_flight_is_mismatch,
             expired_lease_is_taken_over_with_next_attempt,
             takeover_carries_the_checkpoint,
@@ -104,10 +106,17 @@ macro_rules! __conformance_cases {
             release_lets_the_next_claim_in_at_once,
             released_lease_cannot_complete,
             renew_extends_the_lease,
+            renewal_counts_from_now_not_from_the_old_expiry,
+            renewal_outside_the_lease_range_is_invalid_input,
+            renewal_keeps_the_later_of_retention_and_the_new_lease,
             checkpoint_is_kept_on_the_record,
+            checkpoint_after_completion_is_a_lost_lease,
+            fenced_writes_past_retention_are_lost_leases,
             get_shows_in_flight_and_completed_records,
             completed_record_past_retention_counts_as_absent,
             purge_expired_removes_only_what_is_past_retention,
+            completion_restarts_retention,
+            purge_keeps_an_in_flight_record_whose_lease_expired,
             tenants_never_share_a_record,
             separator_laden_scopes_never_collide,
             non_ascii_scopes_round_trip,
@@ -156,24 +165,29 @@ pub fn all_cases<S: IdempotencyStore + ?Sized>() -> Vec<(&'static str, CaseFn<S>
     __conformance_cases!(list())
 }
 
-/// Runs every case concurrently against one store (each in its own tokio
-/// task, each with a time limit) and returns the names of those that failed.
+/// Runs every case concurrently, each against a fresh store from `make` (as
+/// the macro's tests do) and within a time limit, and returns the names of
+/// those that failed: for harnesses that want a verdict as a value rather
+/// than one test per case.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
-/// let store = std::sync::Arc::new(idem_memory::MemoryStore::new());
-/// assert_eq!(idem_conformance::failing_cases(store).await, Vec::<&str>::new());
+/// let failed = idem_conformance::failing_cases(|| async { idem_memory::MemoryStore::new() }).await;
+/// assert_eq!(failed, Vec::<&str>::new());
 /// # });
 /// ```
-pub async fn failing_cases<S: IdempotencyStore + ?Sized>(store: Arc<S>) -> Vec<&'static str> {
+pub async fn failing_cases<S, F, Fut>(make: F) -> Vec<&'static str>
+where
+    S: IdempotencyStore,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
     let limit = support::DEADLINE * 3;
-    let running: Vec<_> = all_cases::<S>()
-        .into_iter()
-        .map(|(name, case)| {
-            let work = case(Arc::clone(&store));
-            (name, tokio::spawn(tokio::time::timeout(limit, work)))
-        })
-        .collect();
+    let mut running = Vec::new();
+    for (name, case) in all_cases::<S>() {
+        let work = case(Arc::new(make().await));
+        running.push((name, tokio::spawn(tokio::time::timeout(limit, work))));
+    }
     let mut failed = Vec::new();
     for (name, handle) in running {
         if !matches!(handle.await, Ok(Ok(()))) {

@@ -18,6 +18,15 @@ pub const SHORT_RETENTION: Duration = Duration::from_millis(400);
 /// How long a case polls for something the store must do eventually.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(25);
+/// How many claims race for one key in a round.
+pub const RACERS: usize = 8;
+/// The fewest rounds of racing claims a race case runs, each on a fresh key.
+pub const MIN_RACE_ROUNDS: usize = 8;
+/// How long a race case keeps starting rounds after the first few: fast
+/// stores run thousands of rounds, slow ones a few.
+pub const RACE_TIME: Duration = Duration::from_millis(1_500);
+/// The response size that stands in for "the maximum" on a store with no limit.
+pub const UNLIMITED_STAND_IN: usize = 4 << 20;
 
 /// A tenant no other case uses.
 pub fn fresh_tenant() -> Tenant {

@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used)] // test code: a poisoned lock or a failed runtime should fail loudly
 
-use std::sync::Arc;
-
 use idem_own_store::{Defect, OwnStore};
 
 fn failing(defect: Defect) -> Vec<&'static str> {
@@ -14,9 +12,9 @@ fn failing(defect: Defect) -> Vec<&'static str> {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(idem_conformance::failing_cases(Arc::new(
-            OwnStore::with_defect(defect),
-        )))
+        .block_on(idem_conformance::failing_cases(|| async move {
+            OwnStore::with_defect(defect)
+        }))
 }
 
 fn assert_caught(defect: Defect, expected: &[&str]) {
@@ -117,4 +115,89 @@ fn lossy_bodies_fail_the_byte_exact_case() {
         Defect::TextOnlyBodies,
         &["replay_is_byte_exact_for_binary_bodies_and_headers"],
     );
+}
+
+#[test]
+fn retention_kept_from_the_claim_fails_the_late_completion_case() {
+    assert_caught(
+        Defect::CompletionKeepsClaimRetention,
+        &["completion_restarts_retention"],
+    );
+}
+
+#[test]
+fn renewal_that_keeps_retention_fails_the_retention_stretch_case() {
+    assert_caught(
+        Defect::RenewKeepsRetention,
+        &["renewal_keeps_the_later_of_retention_and_the_new_lease"],
+    );
+}
+
+#[test]
+fn renewal_from_the_old_expiry_fails_the_from_now_case() {
+    assert_caught(
+        Defect::RenewFromOldExpiry,
+        &["renewal_counts_from_now_not_from_the_old_expiry"],
+    );
+}
+
+#[test]
+fn unchecked_renewal_fails_the_range_case() {
+    assert_caught(
+        Defect::RenewUnchecked,
+        &["renewal_outside_the_lease_range_is_invalid_input"],
+    );
+}
+
+#[test]
+fn sweeping_expired_leases_fails_the_purge_case() {
+    assert_caught(
+        Defect::PurgeExpiredLeases,
+        &["purge_keeps_an_in_flight_record_whose_lease_expired"],
+    );
+}
+
+#[test]
+fn fencing_without_retention_fails_the_past_retention_case() {
+    assert_caught(
+        Defect::FencedWritesIgnoreRetention,
+        &["fenced_writes_past_retention_are_lost_leases"],
+    );
+}
+
+#[test]
+fn checkpoint_on_a_completed_record_fails_its_case() {
+    assert_caught(
+        Defect::CheckpointAfterCompletion,
+        &["checkpoint_after_completion_is_a_lost_lease"],
+    );
+}
+
+#[test]
+fn full_lease_wait_fails_the_remaining_lease_case() {
+    assert_caught(
+        Defect::RetryAfterFullLease,
+        &["in_progress_waits_only_the_remaining_lease"],
+    );
+}
+
+#[test]
+fn check_then_insert_fails_the_race_case_every_run() {
+    assert_caught(
+        Defect::CheckThenInsert,
+        &["concurrent_claims_of_one_key_have_one_winner"],
+    );
+}
+
+#[test]
+fn a_store_without_a_size_limit_passes_the_size_cases() {
+    let failed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(idem_conformance::failing_cases(|| async {
+            OwnStore::new().with_max_response_bytes(usize::MAX)
+        }));
+    assert_eq!(failed, Vec::<&str>::new());
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
     Lease, OwnerToken, Record, RecordState, SystemClock, Timestamp, TransactionSharing, decide,
+    validate_lease,
 };
 use idem_core::{Checkpoint, Scope, StoreError, StoredResponse, async_trait};
 
@@ -37,6 +38,24 @@ pub enum Defect {
     CheckpointNotCarried,
     /// Stores the response body as lossy UTF-8.
     TextOnlyBodies,
+    /// Keeps the claim's retention at completion instead of counting it again.
+    CompletionKeepsClaimRetention,
+    /// Moves the lease on renewal but leaves retention where it was.
+    RenewKeepsRetention,
+    /// Renews from the old expiry instead of from now.
+    RenewFromOldExpiry,
+    /// Accepts any `extend`, however out of range.
+    RenewUnchecked,
+    /// Sweeps in-flight records whose lease expired, though within retention.
+    PurgeExpiredLeases,
+    /// Fences on owner and state alone: writes land on records past retention.
+    FencedWritesIgnoreRetention,
+    /// Takes checkpoints on completed records.
+    CheckpointAfterCompletion,
+    /// Tells duplicates to wait the whole lease, not what remains of it.
+    RetryAfterFullLease,
+    /// Reads and writes a claim under two acquisitions of the lock.
+    CheckThenInsert,
 }
 
 /// A store of one's own: a `Mutex<HashMap>` written from the
@@ -45,6 +64,7 @@ pub enum Defect {
 pub struct OwnStore {
     records: Mutex<HashMap<Scope, Record>>,
     defect: Defect,
+    max_response_bytes: usize,
 }
 
 impl Default for OwnStore {
@@ -64,7 +84,14 @@ impl OwnStore {
         Self {
             records: Mutex::new(HashMap::new()),
             defect,
+            max_response_bytes: 64 * 1024,
         }
+    }
+
+    /// The same store with another response limit (`usize::MAX`: none).
+    pub fn with_max_response_bytes(mut self, max: usize) -> Self {
+        self.max_response_bytes = max;
+        self
     }
 
     fn now(&self) -> Timestamp {
@@ -89,9 +116,14 @@ impl OwnStore {
     ) -> Result<(), StoreError> {
         let now = self.now();
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let ignore_retention = self.defect == Defect::FencedWritesIgnoreRetention;
         match records.get(lease.scope()) {
             Some(record)
-                if record.is_held_by(lease, now) || (ignore_owner && record.is_live(now)) =>
+                if record.is_held_by(lease, now)
+                    || (ignore_owner && record.is_live(now))
+                    || (ignore_retention
+                        && record.is_in_flight()
+                        && record.owner() == lease.owner()) =>
             {
                 let changed = change(record.clone(), now);
                 records.insert(lease.scope().clone(), changed);
@@ -114,7 +146,10 @@ impl IdempotencyStore for OwnStore {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let existing = if self.defect == Defect::NonAtomicClaim {
+        let existing = if matches!(
+            self.defect,
+            Defect::NonAtomicClaim | Defect::CheckThenInsert
+        ) {
             existing
         } else {
             self.live(records.get(request.scope()), now)
@@ -133,6 +168,11 @@ impl IdempotencyStore for OwnStore {
         {
             *checkpoint = None;
         }
+        if self.defect == Defect::RetryAfterFullLease
+            && let ClaimOutcome::InProgress { retry_after } = &mut decision.outcome
+        {
+            *retry_after = request.lease();
+        }
         if let Some(record) = decision.write {
             records.insert(request.scope().clone(), record);
         }
@@ -140,7 +180,7 @@ impl IdempotencyStore for OwnStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let max = self.capabilities().max_response_bytes;
+        let max = self.max_response_bytes;
         if response.size() > max {
             return Err(StoreError::TooLarge {
                 size: response.size(),
@@ -157,16 +197,36 @@ impl IdempotencyStore for OwnStore {
             response = lossy;
         }
         let ignore_owner = self.defect == Defect::CompleteIgnoresOwner;
+        let keep = self.defect == Defect::CompletionKeepsClaimRetention;
         self.fenced(lease, ignore_owner, |record, now| {
-            record.completed(response, now + lease.retention())
+            let retained_until = if keep {
+                record.retained_until()
+            } else {
+                now + lease.retention()
+            };
+            record.completed(response, retained_until)
         })
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        let extend = if self.defect == Defect::RenewUnchecked {
+            extend
+        } else {
+            validate_lease(extend)?
+        };
         let ignore_owner = self.defect == Defect::RenewIgnoresOwner;
-        let until = self.now() + extend;
+        let until = if self.defect == Defect::RenewFromOldExpiry {
+            lease.expires_at() + extend
+        } else {
+            self.now() + extend
+        };
+        let stretch = self.defect != Defect::RenewKeepsRetention;
         self.fenced(lease, ignore_owner, |record, _| {
-            let retained_until = record.retained_until().max(until);
+            let retained_until = if stretch {
+                record.retained_until().max(until)
+            } else {
+                record.retained_until()
+            };
             record
                 .with_state(RecordState::InFlight {
                     lease_expires_at: until,
@@ -189,6 +249,18 @@ impl IdempotencyStore for OwnStore {
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        if self.defect == Defect::CheckpointAfterCompletion {
+            let now = self.now();
+            let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+            return match records.get(lease.scope()) {
+                Some(record) if record.is_live(now) && record.owner() == lease.owner() => {
+                    let changed = record.clone().with_checkpoint(Some(checkpoint.clone()));
+                    records.insert(lease.scope().clone(), changed);
+                    Ok(())
+                }
+                _ => Err(StoreError::LostLease),
+            };
+        }
         self.fenced(lease, false, |record, _| {
             record.with_checkpoint(Some(checkpoint.clone()))
         })
@@ -207,8 +279,12 @@ impl IdempotencyStore for OwnStore {
         let now = self.now();
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         let before = records.len();
-        if self.defect != Defect::IgnoresRetention {
-            records.retain(|_, r| r.is_live(now));
+        match self.defect {
+            Defect::IgnoresRetention => {}
+            Defect::PurgeExpiredLeases => records.retain(|_, r| {
+                r.is_live(now) && r.lease_expires_at().is_none_or(|lease| lease > now)
+            }),
+            _ => records.retain(|_, r| r.is_live(now)),
         }
         Ok((before - records.len()) as u64)
     }
@@ -218,7 +294,7 @@ impl IdempotencyStore for OwnStore {
             TransactionSharing::None,
             Durability::Volatile,
             ClockSource::Caller,
-            64 * 1024,
+            self.max_response_bytes,
         )
     }
 }
