@@ -7,9 +7,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use idem_core::store::{
-    ClaimOutcome, ClaimRequest, IdempotencyStore, OwnerToken, Timestamp, decide,
-};
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Timestamp, decide};
 use idem_core::{Fingerprint, Scope, StoredResponse};
 use idem_memory::MemoryStore;
 use sha2::{Digest, Sha256};
@@ -57,28 +55,13 @@ fn decision(c: &mut Criterion) {
         Fingerprint::of_bytes("a"),
     );
     let now = Timestamp::from_unix_millis(1_000_000);
-    let record = decide(None, &request, now, OwnerToken::generate())
-        .write
-        .unwrap();
+    let record = decide(None, &request, now).write.unwrap();
     c.bench_function("decide/absent", |b| {
-        b.iter(|| {
-            decide(
-                black_box(None),
-                black_box(&request),
-                now,
-                OwnerToken::generate(),
-            )
-        })
+        b.iter(|| decide(black_box(None), black_box(&request), now))
     });
+    let duplicate = request.clone().with_new_owner();
     c.bench_function("decide/in_progress", |b| {
-        b.iter(|| {
-            decide(
-                black_box(Some(&record)),
-                black_box(&request),
-                now,
-                OwnerToken::generate(),
-            )
-        })
+        b.iter(|| decide(black_box(Some(&record)), black_box(&duplicate), now))
     });
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::error::InvalidInput;
 use crate::fingerprint::Fingerprint;
-use crate::record::{Checkpoint, Lease, StoredResponse};
+use crate::record::{Checkpoint, Lease, OwnerToken, StoredResponse};
 use crate::scope::Scope;
 
 /// The shortest lease or retention accepted: stores keep milliseconds.
@@ -33,6 +33,7 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 pub struct ClaimRequest {
     scope: Scope,
     fingerprint: Fingerprint,
+    owner: OwnerToken,
     lease: Duration,
     retention: Duration,
 }
@@ -88,11 +89,12 @@ impl ClaimRequest {
     /// The default retention: 24 hours.
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-    /// A claim with the default lease and retention.
+    /// A claim with the default lease and retention, by a new owner.
     pub fn new(scope: Scope, fingerprint: Fingerprint) -> Self {
         Self {
             scope,
             fingerprint,
+            owner: OwnerToken::generate(),
             lease: Self::DEFAULT_LEASE,
             retention: Self::DEFAULT_RETENTION,
         }
@@ -126,6 +128,21 @@ impl ClaimRequest {
     /// The request's fingerprint.
     pub fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
+    }
+
+    /// The owner this claim makes: minted with the request, so the same
+    /// request delivered twice (a driver's resend, a caller's retry after
+    /// `Unavailable`) is recognised as one claim.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// The same request by a new owner: another caller's claim of the same
+    /// scope and fingerprint.
+    #[must_use]
+    pub fn with_new_owner(mut self) -> Self {
+        self.owner = OwnerToken::generate();
+        self
     }
 
     /// The lease duration.

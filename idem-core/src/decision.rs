@@ -3,7 +3,7 @@
 
 use crate::claim::{ClaimOutcome, ClaimRequest};
 use crate::clock::Timestamp;
-use crate::record::{Checkpoint, Lease, OwnerToken, Record, RecordState};
+use crate::record::{Checkpoint, Lease, Record, RecordState};
 
 /// What a store must do for one claim: write `write` (if any) and answer `outcome`.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,43 +18,55 @@ pub struct Decision {
 /// The claim decision table of the [`store`](crate::store) module, judged at `now`.
 ///
 /// A lease is valid while `now < lease_expires_at`; a record is live while
-/// `now < retained_until`. `new_owner` becomes the owner if the decision
-/// claims. Stores that read the record and write it in one atomic step call
+/// `now < retained_until`. The request's owner becomes the owner if the
+/// decision claims; a live in-flight record that this owner already holds is
+/// the same claim delivered again, and is answered as the first delivery was
+/// (`Claimed` with the lease it holds), writing nothing. Stores that read the record and write it in one atomic step call
 /// this; stores that decide on the server use it to answer from the record
 /// that refused them.
 ///
 /// ```
 /// use idem_core::{Fingerprint, Scope};
-/// use idem_core::store::{decide, ClaimOutcome, ClaimRequest, OwnerToken, Timestamp};
+/// use idem_core::store::{decide, ClaimOutcome, ClaimRequest, Timestamp};
 ///
 /// let scope = Scope::parse("acme", "k")?;
 /// let first = ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(b"a"));
 /// let now = Timestamp::from_unix_millis(0);
-/// let claimed = decide(None, &first, now, OwnerToken::generate());
+/// let claimed = decide(None, &first, now);
 /// let record = claimed.write.expect("a claim writes");
 ///
-/// let duplicate = decide(Some(&record), &first, now, OwnerToken::generate());
+/// let duplicate = decide(Some(&record), &first.clone().with_new_owner(), now);
 /// assert!(matches!(duplicate.outcome, ClaimOutcome::InProgress { .. }));
 /// assert!(duplicate.write.is_none());
 ///
 /// let other = ClaimRequest::new(scope, Fingerprint::of_bytes(b"b"));
-/// assert_eq!(decide(Some(&record), &other, now, OwnerToken::generate()).outcome, ClaimOutcome::Mismatch);
+/// assert_eq!(decide(Some(&record), &other, now).outcome, ClaimOutcome::Mismatch);
+///
+/// // The first claim delivered again is answered as it was the first time.
+/// assert!(matches!(decide(Some(&record), &first, now).outcome, ClaimOutcome::Claimed { .. }));
 /// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
-pub fn decide(
-    existing: Option<&Record>,
-    request: &ClaimRequest,
-    now: Timestamp,
-    new_owner: OwnerToken,
-) -> Decision {
+pub fn decide(existing: Option<&Record>, request: &ClaimRequest, now: Timestamp) -> Decision {
     let Some(existing) = existing.filter(|r| r.is_live(now)) else {
-        return claim(request, now, new_owner, 1, None);
+        return claim(request, now, 1, None);
     };
     if existing.fingerprint() != request.fingerprint() {
         return answer(ClaimOutcome::Mismatch);
     }
     match existing.state() {
         RecordState::Completed { response } => answer(ClaimOutcome::Completed(response.clone())),
+        RecordState::InFlight { lease_expires_at } if existing.owner() == request.owner() => {
+            answer(ClaimOutcome::Claimed {
+                lease: Lease::issued(
+                    request.scope().clone(),
+                    request.owner(),
+                    existing.attempt(),
+                    *lease_expires_at,
+                    request.retention(),
+                ),
+                checkpoint: existing.checkpoint().cloned(),
+            })
+        }
         RecordState::InFlight { lease_expires_at } if now < *lease_expires_at => {
             answer(ClaimOutcome::InProgress {
                 retry_after: crate::codec::retry_after(*lease_expires_at, now),
@@ -63,7 +75,6 @@ pub fn decide(
         RecordState::InFlight { .. } => claim(
             request,
             now,
-            new_owner,
             existing.attempt().saturating_add(1),
             existing.checkpoint().cloned(),
         ),
@@ -80,10 +91,10 @@ fn answer(outcome: ClaimOutcome) -> Decision {
 fn claim(
     request: &ClaimRequest,
     now: Timestamp,
-    owner: OwnerToken,
     attempt: u32,
     checkpoint: Option<Checkpoint>,
 ) -> Decision {
+    let owner = request.owner();
     let lease_expires_at = now + request.lease();
     let record = Record::in_flight(
         request.scope().clone(),
@@ -133,7 +144,7 @@ mod tests {
     }
 
     fn in_flight() -> Record {
-        decide(None, &request(b"a"), T0, OwnerToken::generate())
+        decide(None, &request(b"a"), T0)
             .write
             .unwrap()
             .with_checkpoint(Some(Checkpoint::new("step", &1).unwrap()))
@@ -150,8 +161,9 @@ mod tests {
     #[test]
     fn absent_record_is_claimed_at_attempt_one() {
         for body in [&b"a"[..], b"b"] {
-            let owner = OwnerToken::generate();
-            let d = decide(None, &request(body), T0, owner);
+            let req = request(body);
+            let owner = req.owner();
+            let d = decide(None, &req, T0);
             let record = d.write.unwrap();
             assert_eq!(record.attempt(), 1);
             assert_eq!(record.owner(), owner);
@@ -174,12 +186,7 @@ mod tests {
     fn record_past_retention_is_claimed_whatever_the_fingerprint() {
         let record = completed();
         for body in [&b"a"[..], b"b"] {
-            let d = decide(
-                Some(&record),
-                &request(body),
-                at(RETENTION),
-                OwnerToken::generate(),
-            );
+            let d = decide(Some(&record), &request(body), at(RETENTION));
             assert!(matches!(d.outcome, ClaimOutcome::Claimed { .. }));
             assert_eq!(d.write.unwrap().attempt(), 1);
         }
@@ -189,7 +196,7 @@ mod tests {
     fn record_one_millisecond_before_retention_still_counts() {
         let record = completed();
         let now = at(RETENTION) - Duration::from_millis(1);
-        let d = decide(Some(&record), &request(b"a"), now, OwnerToken::generate());
+        let d = decide(Some(&record), &request(b"a"), now);
         assert!(matches!(d.outcome, ClaimOutcome::Completed(_)));
     }
 
@@ -199,7 +206,6 @@ mod tests {
             Some(&in_flight()),
             &request(b"a"),
             at(Duration::from_secs(4)),
-            OwnerToken::generate(),
         );
         assert_eq!(
             d.outcome,
@@ -212,12 +218,7 @@ mod tests {
 
     #[test]
     fn valid_lease_other_fingerprint_is_mismatch() {
-        let d = decide(
-            Some(&in_flight()),
-            &request(b"b"),
-            T0,
-            OwnerToken::generate(),
-        );
+        let d = decide(Some(&in_flight()), &request(b"b"), T0);
         assert_eq!(d.outcome, ClaimOutcome::Mismatch);
         assert!(d.write.is_none());
     }
@@ -225,12 +226,7 @@ mod tests {
     #[test]
     fn lease_one_millisecond_before_expiry_is_still_held() {
         let now = at(LEASE) - Duration::from_millis(1);
-        let d = decide(
-            Some(&in_flight()),
-            &request(b"a"),
-            now,
-            OwnerToken::generate(),
-        );
+        let d = decide(Some(&in_flight()), &request(b"a"), now);
         assert_eq!(
             d.outcome,
             ClaimOutcome::InProgress {
@@ -242,8 +238,9 @@ mod tests {
     #[test]
     fn expired_lease_same_fingerprint_is_taken_over_with_checkpoint() {
         let old = in_flight();
-        let owner = OwnerToken::generate();
-        let d = decide(Some(&old), &request(b"a"), at(LEASE), owner);
+        let req = request(b"a");
+        let owner = req.owner();
+        let d = decide(Some(&old), &req, at(LEASE));
         let record = d.write.unwrap();
         assert_eq!(record.attempt(), 2);
         assert_eq!(record.owner(), owner);
@@ -264,24 +261,14 @@ mod tests {
 
     #[test]
     fn expired_lease_other_fingerprint_is_mismatch() {
-        let d = decide(
-            Some(&in_flight()),
-            &request(b"b"),
-            at(LEASE),
-            OwnerToken::generate(),
-        );
+        let d = decide(Some(&in_flight()), &request(b"b"), at(LEASE));
         assert_eq!(d.outcome, ClaimOutcome::Mismatch);
         assert!(d.write.is_none());
     }
 
     #[test]
     fn completed_same_fingerprint_replays() {
-        let d = decide(
-            Some(&completed()),
-            &request(b"a"),
-            at(LEASE),
-            OwnerToken::generate(),
-        );
+        let d = decide(Some(&completed()), &request(b"a"), at(LEASE));
         assert_eq!(
             d.outcome,
             ClaimOutcome::Completed(StoredResponse::new(200, "done"))
@@ -291,12 +278,7 @@ mod tests {
 
     #[test]
     fn completed_other_fingerprint_is_mismatch() {
-        let d = decide(
-            Some(&completed()),
-            &request(b"b"),
-            T0,
-            OwnerToken::generate(),
-        );
+        let d = decide(Some(&completed()), &request(b"b"), T0);
         assert_eq!(d.outcome, ClaimOutcome::Mismatch);
     }
 
@@ -305,9 +287,7 @@ mod tests {
         let req = request(b"a")
             .with_retention(Duration::from_secs(1))
             .unwrap();
-        let record = decide(None, &req, T0, OwnerToken::generate())
-            .write
-            .unwrap();
+        let record = decide(None, &req, T0).write.unwrap();
         assert_eq!(record.retained_until(), T0 + LEASE);
     }
 
@@ -322,12 +302,7 @@ mod tests {
             T0 + LEASE,
             T0 + RETENTION,
         );
-        let d = decide(
-            Some(&old),
-            &request(b"a"),
-            at(LEASE),
-            OwnerToken::generate(),
-        );
+        let d = decide(Some(&old), &request(b"a"), at(LEASE));
         assert_eq!(d.write.unwrap().attempt(), u32::MAX);
     }
 
@@ -338,5 +313,26 @@ mod tests {
         assert!(r.clone().with_lease(MAX_LEASE + MIN_DURATION).is_err());
         assert!(r.clone().with_retention(Duration::ZERO).is_err());
         assert!(r.with_retention(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn the_same_claim_delivered_again_is_answered_as_the_first_time() {
+        let req = request(b"a");
+        let first = decide(None, &req, T0);
+        let record = first.write.unwrap();
+        let ClaimOutcome::Claimed { lease, .. } = first.outcome else {
+            panic!("not claimed")
+        };
+        let again = decide(Some(&record), &req, at(Duration::from_secs(1)));
+        assert!(again.write.is_none(), "a redelivery wrote");
+        assert_eq!(
+            again.outcome,
+            ClaimOutcome::Claimed {
+                lease,
+                checkpoint: None
+            }
+        );
+        let other = decide(Some(&record), &req.clone().with_new_owner(), T0);
+        assert!(matches!(other.outcome, ClaimOutcome::InProgress { .. }));
     }
 }

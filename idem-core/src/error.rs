@@ -131,10 +131,11 @@ impl std::fmt::Display for Operation {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The lease named no longer owns an in-flight record: another owner took
-    /// it over after the lease expired, or it was completed, released or
-    /// passed retention. This call changed nothing; roll back any work done
-    /// under the lease.
+    /// The lease no longer holds the record: another owner took it over
+    /// after the lease expired, or it was completed, released or passed
+    /// retention. Nothing of this call was stored; roll back any work done
+    /// under the lease. (A second delivery of an operation that did succeed
+    /// is answered as the first was, never with this.)
     #[error("the lease was lost: the record is no longer in flight under this owner")]
     LostLease,
     /// Input refused before anything was written.

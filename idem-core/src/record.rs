@@ -76,11 +76,11 @@ impl fmt::Display for OwnerToken {
 ///
 /// ```
 /// use idem_core::{Fingerprint, Scope};
-/// use idem_core::store::{decide, ClaimOutcome, ClaimRequest, OwnerToken, Timestamp};
+/// use idem_core::store::{decide, ClaimOutcome, ClaimRequest, Timestamp};
 ///
 /// let request = ClaimRequest::new(Scope::parse("acme", "order-1")?, Fingerprint::of_bytes(b"body"));
 /// let now = Timestamp::from_unix_millis(1_000);
-/// let ClaimOutcome::Claimed { lease, .. } = decide(None, &request, now, OwnerToken::generate()).outcome
+/// let ClaimOutcome::Claimed { lease, .. } = decide(None, &request, now).outcome
 /// else {
 ///     unreachable!("an absent record is claimed");
 /// };
@@ -458,6 +458,13 @@ impl Record {
             RecordState::Completed { response } => Some(response),
             RecordState::InFlight { .. } => None,
         }
+    }
+
+    /// Whether this record was completed by `lease`'s owner with exactly
+    /// `response`: a completion delivered again, to be answered `Ok` as the
+    /// first delivery was.
+    pub fn is_completed_by(&self, lease: &Lease, response: &StoredResponse) -> bool {
+        self.owner == lease.owner() && self.response() == Some(response)
     }
 
     /// Whether `lease` may perform a fenced write on this record at `now`:

@@ -35,7 +35,7 @@ pub(crate) async fn claim(
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<ClaimOutcome, StoreError> {
-    let owner = OwnerToken::generate();
+    let owner = request.owner();
     let lease_until = now + request.lease();
     let retained_until = now + request.claim_retention();
     let scope = request.scope();
@@ -70,7 +70,7 @@ pub(crate) async fn claim(
                     let old = failed.item().ok_or_else(|| {
                         StoreError::backend(STORE, OP, "the condition failed without the item")
                     })?;
-                    refused(&codec::record(scope, old, OP)?, request, now, owner)
+                    refused(&codec::record(scope, old, OP)?, request, now)
                 }
                 _ => Err(classify(OP, error)),
             };
@@ -115,15 +115,16 @@ pub(crate) async fn claim(
 
 /// The answer when the claim's condition refused `old`: the decision table's
 /// for that record. The condition refuses exactly what the table does not
-/// claim, so a `Claimed` here means the item and the condition disagree.
+/// claim afresh, so a `Claimed` here is either this very claim delivered
+/// again (the item is already this owner's) or an item and a condition that
+/// disagree.
 fn refused(
     old: &Record,
     request: &ClaimRequest,
     now: Timestamp,
-    owner: OwnerToken,
 ) -> Result<ClaimOutcome, StoreError> {
-    match decide(Some(old), request, now, owner).outcome {
-        ClaimOutcome::Claimed { .. } => Err(StoreError::backend(
+    match decide(Some(old), request, now).outcome {
+        ClaimOutcome::Claimed { .. } if old.owner() != request.owner() => Err(StoreError::backend(
             STORE,
             OP,
             "the claim's condition refused an item that the decision table claims",

@@ -55,6 +55,10 @@ pub(crate) const CHECKPOINT_UPDATE: &str = "SET cpn = :cpn, cpd = :cpd";
 /// The fence of every write after the claim: `:own`, `:f`, `:now`.
 pub(crate) const FENCE: &str = "own = :own AND st = :f AND #exp > :now";
 
+/// The condition of a release: [`FENCE`], or a record nobody holds.
+pub(crate) const RELEASE_CONDITION: &str =
+    "(own = :own AND st = :f AND #exp > :now) OR attribute_not_exists(pk) OR #exp <= :now";
+
 /// The condition of the sweeper's deletes: `:now`.
 pub(crate) const PAST_RETENTION: &str = "#exp <= :now";
 

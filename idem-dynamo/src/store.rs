@@ -19,7 +19,7 @@ use idem_core::{
 };
 
 use crate::codec::{self, attr, key, n};
-use crate::commands::{self, FENCE, PAST_RETENTION, fence_values};
+use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
 use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
 use crate::options::DynamoOptions;
 use crate::transaction::DynamoTransaction;
@@ -204,14 +204,28 @@ impl IdempotencyStore for DynamoStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let update =
-            commands::complete(lease, response, self.now(), self.options.max_response_bytes)?;
-        update
+        let now = self.now();
+        let update = commands::complete(lease, response, now, self.options.max_response_bytes)?;
+        let sent = update
             .request(&self.client, self.table())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
-            .await
-            .map_err(|e| fenced(Operation::Complete, e))?;
-        Ok(())
+            .await;
+        let Err(error) = sent else {
+            return Ok(());
+        };
+        // A second delivery (the SDK resends after a lost reply) finds the
+        // record this very completion wrote: answer as the first did.
+        if let Some(UpdateItemError::ConditionalCheckFailedException(failed)) =
+            error.as_service_error()
+            && let Some(old) = failed.item()
+            && codec::is_live(old, now)
+            && codec::record(lease.scope(), old, Operation::Complete)
+                .is_ok_and(|record| record.is_completed_by(lease, response))
+        {
+            return Ok(());
+        }
+        Err(fenced(Operation::Complete, error))
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
@@ -247,7 +261,9 @@ impl IdempotencyStore for DynamoStore {
             .delete_item()
             .table_name(self.table())
             .key(attr::PK, key(lease.scope()))
-            .condition_expression(FENCE)
+            // Held by this lease, or held by nobody (released already: a
+            // second delivery; or past retention, which counts as absent).
+            .condition_expression(RELEASE_CONDITION)
             .expression_attribute_names("#exp", attr::EXPIRES)
             .set_expression_attribute_values(Some(fence_values(lease, self.now())))
             .send()

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
-    Lease, OwnerToken, Record, RecordState, SystemClock, Timestamp, TransactionSharing,
-    check_response_size, decide, validate_lease,
+    Lease, Record, RecordState, SystemClock, Timestamp, TransactionSharing, check_response_size,
+    decide, validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use moka::Expiry;
@@ -182,24 +182,30 @@ impl MemoryStore {
     }
 
     /// Runs `change` on the record only while `lease` holds it, atomically
-    /// with respect to every other operation on the scope.
+    /// with respect to every other operation on the scope. Where the lease no
+    /// longer holds, `done_before` says whether the record shows this very
+    /// operation already done (a second delivery), which answers `Ok`.
     fn fenced(
         &self,
         lease: &Lease,
         change: impl FnOnce(&Record, Timestamp) -> Op<Arc<Record>>,
+        done_before: impl FnOnce(Option<&Record>, Timestamp) -> bool,
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
-        let mut held = false;
+        let mut answered = false;
         self.records
             .entry(lease.scope().clone())
             .and_compute_with(|entry| match entry {
                 Some(entry) if entry.value().is_held_by(lease, now) => {
-                    held = true;
+                    answered = true;
                     change(entry.value(), now)
                 }
-                _ => Op::Nop,
+                entry => {
+                    answered = done_before(entry.as_ref().map(|e| e.value().as_ref()), now);
+                    Op::Nop
+                }
             });
-        if held {
+        if answered {
             Ok(())
         } else {
             Err(StoreError::LostLease)
@@ -220,7 +226,7 @@ impl IdempotencyStore for MemoryStore {
             .entry(request.scope().clone())
             .and_compute_with(|entry| {
                 let existing = entry.map(|e| e.into_value());
-                let decision = decide(existing.as_deref(), request, now, OwnerToken::generate());
+                let decision = decide(existing.as_deref(), request, now);
                 outcome = Some(decision.outcome);
                 match decision.write {
                     Some(record) => Op::Put(Arc::new(record)),
@@ -234,38 +240,56 @@ impl IdempotencyStore for MemoryStore {
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
         check_response_size(response, self.max_response_bytes)?;
-        self.fenced(lease, |record, now| {
-            Self::updated(record, |r| {
-                r.completed(response.clone(), now + lease.retention())
-            })
-        })
+        self.fenced(
+            lease,
+            |record, now| {
+                Self::updated(record, |r| {
+                    r.completed(response.clone(), now + lease.retention())
+                })
+            },
+            |record, now| {
+                record.is_some_and(|r| r.is_live(now) && r.is_completed_by(lease, response))
+            },
+        )
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
         let mut renewed = None;
-        self.fenced(lease, |record, now| {
-            let until = now + extend;
-            renewed = Some(lease.renewed(until));
-            Self::updated(record, |r| {
-                let retained_until = r.retained_until().max(until);
-                r.with_state(RecordState::InFlight {
-                    lease_expires_at: until,
+        self.fenced(
+            lease,
+            |record, now| {
+                let until = now + extend;
+                renewed = Some(lease.renewed(until));
+                Self::updated(record, |r| {
+                    let retained_until = r.retained_until().max(until);
+                    r.with_state(RecordState::InFlight {
+                        lease_expires_at: until,
+                    })
+                    .with_retained_until(retained_until)
                 })
-                .with_retained_until(retained_until)
-            })
-        })?;
+            },
+            |_, _| false,
+        )?;
         renewed.ok_or(StoreError::LostLease)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.fenced(lease, |_, _| Op::Remove)
+        // A record nobody holds (released already, or past retention) is
+        // what a release leaves: answer as the first delivery did.
+        self.fenced(
+            lease,
+            |_, _| Op::Remove,
+            |record, now| record.is_none_or(|r| !r.is_live(now)),
+        )
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        self.fenced(lease, |record, _| {
-            Self::updated(record, |r| r.with_checkpoint(Some(checkpoint.clone())))
-        })
+        self.fenced(
+            lease,
+            |record, _| Self::updated(record, |r| r.with_checkpoint(Some(checkpoint.clone()))),
+            |_, _| false,
+        )
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -342,12 +366,13 @@ mod tests {
                 store.claim(&req).await.unwrap(),
                 ClaimOutcome::Claimed { .. }
             ));
+            let retry = req.clone().with_new_owner();
             assert!(matches!(
-                store.claim(&req).await.unwrap(),
+                store.claim(&retry).await.unwrap(),
                 ClaimOutcome::InProgress { .. }
             ));
             clock.advance(Duration::from_secs(10));
-            let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.unwrap() else {
+            let ClaimOutcome::Claimed { lease, .. } = store.claim(&retry).await.unwrap() else {
                 panic!("expected takeover");
             };
             assert_eq!(lease.attempt(), 2);

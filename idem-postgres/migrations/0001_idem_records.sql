@@ -119,6 +119,15 @@ BEGIN
             RETURN;
         END IF;
 
+        IF v_row.owner = p_owner THEN
+            -- This very claim, delivered again: answer as the first delivery did.
+            RETURN QUERY SELECT 'claimed', v_row.attempt,
+                (extract(epoch FROM v_row.lease_expires_at) * 1000)::bigint,
+                v_row.checkpoint_name, v_row.checkpoint_data, NULL::integer, NULL::bytea[],
+                NULL::bytea[], NULL::bytea, NULL::bigint;
+            RETURN;
+        END IF;
+
         IF v_row.lease_expires_at > v_now THEN
             RETURN QUERY SELECT 'in_progress', v_row.attempt, NULL::bigint, NULL::text, NULL::text,
                 NULL::integer, NULL::bytea[], NULL::bytea[], NULL::bytea,

@@ -4,7 +4,7 @@
 
 use idem_core::Operation;
 use idem_core::StoreError;
-use idem_core::store::{ClaimOutcome, ClaimRequest, OwnerToken, millis};
+use idem_core::store::{ClaimOutcome, ClaimRequest, millis};
 use sqlx::{AssertSqlSafe, PgExecutor};
 
 use crate::codec::claim_outcome;
@@ -16,7 +16,7 @@ pub(crate) async fn claim<'e>(
     executor: impl PgExecutor<'e>,
     request: &ClaimRequest,
 ) -> Result<ClaimOutcome, StoreError> {
-    let owner = OwnerToken::generate();
+    let owner = request.owner();
     let row = sqlx::query(AssertSqlSafe(sql.clone()))
         .bind(request.scope().tenant().as_str())
         .bind(request.scope().key().as_str())

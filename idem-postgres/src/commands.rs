@@ -29,11 +29,21 @@ impl Statements {
         let claim_fn = table.derived("_claim");
         Self {
             claim: format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)").into(),
+            // True if this statement completed the record, or if it was
+            // completed already by this owner with this response (a second
+            // delivery); the outer SELECT sees the row as it was before.
             complete: format!(
-                "UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, \
-                 expires_at = c.now + $4 {MS}, response_status = $5, \
-                 response_header_names = $6, response_header_values = $7, response_body = $8 \
-                 FROM {NOW} WHERE {FENCE}"
+                "WITH done AS (\
+                   UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, \
+                   expires_at = c.now + $4 {MS}, response_status = $5, \
+                   response_header_names = $6, response_header_values = $7, response_body = $8, \
+                   checkpoint_name = NULL, checkpoint_data = NULL \
+                   FROM {NOW} WHERE {FENCE} RETURNING 1\
+                 ) SELECT EXISTS (SELECT 1 FROM done) OR EXISTS (\
+                   SELECT 1 FROM {t} AS r, {NOW} WHERE r.tenant = $1 AND r.key = $2 \
+                   AND r.owner = $3 AND r.status = 'completed' AND r.expires_at > c.now \
+                   AND r.response_status = $5 AND r.response_header_names = $6 \
+                   AND r.response_header_values = $7 AND r.response_body = $8)"
             )
             .into(),
             renew: format!(
@@ -43,7 +53,15 @@ impl Statements {
                  RETURNING (extract(epoch FROM r.lease_expires_at) * 1000)::bigint"
             )
             .into(),
-            release: format!("DELETE FROM {t} AS r USING {NOW} WHERE {FENCE}").into(),
+            // True if this statement released the record, or if nobody holds
+            // it (released already: a second delivery; or past retention).
+            release: format!(
+                "WITH gone AS (DELETE FROM {t} AS r USING {NOW} WHERE {FENCE} RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM gone) OR NOT EXISTS (\
+                   SELECT 1 FROM {t} AS r, {NOW} WHERE r.tenant = $1 AND r.key = $2 \
+                   AND r.expires_at > c.now)"
+            )
+            .into(),
             checkpoint: format!(
                 "UPDATE {t} AS r SET checkpoint_name = $4, checkpoint_data = $5 \
                  FROM {NOW} WHERE {FENCE}"

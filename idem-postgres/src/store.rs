@@ -65,7 +65,11 @@ impl fmt::Debug for PostgresStore {
 }
 
 fn rows_to_lease(affected: u64) -> Result<(), StoreError> {
-    if affected == 1 {
+    held(affected == 1)
+}
+
+fn held(done: bool) -> Result<(), StoreError> {
+    if done {
         Ok(())
     } else {
         Err(StoreError::LostLease)
@@ -222,10 +226,11 @@ impl PostgresStore {
         check_response_size(response, self.max_response_bytes)?;
         let query = Self::fenced(&self.sql.complete, lease).bind(millis(lease.retention()));
         let done = bind_response(query, response)
-            .execute(executor)
+            .fetch_one(executor)
             .await
+            .and_then(|row| row.try_get(0))
             .map_err(|e| classify(Operation::Complete, e))?;
-        rows_to_lease(done.rows_affected())
+        held(done)
     }
 
     /// Writes a checkpoint on the lease's record on `executor`.
@@ -291,10 +296,11 @@ impl IdempotencyStore for PostgresStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let done = Self::fenced(&self.sql.release, lease)
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
+            .and_then(|row| row.try_get(0))
             .map_err(|e| classify(Operation::Release, e))?;
-        rows_to_lease(done.rows_affected())
+        held(done)
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {

@@ -5,7 +5,7 @@
 local now = server_now()
 local lease_ms = tonumber(ARGV[3])
 local keep = math.max(lease_ms, tonumber(ARGV[4]))
-local r = redis.call('HMGET', KEYS[1], 'fp', 'st', 'lease', 'exp', 'att')
+local r = redis.call('HMGET', KEYS[1], 'fp', 'st', 'lease', 'exp', 'att', 'own')
 local exp = tonumber(r[4])
 
 if not r[1] or not exp or exp <= now then
@@ -27,6 +27,11 @@ if r[2] == 'c' then
 end
 
 local lease = tonumber(r[3])
+if r[6] == ARGV[2] then
+  -- This very claim, delivered again: answer as the first delivery did.
+  local cp = redis.call('HMGET', KEYS[1], 'cpn', 'cpd')
+  return {'claimed', tonumber(r[5]), lease, cp[1], cp[2]}
+end
 if lease > now then
   return {'in_progress', lease - now}
 end

@@ -1,6 +1,6 @@
 //! The claim: one `EVALSHA` of `lua/claim.lua`, one round trip for every outcome.
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, OwnerToken, millis};
+use idem_core::store::{ClaimOutcome, ClaimRequest, millis};
 use idem_core::{Operation, StoreError};
 use redis::Value;
 use redis::aio::ConnectionLike;
@@ -9,13 +9,13 @@ use crate::codec::claim_outcome;
 use crate::commands::SCRIPTS;
 use crate::error::classify;
 
-/// Claims `request` under the record key `key`, with a fresh owner token.
+/// Claims `request` under the record key `key`, as the request's owner.
 pub(crate) async fn claim<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     request: &ClaimRequest,
 ) -> Result<ClaimOutcome, StoreError> {
-    let owner = OwnerToken::generate();
+    let owner = request.owner();
     let reply: Vec<Value> = SCRIPTS
         .claim
         .key(key)

@@ -310,7 +310,10 @@ pub async fn released_lease_cannot_complete<S: IdempotencyStore + ?Sized>(store:
         "complete after release",
         store.complete(&lease, &response("x")).await,
     );
-    assert_lost("release twice", store.release(&lease).await);
+    store
+        .release(&lease)
+        .await
+        .expect("a release delivered again answers as the first did");
     assert_eq!(store.get(&scope).await.unwrap(), None);
 }
 
@@ -452,7 +455,8 @@ pub async fn checkpoint_after_completion_is_a_lost_lease<S: IdempotencyStore + ?
 }
 
 /// A record past its retention is owned by nobody: every fenced write on it
-/// is `LostLease` and none brings it back.
+/// is `LostLease` (a release finds nothing left to release) and none brings
+/// it back.
 pub async fn fenced_writes_past_retention_are_lost_leases<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
@@ -468,7 +472,8 @@ pub async fn fenced_writes_past_retention_are_lost_leases<S: IdempotencyStore + 
         "renew past retention",
         store.renew(&lease, LONG_LEASE).await,
     );
-    assert_lost("release past retention", store.release(&lease).await);
+    // Nobody holds a record past retention: a release finds it released.
+    store.release(&lease).await.unwrap();
     assert_lost(
         "complete past retention",
         store.complete(&lease, &response("late")).await,
@@ -503,6 +508,116 @@ pub async fn get_shows_in_flight_and_completed_records<S: IdempotencyStore + ?Si
     let record = store.get(&scope).await.unwrap().expect("completed record");
     assert_eq!(record.response(), Some(&response("done")));
     assert_eq!(record.fingerprint(), request.fingerprint());
+}
+
+// ---- Delivered twice -----------------------------------------------------
+
+/// The same claim delivered twice (a driver's resend after a lost reply, a
+/// caller's retry after `Unavailable`) is one claim: the second delivery gets
+/// the lease the first made, and another caller is still refused.
+pub async fn claim_delivered_twice_gets_the_same_lease<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let first = store.claim(&request).await.unwrap();
+    let again = store.claim(&request).await.unwrap();
+    let (ClaimOutcome::Claimed { lease: first, .. }, ClaimOutcome::Claimed { lease: again, .. }) =
+        (first, again)
+    else {
+        panic!("a claim delivered twice was not answered as claimed both times");
+    };
+    assert_eq!(again.owner(), first.owner());
+    assert_eq!(again.attempt(), first.attempt());
+    assert_eq!(again.expires_at(), first.expires_at());
+    assert!(matches!(
+        claim(&*store, &request).await,
+        ClaimOutcome::InProgress { .. }
+    ));
+    store.complete(&again, &response("once")).await.unwrap();
+}
+
+/// A takeover delivered twice is one takeover: the same attempt and the
+/// checkpoint it carried.
+pub async fn takeover_delivered_twice_gets_the_same_attempt_and_checkpoint<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (old, _) = must_claim(&*store, &short(&scope, "a")).await;
+    let point = Checkpoint::new("charged", &"ch_7").unwrap();
+    store.checkpoint(&old, &point).await.unwrap();
+    outlive(SHORT_LEASE).await;
+    let takeover = long(&scope, "a");
+    let outcomes = [
+        store.claim(&takeover).await.unwrap(),
+        store.claim(&takeover).await.unwrap(),
+    ];
+    for outcome in outcomes {
+        match outcome {
+            ClaimOutcome::Claimed { lease, checkpoint } => {
+                assert_eq!(lease.owner(), takeover.owner());
+                assert_eq!(lease.attempt(), 2);
+                assert_eq!(checkpoint.as_ref(), Some(&point));
+            }
+            other => panic!("a takeover delivered twice got {other:?}"),
+        }
+    }
+}
+
+/// A completion delivered twice succeeds both times and stores once; a
+/// different response under the same lease is not the same completion.
+pub async fn completion_delivered_twice_succeeds_and_stores_once<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let lease = claim_and_complete(&*store, &request, &response("done")).await;
+    store
+        .complete(&lease, &response("done"))
+        .await
+        .expect("a completion delivered again answers as the first did");
+    assert_lost(
+        "another response under the same lease",
+        store.complete(&lease, &response("other")).await,
+    );
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("done"))
+    );
+}
+
+/// Renewals and checkpoints delivered twice succeed both times.
+pub async fn renewal_and_checkpoint_delivered_twice_succeed<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    let point = Checkpoint::new("step", &1).unwrap();
+    for _ in 0..2 {
+        store.renew(&lease, LONG_LEASE).await.unwrap();
+        store.checkpoint(&lease, &point).await.unwrap();
+    }
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.checkpoint(), Some(&point));
+    store.complete(&lease, &response("done")).await.unwrap();
+}
+
+/// A release delivered twice succeeds both times; once another owner holds
+/// the key, the old lease's release is `LostLease` and changes nothing.
+pub async fn release_delivered_twice_succeeds<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    store.release(&lease).await.unwrap();
+    store
+        .release(&lease)
+        .await
+        .expect("a release delivered again answers as the first did");
+    let (next, _) = must_claim(&*store, &long(&scope, "a")).await;
+    assert_lost("release by a former owner", store.release(&lease).await);
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.owner(), next.owner());
 }
 
 // ---- Retention -----------------------------------------------------------
@@ -689,7 +804,7 @@ pub async fn concurrent_claims_of_one_key_have_one_winner<S: IdempotencyStore + 
             "a",
         );
         let outcomes = concurrently(&store, RACERS, |store| {
-            let request = request.clone();
+            let request = request.clone().with_new_owner();
             async move { store.claim(&request).await }
         })
         .await;
@@ -722,7 +837,7 @@ pub async fn concurrent_takeovers_of_an_expired_lease_have_one_winner<
     outlive(SHORT_LEASE).await;
     let takeover = long(&scope, "a");
     let outcomes = concurrently(&store, 32, |store| {
-        let request = takeover.clone();
+        let request = takeover.clone().with_new_owner();
         async move { store.claim(&request).await }
     })
     .await;
@@ -751,7 +866,7 @@ pub async fn concurrent_retries_of_a_completed_key_all_replay<S: IdempotencyStor
     let request = long(&scope, "a");
     claim_and_complete(&*store, &request, &response("once")).await;
     let outcomes = concurrently(&store, 16, |store| {
-        let request = request.clone();
+        let request = request.clone().with_new_owner();
         async move { store.claim(&request).await }
     })
     .await;

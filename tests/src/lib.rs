@@ -34,6 +34,7 @@ use std::sync::Arc;
 use idem_core::store::IdempotencyStore;
 
 pub mod cases;
+pub mod faults;
 pub mod support;
 
 /// The README's examples, compiled (and where they need no server, run) as
@@ -114,6 +115,11 @@ macro_rules! __conformance_cases {
             fenced_writes_past_retention_are_lost_leases,
             get_shows_in_flight_and_completed_records,
             completed_record_past_retention_counts_as_absent,
+            claim_delivered_twice_gets_the_same_lease,
+            takeover_delivered_twice_gets_the_same_attempt_and_checkpoint,
+            completion_delivered_twice_succeeds_and_stores_once,
+            renewal_and_checkpoint_delivered_twice_succeed,
+            release_delivered_twice_succeeds,
             purge_expired_removes_only_what_is_past_retention,
             completion_restarts_retention,
             purge_keeps_an_in_flight_record_whose_lease_expired,

@@ -67,23 +67,26 @@ pub fn brief(request: ClaimRequest) -> ClaimRequest {
         .expect("valid retention")
 }
 
-/// Claims, and fails the case unless the outcome is `Claimed`.
+/// Claims as a new caller (a new owner: see [`ClaimRequest::with_new_owner`]),
+/// and fails the case unless the outcome is `Claimed`.
 pub async fn must_claim<S: IdempotencyStore + ?Sized>(
     store: &S,
     request: &ClaimRequest,
 ) -> (Lease, Option<Checkpoint>) {
-    match store.claim(request).await {
+    match store.claim(&request.clone().with_new_owner()).await {
         Ok(ClaimOutcome::Claimed { lease, checkpoint }) => (lease, checkpoint),
         other => panic!("expected Claimed, got {other:?}"),
     }
 }
 
-/// Claims and returns the outcome, failing the case on a store error.
+/// Claims as a new caller and returns the outcome, failing the case on a
+/// store error. (The same request sent twice is one claim delivered twice,
+/// which the redelivery cases send with `store.claim` itself.)
 pub async fn claim<S: IdempotencyStore + ?Sized>(
     store: &S,
     request: &ClaimRequest,
 ) -> ClaimOutcome {
-    match store.claim(request).await {
+    match store.claim(&request.clone().with_new_owner()).await {
         Ok(outcome) => outcome,
         Err(e) => panic!("claim failed: {e:?}"),
     }

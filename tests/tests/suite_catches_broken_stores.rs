@@ -201,3 +201,33 @@ fn a_store_without_a_size_limit_passes_the_size_cases() {
         }));
     assert_eq!(failed, Vec::<&str>::new());
 }
+
+#[test]
+fn a_claim_that_forgets_its_own_delivery_fails_the_redelivery_cases() {
+    assert_caught(
+        Defect::ClaimRedeliveryIsInProgress,
+        &[
+            "claim_delivered_twice_gets_the_same_lease",
+            "takeover_delivered_twice_gets_the_same_attempt_and_checkpoint",
+        ],
+    );
+}
+
+#[test]
+fn a_completion_that_forgets_its_own_delivery_fails_its_case() {
+    assert_caught(
+        Defect::CompleteRedeliveryIsLost,
+        &["completion_delivered_twice_succeeds_and_stores_once"],
+    );
+}
+
+#[test]
+fn a_release_that_forgets_its_own_delivery_fails_its_cases() {
+    assert_caught(
+        Defect::ReleaseRedeliveryIsLost,
+        &[
+            "release_delivered_twice_succeeds",
+            "released_lease_cannot_complete",
+        ],
+    );
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
-    Lease, OwnerToken, Record, RecordState, SystemClock, Timestamp, TransactionSharing, decide,
+    Lease, Record, RecordState, SystemClock, Timestamp, TransactionSharing, decide, retry_after,
     validate_lease,
 };
 use idem_core::{Checkpoint, Scope, StoreError, StoredResponse, async_trait};
@@ -56,6 +56,12 @@ pub enum Defect {
     RetryAfterFullLease,
     /// Reads and writes a claim under two acquisitions of the lock.
     CheckThenInsert,
+    /// Answers its own claim, delivered again, as another caller's: in progress.
+    ClaimRedeliveryIsInProgress,
+    /// Answers its own completion, delivered again, as a lost lease.
+    CompleteRedeliveryIsLost,
+    /// Answers a release of a record nobody holds as a lost lease.
+    ReleaseRedeliveryIsLost,
 }
 
 /// A store of one's own: a `Mutex<HashMap>` written from the
@@ -112,6 +118,7 @@ impl OwnStore {
         &self,
         lease: &Lease,
         ignore_owner: bool,
+        complete_again: Option<&StoredResponse>,
         change: impl FnOnce(Record, Timestamp) -> Record,
     ) -> Result<(), StoreError> {
         let now = self.now();
@@ -127,6 +134,14 @@ impl OwnStore {
             {
                 let changed = change(record.clone(), now);
                 records.insert(lease.scope().clone(), changed);
+                Ok(())
+            }
+            Some(record)
+                if self.defect != Defect::CompleteRedeliveryIsLost
+                    && complete_again.is_some_and(|response| {
+                        record.is_live(now) && record.is_completed_by(lease, response)
+                    }) =>
+            {
                 Ok(())
             }
             _ => Err(StoreError::LostLease),
@@ -162,7 +177,16 @@ impl IdempotencyStore for OwnStore {
             }
             _ => request.clone(),
         };
-        let mut decision = decide(existing.as_ref(), &request, now, OwnerToken::generate());
+        if self.defect == Defect::ClaimRedeliveryIsInProgress
+            && let Some(record) = existing.as_ref()
+            && record.owner() == request.owner()
+            && let Some(lease_expires_at) = record.lease_expires_at()
+        {
+            return Ok(ClaimOutcome::InProgress {
+                retry_after: retry_after(lease_expires_at, now),
+            });
+        }
+        let mut decision = decide(existing.as_ref(), &request, now);
         if self.defect == Defect::CheckpointNotCarried
             && let ClaimOutcome::Claimed { checkpoint, .. } = &mut decision.outcome
         {
@@ -198,14 +222,19 @@ impl IdempotencyStore for OwnStore {
         }
         let ignore_owner = self.defect == Defect::CompleteIgnoresOwner;
         let keep = self.defect == Defect::CompletionKeepsClaimRetention;
-        self.fenced(lease, ignore_owner, |record, now| {
-            let retained_until = if keep {
-                record.retained_until()
-            } else {
-                now + lease.retention()
-            };
-            record.completed(response, retained_until)
-        })
+        self.fenced(
+            lease,
+            ignore_owner,
+            Some(&response.clone()),
+            |record, now| {
+                let retained_until = if keep {
+                    record.retained_until()
+                } else {
+                    now + lease.retention()
+                };
+                record.completed(response, retained_until)
+            },
+        )
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
@@ -221,7 +250,7 @@ impl IdempotencyStore for OwnStore {
             self.now() + extend
         };
         let stretch = self.defect != Defect::RenewKeepsRetention;
-        self.fenced(lease, ignore_owner, |record, _| {
+        self.fenced(lease, ignore_owner, None, |record, _| {
             let retained_until = if stretch {
                 record.retained_until().max(until)
             } else {
@@ -244,6 +273,13 @@ impl IdempotencyStore for OwnStore {
                 records.remove(lease.scope());
                 Ok(())
             }
+            // Nobody holds it: what the first delivery of a release left.
+            Some(record)
+                if !record.is_live(now) && self.defect != Defect::ReleaseRedeliveryIsLost =>
+            {
+                Ok(())
+            }
+            None if self.defect != Defect::ReleaseRedeliveryIsLost => Ok(()),
             _ => Err(StoreError::LostLease),
         }
     }
@@ -261,7 +297,7 @@ impl IdempotencyStore for OwnStore {
                 _ => Err(StoreError::LostLease),
             };
         }
-        self.fenced(lease, false, |record, _| {
+        self.fenced(lease, false, None, |record, _| {
             record.with_checkpoint(Some(checkpoint.clone()))
         })
     }
