@@ -49,8 +49,18 @@ impl FaultProxy {
     ///
     /// If no loopback port can be bound.
     pub async fn start(upstream: impl Into<String>) -> Self {
+        Self::start_on(0, upstream).await
+    }
+
+    /// [`start`](Self::start) on a given loopback port (0: any free one), for
+    /// servers that must be told the proxy's port before it starts.
+    ///
+    /// # Panics
+    ///
+    /// If the port cannot be bound.
+    pub async fn start_on(port: u16, upstream: impl Into<String>) -> Self {
         let upstream = upstream.into();
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind(("127.0.0.1", port))
             .await
             .expect("bind a loopback port");
         let port = listener.local_addr().expect("local address").port();

@@ -24,9 +24,14 @@ pub fn endpoint() -> String {
 
 /// Dummy credentials and a short timeout: a missing server fails in seconds.
 pub fn client() -> Client {
+    client_at(&endpoint())
+}
+
+/// [`client`] for another endpoint (a proxy in front of the server).
+pub fn client_at(endpoint: &str) -> Client {
     let config = Config::builder()
         .behavior_version_latest()
-        .endpoint_url(endpoint())
+        .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
         .timeout_config(

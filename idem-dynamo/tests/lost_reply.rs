@@ -1,0 +1,30 @@
+//! A reply lost after the DynamoDB server served the request (the SDK sends
+//! it again): the store's answer is true to what it stored.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+mod common;
+
+use idem_conformance::faults::FaultProxy;
+use idem_conformance::support::lost_replies_are_answered_truthfully;
+use idem_dynamo::{DynamoOptions, DynamoStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_answered_truthfully() {
+    let upstream = common::endpoint();
+    let proxy =
+        FaultProxy::start(upstream.trim_start_matches("http://").trim_end_matches('/')).await;
+    let store = DynamoStore::with_options(
+        common::client_at(&format!("http://{}", proxy.address())),
+        DynamoOptions::default()
+            .table(&common::own_table("lost-reply"))
+            .max_response_bytes(common::MOTO_MAX_RESPONSE_BYTES),
+    )
+    .unwrap();
+    store.create_table().await.unwrap();
+    let answers = lost_replies_are_answered_truthfully(&store, &proxy).await;
+    println!("{answers:?}");
+    // The SDK resends after a lost reply: the store's own answer is the true one.
+    assert_eq!(answers.claim, "Claimed");
+    assert_eq!(answers.complete, "Ok");
+}
