@@ -1,14 +1,20 @@
 //! Micro-benchmarks: the price of canonical JSON over plain SHA-256, the
-//! decision function, and a claim plus completion on the memory store.
+//! decision function, a claim plus completion on the memory store, and a
+//! replay with and without the replay cache.
 
 #![allow(clippy::unwrap_used)] // a benchmark fails loudly on a broken setup
 
+use std::future::Future;
 use std::hint::black_box;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idem_cache::CachedStore;
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Timestamp, decide};
-use idem_core::{Fingerprint, Scope, StoredResponse};
+use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse};
 use idem_memory::MemoryStore;
 use sha2::{Digest, Sha256};
 
@@ -92,5 +98,52 @@ fn memory_store(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, fingerprints, decision, memory_store);
+/// Runs a future that needs no I/O to its end: a replay from memory
+/// finishes on its first poll, so no runtime's overhead is measured.
+fn ready<F: Future>(future: F) -> F::Output {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("a replay from memory waits for nothing"),
+    }
+}
+
+/// One replay of a completed key, as a store's claim and through the runner,
+/// on the memory store with and without the replay cache in front of it.
+fn replays(c: &mut Criterion) {
+    let response = StoredResponse::new(201, br#"{"order":"A-1","status":"placed"}"#.to_vec())
+        .with_header("content-type", "application/json");
+    let scope = Scope::parse("bench", "replayed").unwrap();
+    let fingerprint = Fingerprint::of_bytes("order");
+    let memory: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let cached: Arc<dyn IdempotencyStore> =
+        Arc::new(CachedStore::new(Arc::new(MemoryStore::new())));
+    let mut group = c.benchmark_group("replay");
+    group.throughput(Throughput::Elements(1));
+    for (name, store) in [("memory", memory), ("cache_over_memory", cached)] {
+        let request = ClaimRequest::new(scope.clone(), fingerprint);
+        ready(async {
+            let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+                unreachable!("a fresh key is claimed")
+            };
+            store.complete(&lease, &response).await.unwrap();
+            // The cache fills on the first replay it sees, or here from the completion.
+            store.claim(&request).await.unwrap();
+        });
+        group.bench_function(BenchmarkId::new("claim", name), |b| {
+            b.iter(|| ready(store.claim(black_box(&request))).unwrap())
+        });
+        let idem = Idempotency::new(Arc::clone(&store));
+        group.bench_function(BenchmarkId::new("run", name), |b| {
+            b.iter(|| {
+                ready(idem.run(scope.clone(), fingerprint, |_| async {
+                    unreachable!("a completed key never runs")
+                }))
+                .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, fingerprints, decision, memory_store, replays);
 criterion_main!(benches);

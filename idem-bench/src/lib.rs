@@ -2,7 +2,7 @@
 //!
 //! Every idem backend measured against its raw server, side by side. The
 //! `idem-bench` binary runs one configuration (`--backend`, `--workload`,
-//! `--concurrency`, `--duration` or `--requests`, `--raw`, `--json`);
+//! `--concurrency`, `--duration` or `--requests`, `--raw` or `--cache`, `--json`);
 //! `scripts/bench` runs the whole matrix and `idem-bench-report` turns its
 //! JSON lines into a markdown table and a PNG chart.
 //!
@@ -19,7 +19,8 @@ pub struct RunResult {
     pub backend: String,
     /// fresh, replay, contended or mixed.
     pub workload: String,
-    /// lib (through idem) or raw (the same server operations, driver only).
+    /// lib (through idem), cache (through idem with the replay cache in
+    /// front of the store) or raw (the same server operations, driver only).
     pub mode: String,
     /// Concurrent callers.
     pub concurrency: usize,

@@ -1,5 +1,6 @@
 //! `idem-bench`: one benchmark run of one backend, workload and concurrency,
-//! through idem or (`--raw`) through the driver alone.
+//! through idem, through idem with the replay cache (`--cache`), or
+//! (`--raw`) through the driver alone.
 //!
 //! ```text
 //! cargo run --release -p idem-bench -- --backend redis --workload replay --concurrency 8 --duration 5 --json
@@ -15,7 +16,7 @@ use rand::SeedableRng;
 mod backend;
 mod plan;
 
-use backend::{Backend, BackendKind, BenchError, Names};
+use backend::{Backend, BackendKind, BenchError, Mode, Names};
 use plan::{Plan, REPLAY_KEYS, Workload};
 
 /// Benchmarks an idem backend against its raw server.
@@ -40,9 +41,22 @@ struct Args {
     /// The same server operations through the driver alone, without idem.
     #[arg(long)]
     raw: bool,
+    /// Through idem with the replay cache (`idem-cache`) in front of the store.
+    #[arg(long, conflicts_with = "raw")]
+    cache: bool,
     /// One JSON line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+impl Args {
+    fn mode(&self) -> Mode {
+        match (self.raw, self.cache) {
+            (true, _) => Mode::Raw,
+            (false, true) => Mode::Cached,
+            (false, false) => Mode::Lib,
+        }
+    }
 }
 
 /// What one caller saw.
@@ -108,7 +122,7 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     };
     let retention = run_for + Duration::from_secs(60);
     if !in_process {
-        let setup = Backend::connect(args.backend, false, 1, &names, true, retention).await?;
+        let setup = Backend::connect(args.backend, Mode::Lib, 1, &names, true, retention).await?;
         if replay {
             setup.prepare_replay(REPLAY_KEYS).await?;
         }
@@ -117,7 +131,7 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     let backend = Arc::new(
         Backend::connect(
             args.backend,
-            args.raw,
+            args.mode(),
             concurrency,
             &names,
             in_process,
@@ -170,7 +184,7 @@ async fn run(args: &Args) -> Result<RunResult, BenchError> {
     let result = RunResult {
         backend: args.backend.name().to_string(),
         workload: args.workload.name().to_string(),
-        mode: if args.raw { "raw" } else { "lib" }.to_string(),
+        mode: args.mode().name().to_string(),
         concurrency,
         ops,
         ops_per_s: ops as f64 / elapsed.max(f64::EPSILON),

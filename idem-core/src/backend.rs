@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::claim::{ClaimOutcome, ClaimRequest};
+use crate::clock::Timestamp;
 use crate::error::StoreError;
 use crate::record::{Checkpoint, Lease, Record, StoredResponse};
 use crate::scope::Scope;
@@ -65,16 +66,23 @@ pub enum Eviction {
 /// use idem_core::store::{Capabilities, ClockSource, Durability, TransactionSharing};
 ///
 /// let caps = Capabilities::new(
+///     "memory",
 ///     TransactionSharing::None,
 ///     Durability::Volatile,
 ///     ClockSource::Caller,
 ///     1 << 20,
 /// );
+/// assert_eq!(caps.store, "memory");
 /// assert_eq!(caps.max_response_bytes, 1 << 20);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
+    /// The store's name, as its errors, spans and metrics carry it
+    /// (`"memory"`, `"postgres"`, `"redis"`, `"dynamodb"`): one short
+    /// lowercase word per backend, the same for every instance, so it can be
+    /// a metric label.
+    pub store: &'static str,
     /// What the store can share with the caller's business writes.
     pub transactions: TransactionSharing,
     /// Whether completed records survive a restart.
@@ -91,12 +99,14 @@ pub struct Capabilities {
 impl Capabilities {
     /// Capabilities from each field; eviction [`Eviction::Never`].
     pub fn new(
+        store: &'static str,
         transactions: TransactionSharing,
         durability: Durability,
         clock: ClockSource,
         max_response_bytes: usize,
     ) -> Self {
         Self {
+            store,
             transactions,
             durability,
             clock,
@@ -210,6 +220,41 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// [`StoreError::Unavailable`] or [`StoreError::Backend`].
     async fn purge_expired(&self) -> Result<u64, StoreError>;
 
+    /// Deletes the record of a scope, whatever its state: for operators (a
+    /// stuck key, a client that must retry now).
+    ///
+    /// # Contract
+    ///
+    /// Outside the fencing protocol: it removes whatever is there, in flight
+    /// or completed, held by anyone. The next claim of the scope is a fresh
+    /// claim at attempt 1 with no checkpoint; a later fenced write by the
+    /// old owner is `LostLease` (and its release succeeds, as a release of a
+    /// record nobody holds does). Returns whether a live record was there: a
+    /// record past retention counts as absent, so deleting one (or nothing)
+    /// returns `false`. No other scope is touched.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] (the record may or may not be gone: delete
+    /// again) or [`StoreError::Backend`].
+    async fn delete(&self, scope: &Scope) -> Result<bool, StoreError>;
+
+    /// The time by the clock that judges `scope`'s record
+    /// ([`Capabilities::clock`]): the server's, read from the server that
+    /// holds the record, or the caller's.
+    ///
+    /// # Contract
+    ///
+    /// A record is live while this reads earlier than its
+    /// [`retained_until`](Record::retained_until), and a lease holds while it
+    /// reads earlier than the lease's expiry. Stores with a server clock read
+    /// it in one round trip; the others read their [`Clock`](crate::store::Clock).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Backend`].
+    async fn now(&self, scope: &Scope) -> Result<Timestamp, StoreError>;
+
     /// What the store can do.
     fn capabilities(&self) -> Capabilities;
 }
@@ -238,6 +283,12 @@ macro_rules! forward_store {
             }
             async fn purge_expired(&self) -> Result<u64, StoreError> {
                 (**self).purge_expired().await
+            }
+            async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+                (**self).delete(scope).await
+            }
+            async fn now(&self, scope: &Scope) -> Result<Timestamp, StoreError> {
+                (**self).now(scope).await
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()

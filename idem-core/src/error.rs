@@ -86,6 +86,10 @@ pub enum Operation {
     Get,
     /// A sweep of records past retention.
     Purge,
+    /// An operator's deletion of one record.
+    Delete,
+    /// A reading of the clock that judges a record.
+    Now,
     /// Opening, committing or rolling back the caller's transaction.
     Transaction,
     /// Server set-up and checks: migrations, tables, configuration.
@@ -103,6 +107,8 @@ impl Operation {
             Self::Checkpoint => "checkpoint",
             Self::Get => "get",
             Self::Purge => "purge",
+            Self::Delete => "delete",
+            Self::Now => "now",
             Self::Transaction => "transaction",
             Self::Setup => "setup",
         }

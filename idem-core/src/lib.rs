@@ -14,6 +14,13 @@
 //!   contract it keeps, the decision table as a function, clocks, and the
 //!   codecs stores share.
 //!
+//! [`observability`] names the `tracing` spans the runner opens and the
+//! metrics it records (with the `metrics` feature); the key never appears in
+//! either, only its hash. [`store::Record`] and [`StoredResponse`] serialise
+//! with serde for admin routes, and
+//! [`IdempotencyStore::delete`](store::IdempotencyStore::delete) clears a
+//! record by scope on every backend.
+//!
 //! Pick a store crate (`idem-memory`, `idem-postgres`, `idem-redis`,
 //! `idem-dynamo`) and check your own with `idem-conformance`.
 //!
@@ -49,7 +56,9 @@ mod outcome;
 mod record;
 mod runner;
 mod scope;
+mod serialize;
 mod sweeper;
+mod timeout;
 
 pub use error::{BoxError, InvalidInput, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, canonical_json};
@@ -62,4 +71,5 @@ pub use sweeper::Sweeper;
 /// Re-exported so store crates and their users agree on one version.
 pub use async_trait::async_trait;
 
+pub mod observability;
 pub mod store;

@@ -174,6 +174,21 @@ impl fmt::Debug for Lease {
 /// assert_eq!(response.header("Content-Type"), Some(&b"application/json"[..]));
 /// assert_eq!(response.size(), 8 + "content-type".len() + "application/json".len());
 /// ```
+///
+/// It serialises with serde (for an admin route) as `status`, `headers` as
+/// `[name, value]` pairs in their order and `body`, every value and the body
+/// as standard base64, since they are bytes:
+///
+/// ```
+/// use idem_core::StoredResponse;
+///
+/// let response = StoredResponse::new(201, "placed").with_header("content-type", "text/plain");
+/// assert_eq!(
+///     serde_json::to_string(&response)?,
+///     r#"{"status":201,"headers":[["content-type","dGV4dC9wbGFpbg=="]],"body":"cGxhY2Vk"}"#
+/// );
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredResponse {
     pub(crate) status: u16,
@@ -336,6 +351,29 @@ pub enum RecordState {
 /// assert_eq!(done.response().map(|r| r.status()), Some(200));
 /// assert_eq!(done.retained_until(), now + Duration::from_secs(60));
 /// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+///
+/// It serialises with serde, so a service can show a record on an admin
+/// route (what [`IdempotencyStore::get`](crate::store::IdempotencyStore::get)
+/// read): `tenant`, `key` (the key itself: an admin route is for
+/// operators, unlike logs and traces, which get only its hash), `fingerprint`
+/// (hex), `owner` (UUID), `attempt`, `state` (`in_flight` or `completed`),
+/// `lease_expires_at` and `retained_until` (Unix milliseconds, the lease's
+/// `null` once completed), `checkpoint` (`{name, data}` or `null`) and
+/// `response` (a [`StoredResponse`], bytes as base64, or `null` in flight):
+///
+/// ```
+/// use idem_core::{Fingerprint, Scope, StoredResponse};
+/// use idem_core::store::{OwnerToken, Record, Timestamp};
+///
+/// let at = Timestamp::from_unix_millis(1_700_000_000_000);
+/// let record = Record::in_flight(Scope::parse("acme", "k")?, Fingerprint::of_bytes(b"req"), OwnerToken::generate(), 1, at, at)
+///     .completed(StoredResponse::new(200, "ok"), at);
+/// let json = serde_json::to_value(&record)?;
+/// assert_eq!(json["state"], "completed");
+/// assert_eq!(json["retained_until"], 1_700_000_000_000i64);
+/// assert_eq!(json["response"]["body"], "b2s=");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

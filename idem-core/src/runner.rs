@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::Serialize;
+use tracing::{Instrument, Span};
 
 use crate::backend::{IdempotencyStore, Transaction};
 use crate::claim::{ClaimOutcome, ClaimRequest, validate_lease, validate_retention};
-use crate::error::{InvalidInput, StoreError};
+use crate::error::{InvalidInput, Operation, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::observability::{finish_run, handler, lease_call, run_span, store_call};
 use crate::outcome::{HandlerError, RunError, RunOutcome};
 use crate::record::{Checkpoint, Lease, StoredResponse};
 use crate::scope::{IdempotencyKey, Scope};
@@ -42,6 +44,8 @@ use crate::scope::{IdempotencyKey, Scope};
 /// ```
 pub struct Idempotency<S: ?Sized> {
     store: Arc<S>,
+    /// The store's name in spans and metrics, read once.
+    store_name: &'static str,
     lease: Duration,
     retention: Duration,
     auto_renew_cap: Option<Duration>,
@@ -51,6 +55,7 @@ impl<S: ?Sized> Clone for Idempotency<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
+            store_name: self.store_name,
             lease: self.lease,
             retention: self.retention,
             auto_renew_cap: self.auto_renew_cap,
@@ -72,8 +77,13 @@ impl<S: IdempotencyStore + ?Sized> fmt::Debug for Idempotency<S> {
 impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// A runner with the default lease (30 s) and retention (24 h), without
     /// automatic renewal.
+    ///
+    /// Every run is a `tracing` span, and every store operation it makes one
+    /// inside it; with the `metrics` feature it records metrics too: see
+    /// [`observability`](crate::observability) for their names and fields.
     pub fn new(store: Arc<S>) -> Self {
         Self {
+            store_name: store.capabilities().store,
             store,
             lease: ClaimRequest::DEFAULT_LEASE,
             retention: ClaimRequest::DEFAULT_RETENTION,
@@ -155,17 +165,31 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         F: FnOnce(Context<S>) -> Fut,
         Fut: Future<Output = Result<StoredResponse, HandlerError>>,
     {
-        let ctx = match self.claim(scope, fingerprint).await? {
-            Claimed::Run(ctx) => ctx,
-            Claimed::Answered(outcome) => return Ok(outcome),
-        };
-        match self.drive(&ctx, handler(ctx.clone())).await {
-            Ok(response) => {
-                self.store.complete(&ctx.lease(), &response).await?;
-                Ok(RunOutcome::Executed(response))
+        let span = run_span(self.store_name, &scope, false);
+        let result = async {
+            let ctx = match self.claim(scope, fingerprint).await? {
+                Claimed::Run(ctx) => ctx,
+                Claimed::Answered(outcome) => return Ok(outcome),
+            };
+            match self.drive(&ctx, handler(ctx.clone())).await {
+                Ok(response) => {
+                    let lease = ctx.lease();
+                    lease_call(
+                        self.store_name,
+                        Operation::Complete,
+                        &lease,
+                        self.store.complete(&lease, &response),
+                    )
+                    .await?;
+                    Ok(RunOutcome::Executed(response))
+                }
+                Err(error) => Err(self.fail(&ctx, error, false).await),
             }
-            Err(error) => Err(self.fail(&ctx, error, false).await),
         }
+        .instrument(span.clone())
+        .await;
+        finish_run(&span, &result);
+        result
     }
 
     /// Runs `handler` at most once per scope and fingerprint, completing
@@ -246,33 +270,58 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         F: FnOnce(Context<S>, T) -> Fut,
         Fut: Future<Output = Result<(T, StoredResponse), HandlerError>>,
     {
-        let ctx = match self.claim(scope, fingerprint).await? {
-            Claimed::Run(ctx) => ctx,
-            Claimed::Answered(outcome) => return Ok(outcome),
-        };
-        let tx = match begin.await {
-            Ok(tx) => tx,
-            Err(error) => return Err(self.nothing_committed(&ctx, error).await),
-        };
-        let (mut tx, response) = match self.drive(&ctx, handler(ctx.clone(), tx)).await {
-            Ok(done) => done,
-            Err(error) => return Err(self.fail(&ctx, error, true).await),
-        };
-        if let Err(error) = tx.complete(&ctx.lease(), &response).await {
-            drop(tx);
-            return Err(self.nothing_committed(&ctx, error).await);
+        let span = run_span(self.store_name, &scope, true);
+        let result = async {
+            let ctx = match self.claim(scope, fingerprint).await? {
+                Claimed::Run(ctx) => ctx,
+                Claimed::Answered(outcome) => return Ok(outcome),
+            };
+            let lease = ctx.lease();
+            let tx = match lease_call(self.store_name, Operation::Transaction, &lease, begin).await
+            {
+                Ok(tx) => tx,
+                Err(error) => return Err(self.nothing_committed(&ctx, error).await),
+            };
+            let (mut tx, response) = match self.drive(&ctx, handler(ctx.clone(), tx)).await {
+                Ok(done) => done,
+                Err(error) => return Err(self.fail(&ctx, error, true).await),
+            };
+            let lease = ctx.lease();
+            let completed = lease_call(
+                self.store_name,
+                Operation::Complete,
+                &lease,
+                tx.complete(&lease, &response),
+            )
+            .await;
+            if let Err(error) = completed {
+                drop(tx);
+                return Err(self.nothing_committed(&ctx, error).await);
+            }
+            match lease_call(self.store_name, Operation::Transaction, &lease, tx.commit()).await {
+                Ok(()) => Ok(RunOutcome::Executed(response)),
+                Err(error) => Err(self.nothing_committed(&ctx, error).await),
+            }
         }
-        match tx.commit().await {
-            Ok(()) => Ok(RunOutcome::Executed(response)),
-            Err(error) => Err(self.nothing_committed(&ctx, error).await),
-        }
+        .instrument(span.clone())
+        .await;
+        finish_run(&span, &result);
+        result
     }
 
     async fn claim(&self, scope: Scope, fingerprint: Fingerprint) -> Result<Claimed<S>, RunError> {
         let request = ClaimRequest::new(scope, fingerprint)
             .with_lease(self.lease)?
             .with_retention(self.retention)?;
-        let (lease, checkpoint) = match self.store.claim(&request).await? {
+        let claimed = store_call(
+            Operation::Claim,
+            self.store_name,
+            request.scope(),
+            None,
+            self.store.claim(&request),
+        )
+        .await?;
+        let (lease, checkpoint) = match claimed {
             ClaimOutcome::Claimed { lease, checkpoint } => (lease, checkpoint),
             ClaimOutcome::Completed(response) => {
                 return Ok(Claimed::Answered(RunOutcome::Replayed(response)));
@@ -282,14 +331,11 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
             }
             ClaimOutcome::Mismatch => return Err(RunError::Mismatch),
         };
-        tracing::debug!(
-            tenant = %lease.scope().tenant(),
-            key = %lease.scope().key().redacted(),
-            attempt = lease.attempt(),
-            "idempotency key claimed"
-        );
+        // The run's span: a claim is made inside it.
+        Span::current().record("attempt", lease.attempt());
         Ok(Claimed::Run(Context {
             store: Arc::clone(&self.store),
+            store_name: self.store_name,
             lease: Arc::new(Mutex::new(lease)),
             checkpoint,
             lease_duration: self.lease,
@@ -298,6 +344,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
 
     /// Awaits the handler's work, renewing the lease meanwhile if asked to.
     async fn drive<T>(&self, ctx: &Context<S>, work: impl Future<Output = T>) -> T {
+        let work = handler(self.store_name, work);
         let Some(cap) = self.auto_renew_cap else {
             return work.await;
         };
@@ -331,7 +378,15 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     }
 
     async fn release(&self, ctx: &Context<S>) {
-        if let Err(error) = self.store.release(&ctx.lease()).await {
+        let lease = ctx.lease();
+        let released = lease_call(
+            self.store_name,
+            Operation::Release,
+            &lease,
+            self.store.release(&lease),
+        )
+        .await;
+        if let Err(error) = released {
             tracing::warn!(%error, "could not release a claim; it will expire with its lease");
         }
     }
@@ -346,6 +401,7 @@ enum Claimed<S: ?Sized> {
 /// owner left, and fenced operations on its record.
 pub struct Context<S: ?Sized> {
     store: Arc<S>,
+    store_name: &'static str,
     lease: Arc<Mutex<Lease>>,
     checkpoint: Option<Checkpoint>,
     lease_duration: Duration,
@@ -355,6 +411,7 @@ impl<S: ?Sized> Clone for Context<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
+            store_name: self.store_name,
             lease: Arc::clone(&self.lease),
             checkpoint: self.checkpoint.clone(),
             lease_duration: self.lease_duration,
@@ -415,7 +472,13 @@ impl<S: IdempotencyStore + ?Sized> Context<S> {
     pub async fn checkpoint(&self, name: &str, data: &impl Serialize) -> Result<(), StoreError> {
         let point = Checkpoint::new(name, data)?;
         let lease = self.lease();
-        self.store.checkpoint(&lease, &point).await
+        lease_call(
+            self.store_name,
+            Operation::Checkpoint,
+            &lease,
+            self.store.checkpoint(&lease, &point),
+        )
+        .await
     }
 
     /// Records a recovery point inside the caller's transaction `tx`, so that
@@ -433,7 +496,14 @@ impl<S: IdempotencyStore + ?Sized> Context<S> {
         data: &impl Serialize,
     ) -> Result<(), StoreError> {
         let point = Checkpoint::new(name, data)?;
-        tx.checkpoint(&self.lease(), &point).await
+        let lease = self.lease();
+        lease_call(
+            self.store_name,
+            Operation::Checkpoint,
+            &lease,
+            tx.checkpoint(&lease, &point),
+        )
+        .await
     }
 
     /// Extends the lease to `extend` from now.
@@ -445,7 +515,13 @@ impl<S: IdempotencyStore + ?Sized> Context<S> {
     pub async fn renew(&self, extend: Duration) -> Result<(), StoreError> {
         let extend = validate_lease(extend)?;
         let lease = self.lease();
-        let renewed = self.store.renew(&lease, extend).await?;
+        let renewed = lease_call(
+            self.store_name,
+            Operation::Renew,
+            &lease,
+            self.store.renew(&lease, extend),
+        )
+        .await?;
         *self.locked() = renewed;
         Ok(())
     }

@@ -15,3 +15,4 @@ pub use crate::codec::{
 };
 pub use crate::decision::{Decision, decide};
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};
+pub use crate::timeout::{validate_operation_timeout, with_timeout};

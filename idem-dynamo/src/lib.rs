@@ -51,6 +51,9 @@ mod claim;
 mod codec;
 mod commands;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod options;
 mod store;
 mod transaction;

@@ -1,13 +1,14 @@
 //! `DynamoStore`: construction, the table, and the trait implementation.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use idem_core::store::{
@@ -20,7 +21,7 @@ use idem_core::{
 
 use crate::codec::{self, attr, key, n};
 use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
-use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
+use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure, timed};
 use crate::options::DynamoOptions;
 use crate::transaction::DynamoTransaction;
 
@@ -34,6 +35,10 @@ use crate::transaction::DynamoTransaction;
 /// written twice, but work may run twice). With NTP-synchronised hosts
 /// (skew of milliseconds) and leases of seconds, that margin is ample; keep
 /// leases at least 100 times the skew you expect.
+///
+/// Every operation is bounded by [`DynamoOptions::operation_timeout`] (5 s by
+/// default), the SDK's retries included, and ends in a retryable
+/// [`StoreError::Unavailable`] past it.
 ///
 /// ```no_run
 /// use idem_dynamo::{aws_sdk_dynamodb, DynamoOptions, DynamoStore};
@@ -56,13 +61,15 @@ impl fmt::Debug for DynamoStore {
             .field("table", &self.options.table)
             .field("clock", &self.options.clock)
             .field("max_response_bytes", &self.options.max_response_bytes)
+            .field("operation_timeout", &self.options.operation_timeout)
             .finish_non_exhaustive()
     }
 }
 
 impl DynamoStore {
     /// A store on the table [`DEFAULT_TABLE`](crate::DEFAULT_TABLE)
-    /// (`idem-records`), with the default response limit, on the system clock.
+    /// (`idem-records`), with the default response limit and operation
+    /// timeout, on the system clock.
     pub fn new(client: Client) -> Self {
         Self {
             client,
@@ -74,9 +81,10 @@ impl DynamoStore {
     ///
     /// # Errors
     ///
-    /// [`InvalidInput`] if the table name breaks DynamoDB's rules or the
+    /// [`InvalidInput`] if the table name breaks DynamoDB's rules, the
     /// response limit is outside 1 byte to
-    /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES).
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES), or
+    /// the operation timeout is zero.
     pub fn with_options(client: Client, options: DynamoOptions) -> Result<Self, InvalidInput> {
         Ok(Self {
             client,
@@ -94,6 +102,12 @@ impl DynamoStore {
         &self.client
     }
 
+    /// The time limit of each operation; see
+    /// [`DynamoOptions::operation_timeout`].
+    pub fn operation_timeout(&self) -> Duration {
+        self.options.operation_timeout
+    }
+
     /// Opens a transaction that the completion (and checkpoints) of a run
     /// join: your items and the record commit in one `TransactWriteItems`.
     /// No request is sent until [`commit`](idem_core::store::Transaction::commit);
@@ -103,11 +117,14 @@ impl DynamoStore {
     /// # Errors
     ///
     /// None today; the signature leaves room for one.
-    pub async fn begin(&self) -> Result<DynamoTransaction, StoreError> {
-        Ok(DynamoTransaction::new(
+    pub fn begin(
+        &self,
+    ) -> impl Future<Output = Result<DynamoTransaction, StoreError>> + Send + use<> {
+        // Owned, so `move || store.begin()` can open one per request.
+        std::future::ready(Ok(DynamoTransaction::new(
             self.client.clone(),
             self.options.clone(),
-        ))
+        )))
     }
 
     fn now(&self) -> Timestamp {
@@ -200,64 +217,78 @@ impl DynamoStore {
 #[async_trait]
 impl IdempotencyStore for DynamoStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        crate::claim::claim(&self.client, self.table(), request, self.now()).await
+        let limit = self.options.operation_timeout;
+        let claim = crate::claim::claim(&self.client, self.table(), request, self.now());
+        timed(Operation::Claim, limit, claim).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
         let now = self.now();
         let update = commands::complete(lease, response, now, self.options.max_response_bytes)?;
-        let sent = update
-            .request(&self.client, self.table())
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let Err(error) = sent else {
-            return Ok(());
-        };
-        // A second delivery (the SDK resends after a lost reply) finds the
-        // record this very completion wrote: answer as the first did.
-        if let Some(UpdateItemError::ConditionalCheckFailedException(failed)) =
-            error.as_service_error()
-            && let Some(old) = failed.item()
-            && codec::is_live(old, now)
-            && codec::record(lease.scope(), old, Operation::Complete)
-                .is_ok_and(|record| record.is_completed_by(lease, response))
-        {
-            return Ok(());
-        }
-        Err(fenced(Operation::Complete, error))
+        timed(Operation::Complete, self.options.operation_timeout, async {
+            let sent = update
+                .request(&self.client, self.table())
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            let Err(error) = sent else {
+                return Ok(());
+            };
+            // A second delivery (the SDK resends after a lost reply, the
+            // caller after a timeout) finds the record this very completion
+            // wrote: answer as the first did.
+            if let Some(UpdateItemError::ConditionalCheckFailedException(failed)) =
+                error.as_service_error()
+                && let Some(old) = failed.item()
+                && codec::is_live(old, now)
+                && codec::record(lease.scope(), old, Operation::Complete)
+                    .is_ok_and(|record| record.is_completed_by(lease, response))
+            {
+                return Ok(());
+            }
+            Err(fenced(Operation::Complete, error))
+        })
+        .await
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
         let now = self.now();
         let until = now + extend;
-        let within = commands::renew_within_retention(lease, until, now)
-            .request(&self.client, self.table())
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let Err(error) = within else {
-            return Ok(lease.renewed(until));
-        };
-        let retained_short = matches!(
-            error.as_service_error(),
-            Some(UpdateItemError::ConditionalCheckFailedException(failed))
-                if failed.item().is_some_and(|old| commands::held_but_retained_short(old, lease, now, until))
-        );
-        if !retained_short {
-            return Err(fenced(Operation::Renew, error));
-        }
-        commands::renew_stretching_retention(lease, until, now)
-            .request(&self.client, self.table())
-            .send()
-            .await
-            .map_err(|e| fenced(Operation::Renew, e))?;
-        Ok(lease.renewed(until))
+        timed(Operation::Renew, self.options.operation_timeout, async {
+            let within = commands::renew_within_retention(lease, until, now)
+                .request(&self.client, self.table())
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            let Err(error) = within else {
+                return Ok(lease.renewed(until));
+            };
+            let retained_short = matches!(
+                error.as_service_error(),
+                Some(UpdateItemError::ConditionalCheckFailedException(failed))
+                    if failed.item().is_some_and(|old| commands::held_but_retained_short(old, lease, now, until))
+            );
+            if !retained_short {
+                return Err(fenced(Operation::Renew, error));
+            }
+            commands::renew_stretching_retention(lease, until, now)
+                .request(&self.client, self.table())
+                .send()
+                .await
+                .map_err(|e| fenced(Operation::Renew, e))?;
+            Ok(lease.renewed(until))
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.client
+        let sent = self
+            .client
             .delete_item()
             .table_name(self.table())
             .key(attr::PK, key(lease.scope()))
@@ -266,31 +297,39 @@ impl IdempotencyStore for DynamoStore {
             .condition_expression(RELEASE_CONDITION)
             .expression_attribute_names("#exp", attr::EXPIRES)
             .set_expression_attribute_values(Some(fence_values(lease, self.now())))
-            .send()
-            .await
-            .map_err(|e| fenced(Operation::Release, e))?;
+            .send();
+        timed(Operation::Release, self.options.operation_timeout, async {
+            sent.await.map_err(|e| fenced(Operation::Release, e))
+        })
+        .await?;
         Ok(())
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        commands::checkpoint(lease, checkpoint, self.now())
+        let sent = commands::checkpoint(lease, checkpoint, self.now())
             .request(&self.client, self.table())
-            .send()
-            .await
-            .map_err(|e| fenced(Operation::Checkpoint, e))?;
+            .send();
+        timed(
+            Operation::Checkpoint,
+            self.options.operation_timeout,
+            async { sent.await.map_err(|e| fenced(Operation::Checkpoint, e)) },
+        )
+        .await?;
         Ok(())
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let output = self
+        let sent = self
             .client
             .get_item()
             .table_name(self.table())
             .key(attr::PK, key(scope))
             .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| classify(Operation::Get, e))?;
+            .send();
+        let output = timed(Operation::Get, self.options.operation_timeout, async {
+            sent.await.map_err(|e| classify(Operation::Get, e))
+        })
+        .await?;
         match output.item() {
             // TTL deletes lazily: an item past retention counts as absent.
             Some(found) if codec::is_live(found, self.now()) => {
@@ -300,8 +339,11 @@ impl IdempotencyStore for DynamoStore {
         }
     }
 
+    /// Each request (a scan page, a delete) is bounded by the operation
+    /// timeout, not the whole sweep.
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Purge;
+        let limit = self.options.operation_timeout;
         let now = n(self.now().as_unix_millis());
         let mut deleted = 0;
         let mut pages = self
@@ -314,12 +356,12 @@ impl IdempotencyStore for DynamoStore {
             .expression_attribute_values(":now", now.clone())
             .into_paginator()
             .send();
-        while let Some(page) = pages.next().await {
+        while let Some(page) = timed(OP, limit, async { Ok(pages.next().await) }).await? {
             let page = page.map_err(|e| classify(OP, e))?;
             for found in page.items() {
                 let pk = found.get(attr::PK).ok_or_else(|| corrupt(OP, attr::PK))?;
                 // Conditional, so a record claimed afresh since the scan stays.
-                let result = self
+                let sent = self
                     .client
                     .delete_item()
                     .table_name(self.table())
@@ -327,9 +369,8 @@ impl IdempotencyStore for DynamoStore {
                     .condition_expression(PAST_RETENTION)
                     .expression_attribute_names("#exp", attr::EXPIRES)
                     .expression_attribute_values(":now", now.clone())
-                    .send()
-                    .await;
-                match result {
+                    .send();
+                match timed(OP, limit, async { Ok(sent.await) }).await? {
                     Ok(_) => deleted += 1,
                     Err(error) if is_condition_failure(&error) => {}
                     Err(error) => return Err(classify(OP, error)),
@@ -339,12 +380,72 @@ impl IdempotencyStore for DynamoStore {
         Ok(deleted)
     }
 
+    async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let now = self.now();
+        let sent = self
+            .client
+            .delete_item()
+            .table_name(self.table())
+            .key(attr::PK, key(scope))
+            .return_values(ReturnValue::AllOld)
+            .send();
+        let output = timed(Operation::Delete, self.options.operation_timeout, async {
+            sent.await.map_err(|e| classify(Operation::Delete, e))
+        })
+        .await?;
+        // TTL deletes lazily: an item past retention was not a live record.
+        Ok(output
+            .attributes()
+            .is_some_and(|old| codec::is_live(old, now)))
+    }
+
+    async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
+        Ok(self.now())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
+            STORE,
             TransactionSharing::TransactItems,
             Durability::Durable,
             ClockSource::Caller,
             self.options.max_response_bytes,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::config::{Credentials, Region};
+
+    use super::*;
+
+    #[test]
+    fn a_zero_operation_timeout_is_refused_at_construction() {
+        // Building a client sends nothing.
+        let config = aws_sdk_dynamodb::Config::builder()
+            .behavior_version_latest()
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "unit"))
+            .build();
+        let client = Client::from_conf(config);
+        let zero = DynamoOptions::default().operation_timeout(Duration::ZERO);
+        assert_eq!(
+            DynamoStore::with_options(client.clone(), zero).err(),
+            Some(InvalidInput::OutOfRange {
+                field: "operation timeout",
+                reason: "must be more than zero",
+            })
+        );
+        let store = DynamoStore::with_options(
+            client.clone(),
+            DynamoOptions::default().operation_timeout(Duration::from_millis(1)),
+        )
+        .expect("any limit above zero");
+        assert_eq!(store.operation_timeout(), Duration::from_millis(1));
+        assert_eq!(
+            DynamoStore::new(client).operation_timeout(),
+            DynamoOptions::DEFAULT_OPERATION_TIMEOUT
+        );
     }
 }

@@ -10,7 +10,7 @@ use idem_core::store::{Lease, OwnerToken, Transaction};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 
 use crate::commands::{self, FencedUpdate};
-use crate::error::{RETRYABLE_REASONS, STORE, classify};
+use crate::error::{RETRYABLE_REASONS, STORE, classify, timed};
 use crate::options::DynamoOptions;
 
 const OP: Operation = Operation::Transaction;
@@ -39,6 +39,10 @@ const CONDITION_FAILED: &str = "ConditionalCheckFailed";
 /// record keeps no checkpoint), and your items must not write the record's
 /// own item (they may share its table). DynamoDB caps a transaction at 100
 /// items and 4 MB.
+///
+/// The commit is bounded by the store's
+/// [operation timeout](crate::DynamoOptions::operation_timeout); a commit
+/// that times out has an unknown outcome, as any `Unavailable`.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -176,12 +180,12 @@ impl Transaction for DynamoTransaction {
         let callers = self.items.len();
         let mut items = self.items;
         items.extend(self.records.into_iter().map(|w| w.item));
-        let result = self
+        let sent = self
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            .send()
-            .await;
+            .send();
+        let result = timed(OP, self.options.operation_timeout, async { Ok(sent.await) }).await?;
         let Err(error) = result else {
             return Ok(());
         };

@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_conformance::support::{
-    cost_of_each_operation, fresh_scope, long, must_claim, request, wait_for_claim,
+    cost_of_each_operation, fresh_scope, long, must_claim, request, runner, wait_for_claim,
 };
 use idem_core::store::{
     ClaimOutcome, IdempotencyStore, Lease, ManualClock, OwnerToken, Timestamp, Transaction,
@@ -26,12 +25,6 @@ use idem_dynamo::{DynamoOptions, DynamoStore, DynamoTransaction};
 /// The fingerprint of the request body `a`, as `support::request(.., "a", ..)` claims it.
 fn fp_a() -> Fingerprint {
     Fingerprint::of_bytes("a")
-}
-
-/// A runner over the store as `Arc<dyn IdempotencyStore>`, as services hold it.
-fn runner(store: &DynamoStore) -> Idempotency<dyn IdempotencyStore> {
-    let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    Idempotency::new(shared)
 }
 
 /// A business item for the caller's side of a transaction: an order that
@@ -51,17 +44,7 @@ fn order(table: &str, id: &str) -> TransactWriteItem {
 }
 
 async fn order_exists(store: &DynamoStore, id: &str) -> bool {
-    store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .key("pk", AttributeValue::S(format!("order#{id}")))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item()
-        .is_some()
+    common::order_item(store, id).await.is_some()
 }
 
 /// Runs a transactional handler that writes `orders` and answers `body`.

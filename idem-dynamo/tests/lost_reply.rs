@@ -5,23 +5,18 @@
 
 mod common;
 
-use idem_conformance::faults::FaultProxy;
 use idem_conformance::support::lost_replies_are_answered_truthfully;
-use idem_dynamo::{DynamoOptions, DynamoStore};
+use idem_dynamo::DynamoOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_is_answered_truthfully() {
-    let upstream = common::endpoint();
-    let proxy =
-        FaultProxy::start(upstream.trim_start_matches("http://").trim_end_matches('/')).await;
-    let store = DynamoStore::with_options(
-        common::client_at(&format!("http://{}", proxy.address())),
-        DynamoOptions::default()
-            .table(&common::own_table("lost-reply"))
-            .max_response_bytes(common::MOTO_MAX_RESPONSE_BYTES),
+    let proxy = common::proxy().await;
+    let store = common::store_through(
+        &proxy,
+        common::CONNECT_TIMEOUT,
+        DynamoOptions::default().table(&common::own_table("lost-reply")),
     )
-    .unwrap();
-    store.create_table().await.unwrap();
+    .await;
     let answers = lost_replies_are_answered_truthfully(&store, &proxy).await;
     println!("{answers:?}");
     // The SDK resends after a lost reply: the store's own answer is the true one.

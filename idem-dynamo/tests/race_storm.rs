@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use idem_conformance::support::{fresh_tenant, key, long};
-use idem_core::store::IdempotencyStore;
-use idem_core::{Idempotency, RunError, RunOutcome, Scope, StoredResponse};
+use idem_conformance::support::{executed_runs, fresh_tenant, key, long, runner};
+use idem_core::{Scope, StoredResponse};
 use idem_dynamo::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 
 const KEYS: usize = 40;
@@ -34,10 +32,7 @@ fn count_once(table: &str, order: &str) -> TransactWriteItem {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transact_items_race_storm_counts_each_business_effect_once() {
     let store = common::own_store("storm").await;
-    let any: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    let idem = Idempotency::new(any)
-        .with_lease(Duration::from_secs(30))
-        .unwrap();
+    let idem = runner(&store).with_lease(Duration::from_secs(30)).unwrap();
     let tenant = fresh_tenant();
     let mut tasks = Vec::new();
     for k in 0..KEYS {
@@ -59,27 +54,11 @@ async fn transact_items_race_storm_counts_each_business_effect_once() {
             }));
         }
     }
-    let mut executed = 0;
-    for task in tasks {
-        match task.await.unwrap() {
-            Ok(RunOutcome::Executed(_)) => executed += 1,
-            Ok(RunOutcome::Replayed(_)) | Err(RunError::InProgress { .. }) => {}
-            Err(other) => panic!("a raced run failed: {other:?}"),
-        }
-    }
-    assert_eq!(executed, KEYS);
+    assert_eq!(executed_runs(tasks).await, KEYS);
     for k in 0..KEYS {
-        let item = store
-            .client()
-            .get_item()
-            .table_name(store.table())
-            .key("pk", AttributeValue::S(format!("order#{k}")))
-            .consistent_read(true)
-            .send()
-            .await
-            .unwrap();
+        let item = common::order_item(&store, &k.to_string()).await;
         let count = item
-            .item()
+            .as_ref()
             .and_then(|i| i.get("executions"))
             .and_then(|v| v.as_n().ok())
             .cloned();

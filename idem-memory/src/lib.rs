@@ -326,8 +326,18 @@ impl IdempotencyStore for MemoryStore {
         Ok(removed)
     }
 
+    async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        Ok(self.records.remove(scope).is_some_and(|r| r.is_live(now)))
+    }
+
+    async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
+        Ok(self.clock.now())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
+            STORE,
             TransactionSharing::None,
             Durability::Volatile,
             ClockSource::Caller,

@@ -14,6 +14,8 @@ pub(crate) struct Statements {
     pub(crate) checkpoint: Arc<str>,
     pub(crate) get: Arc<str>,
     pub(crate) purge_batch: Arc<str>,
+    pub(crate) delete: Arc<str>,
+    pub(crate) now: Arc<str>,
 }
 
 /// Millisecond precision keeps every store's timestamps comparable.
@@ -84,6 +86,13 @@ impl Statements {
                  ) AS old WHERE r.tenant = old.tenant AND r.key = old.key"
             )
             .into(),
+            // Unfenced, for operators: one row or none, and whether it was live.
+            delete: format!(
+                "DELETE FROM {t} AS r USING {NOW} WHERE r.tenant = $1 AND r.key = $2 \
+                 RETURNING r.expires_at > c.now"
+            )
+            .into(),
+            now: format!("SELECT (extract(epoch FROM c.now) * 1000)::bigint FROM {NOW}").into(),
         }
     }
 }

@@ -2,8 +2,10 @@
 //! SQL, its response limit and its purge batch.
 
 use std::fmt;
+use std::time::Duration;
 
 use idem_core::InvalidInput;
+use idem_core::store::validate_operation_timeout;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idem_records";
@@ -136,12 +138,14 @@ pub const DEFAULT_PURGE_BATCH: u32 = 5_000;
 /// [`PostgresStore::with_options`](crate::PostgresStore::with_options).
 ///
 /// ```
+/// use std::time::Duration;
 /// use idem_postgres::PostgresOptions;
 ///
 /// let options = PostgresOptions::default()
 ///     .table("billing.idempotency")
 ///     .max_response_bytes(1 << 20)
-///     .purge_batch(1_000);
+///     .purge_batch(1_000)
+///     .operation_timeout(Duration::from_secs(2));
 /// # let _ = options;
 /// ```
 #[derive(Debug, Clone)]
@@ -150,6 +154,7 @@ pub struct PostgresOptions {
     pub(crate) table: String,
     pub(crate) max_response_bytes: usize,
     pub(crate) purge_batch: u32,
+    pub(crate) operation_timeout: Duration,
 }
 
 impl Default for PostgresOptions {
@@ -158,11 +163,20 @@ impl Default for PostgresOptions {
             table: DEFAULT_TABLE.to_string(),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             purge_batch: DEFAULT_PURGE_BATCH,
+            operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
         }
     }
 }
 
 impl PostgresOptions {
+    /// The default [`operation_timeout`](Self::operation_timeout): 5 s.
+    ///
+    /// A healthy operation takes milliseconds, and a busy one (waiting for a
+    /// pooled connection or a row lock) well under a second; 5 s never cuts
+    /// those short, yet fails a stalled call long before the 30 to 60 s after
+    /// which HTTP clients and load balancers give up on the request anyway.
+    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// The table: `table` or `schema.table`, lowercase SQL identifiers
     /// (default `idem_records`; see [`TableName`]).
     #[must_use]
@@ -185,8 +199,42 @@ impl PostgresOptions {
         self
     }
 
+    /// The time limit of each operation (default
+    /// [`DEFAULT_OPERATION_TIMEOUT`](Self::DEFAULT_OPERATION_TIMEOUT), 5 s;
+    /// more than zero; [`Duration::MAX`] for none).
+    ///
+    /// It bounds the whole operation: acquiring a connection from the pool
+    /// (that happens inside every operation, reconnecting included) and the
+    /// statement's round trip. It applies to every
+    /// [`IdempotencyStore`](idem_core::store::IdempotencyStore) operation
+    /// (for `purge_expired`, to each batch), to
+    /// [`claim_in`](crate::PostgresStore::claim_in),
+    /// [`begin`](crate::PostgresStore::begin), and the completion,
+    /// checkpoint and commit of a [`PgTransaction`](crate::PgTransaction);
+    /// not to [`migrate`](crate::PostgresStore::migrate), which may wait for
+    /// a concurrent migration. Past it the operation ends in
+    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable),
+    /// "timed out": it may or may not have happened, and a retry with the
+    /// same request or lease gets the true answer.
+    ///
+    /// The pool's own settings still apply inside it, and the shorter limit
+    /// fires first, both as `Unavailable`: sqlx's `acquire_timeout` (30 s by
+    /// default) bounds only the wait for a connection, and a server-side
+    /// `statement_timeout` only the statement's execution, neither a stalled
+    /// network. A connection whose statement timed out is tested by sqlx in
+    /// the background as it returns to the pool, and closed if broken. Inside
+    /// the caller's transaction (`claim_in`, [`PgTransaction`](crate::PgTransaction))
+    /// a timed-out statement leaves the transaction's outcome to the caller:
+    /// roll it back.
+    #[must_use]
+    pub fn operation_timeout(mut self, limit: Duration) -> Self {
+        self.operation_timeout = limit;
+        self
+    }
+
     /// The table name, validated.
     pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
+        validate_operation_timeout(self.operation_timeout)?;
         if self.max_response_bytes > MAX_RESPONSE_BYTES_LIMIT {
             return Err(InvalidInput::OutOfRange {
                 field: "max response bytes",

@@ -2,13 +2,14 @@
 //! which also run inside the caller's transaction.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
     Record, Timestamp, TransactionSharing, check_response_size, checkpoint_json, millis,
-    validate_lease,
+    validate_lease, with_timeout,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
@@ -16,7 +17,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
 use crate::claim;
 use crate::codec::{bind_response, record};
 use crate::commands::Statements;
-use crate::error::classify;
+use crate::error::{STORE, classify};
 use crate::options::{PostgresOptions, TableName};
 use crate::transaction::PgTransaction;
 
@@ -30,6 +31,11 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 /// prepared it once). For exactly one round trip per operation, build the
 /// pool with `test_before_acquire(false)`: otherwise sqlx pings the
 /// connection before every use.
+///
+/// Every operation is bounded by
+/// [`PostgresOptions::operation_timeout`] (5 s by default), acquiring its
+/// connection from the pool included, and ends in a retryable
+/// [`StoreError::Unavailable`] past it.
 ///
 /// ```no_run
 /// use idem_postgres::{PostgresOptions, PostgresStore};
@@ -51,6 +57,7 @@ pub struct PostgresStore {
     sql: Arc<Statements>,
     max_response_bytes: usize,
     purge_batch: u32,
+    operation_timeout: Duration,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -60,6 +67,7 @@ impl fmt::Debug for PostgresStore {
             .field("pool_size", &self.pool.size())
             .field("max_response_bytes", &self.max_response_bytes)
             .field("purge_batch", &self.purge_batch)
+            .field("operation_timeout", &self.operation_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -78,7 +86,7 @@ fn held(done: bool) -> Result<(), StoreError> {
 
 impl PostgresStore {
     /// A store with the default options: table `idem_records`, 8 MiB
-    /// responses.
+    /// responses, a 5 s operation timeout.
     pub fn new(pool: PgPool) -> Self {
         let table = TableName::default();
         let defaults = PostgresOptions::default();
@@ -88,6 +96,7 @@ impl PostgresStore {
             table,
             max_response_bytes: defaults.max_response_bytes,
             purge_batch: defaults.purge_batch,
+            operation_timeout: defaults.operation_timeout,
         }
     }
 
@@ -96,7 +105,8 @@ impl PostgresStore {
     /// # Errors
     ///
     /// [`StoreError::InvalidInput`] if the table is not a lowercase
-    /// identifier, the response limit is over 512 MiB, or the purge batch is 0.
+    /// identifier, the response limit is over 512 MiB, the purge batch is 0
+    /// or the operation timeout is zero.
     pub fn with_options(pool: PgPool, options: PostgresOptions) -> Result<Self, StoreError> {
         let table = options.validate()?;
         Ok(Self {
@@ -105,6 +115,7 @@ impl PostgresStore {
             table,
             max_response_bytes: options.max_response_bytes,
             purge_batch: options.purge_batch,
+            operation_timeout: options.operation_timeout,
         })
     }
 
@@ -116,6 +127,22 @@ impl PostgresStore {
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The time limit of each operation; see
+    /// [`PostgresOptions::operation_timeout`].
+    pub fn operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// Runs `operation` within the operation timeout: the one place every
+    /// call to the database is bounded.
+    pub(crate) async fn timed<T>(
+        &self,
+        operation: Operation,
+        future: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        with_timeout(STORE, operation, self.operation_timeout, future).await
     }
 
     /// The exact statement a claim sends: `SELECT * FROM <table>_claim($1..$6)`
@@ -166,17 +193,23 @@ impl PostgresStore {
     /// and the domain writes commit together. A duplicate delivery racing it
     /// waits on the row until that transaction ends, then sees `Completed`
     /// (or claims, if the transaction rolled back). Needs READ COMMITTED, the
-    /// default isolation.
+    /// default isolation. The wait on the row counts against the
+    /// [operation timeout](PostgresOptions::operation_timeout).
     ///
     /// # Errors
     ///
-    /// As [`IdempotencyStore::claim`].
+    /// As [`IdempotencyStore::claim`]. After a timeout the claim's outcome
+    /// within your transaction is unknown: roll the transaction back.
     pub async fn claim_in(
         &self,
         conn: &mut PgConnection,
         request: &ClaimRequest,
     ) -> Result<ClaimOutcome, StoreError> {
-        claim::claim(&self.sql.claim, conn, request).await
+        self.timed(
+            Operation::Claim,
+            claim::claim(&self.sql.claim, conn, request),
+        )
+        .await
     }
 
     /// Opens a transaction on the store's database for
@@ -206,17 +239,28 @@ impl PostgresStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Unavailable`] if no connection could be had.
-    pub async fn begin(&self) -> Result<PgTransaction, StoreError> {
-        let tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| classify(Operation::Transaction, e))?;
-        Ok(PgTransaction::new(self.clone(), tx))
+    /// [`StoreError::Unavailable`] if no connection could be had within the
+    /// [operation timeout](PostgresOptions::operation_timeout).
+    pub fn begin(&self) -> impl Future<Output = Result<PgTransaction, StoreError>> + Send + use<> {
+        // The future owns a clone of the store, so `move || store.begin()`
+        // can open one per request (idem-http's transactional mode).
+        let store = self.clone();
+        async move {
+            let tx = store
+                .timed(Operation::Transaction, async {
+                    store
+                        .pool
+                        .begin()
+                        .await
+                        .map_err(|e| classify(Operation::Transaction, e))
+                })
+                .await?;
+            Ok(PgTransaction::new(store.clone(), tx))
+        }
     }
 
-    /// Completes the lease's record on `executor`: the pool, or a transaction.
+    /// Completes the lease's record on `executor` (the pool, or a
+    /// transaction), within the operation timeout.
     pub(crate) async fn complete_on<'e>(
         &self,
         executor: impl PgExecutor<'e>,
@@ -225,37 +269,51 @@ impl PostgresStore {
     ) -> Result<(), StoreError> {
         check_response_size(response, self.max_response_bytes)?;
         let query = Self::fenced(&self.sql.complete, lease).bind(millis(lease.retention()));
-        let done = bind_response(query, response)
-            .fetch_one(executor)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| classify(Operation::Complete, e))?;
+        let done = self
+            .timed(Operation::Complete, async {
+                bind_response(query, response)
+                    .fetch_one(executor)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(|e| classify(Operation::Complete, e))
+            })
+            .await?;
         held(done)
     }
 
-    /// Writes a checkpoint on the lease's record on `executor`.
+    /// Writes a checkpoint on the lease's record on `executor`, within the
+    /// operation timeout.
     pub(crate) async fn checkpoint_on<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         lease: &Lease,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
-        let done = Self::fenced(&self.sql.checkpoint, lease)
-            .bind(checkpoint.name())
-            .bind(checkpoint_json(checkpoint))
-            .execute(executor)
-            .await
-            .map_err(|e| classify(Operation::Checkpoint, e))?;
+        let done = self
+            .timed(Operation::Checkpoint, async {
+                Self::fenced(&self.sql.checkpoint, lease)
+                    .bind(checkpoint.name())
+                    .bind(checkpoint_json(checkpoint))
+                    .execute(executor)
+                    .await
+                    .map_err(|e| classify(Operation::Checkpoint, e))
+            })
+            .await?;
         rows_to_lease(done.rows_affected())
     }
 
-    /// Deletes one batch of rows past retention; returns how many.
+    /// Deletes one batch of rows past retention, within the operation
+    /// timeout; returns how many.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.sql.purge_batch.clone()))
-            .bind(i64::from(self.purge_batch))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify(Operation::Purge, e))?;
+        let done = self
+            .timed(Operation::Purge, async {
+                sqlx::query(AssertSqlSafe(self.sql.purge_batch.clone()))
+                    .bind(i64::from(self.purge_batch))
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| classify(Operation::Purge, e))
+            })
+            .await?;
         Ok(done.rows_affected())
     }
 
@@ -273,7 +331,11 @@ impl PostgresStore {
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        claim::claim(&self.sql.claim, &self.pool, request).await
+        self.timed(
+            Operation::Claim,
+            claim::claim(&self.sql.claim, &self.pool, request),
+        )
+        .await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
@@ -282,24 +344,30 @@ impl IdempotencyStore for PostgresStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
-        let until: Option<i64> = Self::fenced(&self.sql.renew, lease)
-            .bind(millis(extend))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| classify(Operation::Renew, e))?
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(|e| classify(Operation::Renew, e))?;
+        let until: Option<i64> = self
+            .timed(Operation::Renew, async {
+                Self::fenced(&self.sql.renew, lease)
+                    .bind(millis(extend))
+                    .fetch_optional(&self.pool)
+                    .await
+                    .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+                    .map_err(|e| classify(Operation::Renew, e))
+            })
+            .await?;
         let until = until.ok_or(StoreError::LostLease)?;
         Ok(lease.renewed(Timestamp::from_unix_millis(until)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let done = Self::fenced(&self.sql.release, lease)
-            .fetch_one(&self.pool)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| classify(Operation::Release, e))?;
+        let done = self
+            .timed(Operation::Release, async {
+                Self::fenced(&self.sql.release, lease)
+                    .fetch_one(&self.pool)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(|e| classify(Operation::Release, e))
+            })
+            .await?;
         held(done)
     }
 
@@ -308,15 +376,20 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(self.sql.get.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.key().as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| classify(Operation::Get, e))?;
+        let row = self
+            .timed(Operation::Get, async {
+                sqlx::query(AssertSqlSafe(self.sql.get.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.key().as_str())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| classify(Operation::Get, e))
+            })
+            .await?;
         row.map(|row| record(scope, &row)).transpose()
     }
 
+    /// Each batch is bounded by the operation timeout, not the whole sweep.
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
@@ -328,12 +401,79 @@ impl IdempotencyStore for PostgresStore {
         }
     }
 
+    async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let live: Option<bool> = self
+            .timed(Operation::Delete, async {
+                sqlx::query(AssertSqlSafe(self.sql.delete.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.key().as_str())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+                    .map_err(|e| classify(Operation::Delete, e))
+            })
+            .await?;
+        Ok(live.unwrap_or(false))
+    }
+
+    async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
+        let millis: i64 = self
+            .timed(Operation::Now, async {
+                sqlx::query(AssertSqlSafe(self.sql.now.clone()))
+                    .fetch_one(&self.pool)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(|e| classify(Operation::Now, e))
+            })
+            .await?;
+        Ok(Timestamp::from_unix_millis(millis))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
+            STORE,
             TransactionSharing::SameDatabase,
             Durability::Durable,
             ClockSource::Server,
             self.max_response_bytes,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::postgres::PgPoolOptions;
+
+    #[tokio::test]
+    async fn a_zero_operation_timeout_is_refused_at_construction() {
+        // A lazy pool connects on first use, which never comes.
+        let pool = PgPoolOptions::new()
+            .connect_lazy("postgres://127.0.0.1:1/none")
+            .expect("a URL that parses");
+        let options = PostgresOptions::default().operation_timeout(Duration::ZERO);
+        let refused = PostgresStore::with_options(pool.clone(), options);
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::InvalidInput(
+                    idem_core::InvalidInput::OutOfRange {
+                        field: "operation timeout",
+                        ..
+                    }
+                ))
+            ),
+            "{refused:?}"
+        );
+        let store = PostgresStore::with_options(
+            pool,
+            PostgresOptions::default().operation_timeout(Duration::from_millis(1)),
+        )
+        .expect("any limit above zero");
+        assert_eq!(store.operation_timeout(), Duration::from_millis(1));
+        assert_eq!(
+            PostgresStore::new(store.pool().clone()).operation_timeout(),
+            PostgresOptions::DEFAULT_OPERATION_TIMEOUT
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 use idem_core::store::{Lease, Transaction};
-use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
+use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 use sqlx::{PgConnection, Postgres};
 
 use crate::error::classify_commit;
@@ -16,6 +16,11 @@ use crate::store::PostgresStore;
 /// Write your business rows through it (`&mut *tx` is a `PgConnection`);
 /// the runner completes the record inside it and commits, so the rows and
 /// the stored response commit together. Dropping it rolls back.
+///
+/// The completion, a checkpoint and the commit are each bounded by the
+/// store's [operation timeout](crate::PostgresOptions::operation_timeout); a
+/// commit that times out has an unknown outcome, as any `Unavailable`.
+/// Your own statements through it are yours to bound.
 pub struct PgTransaction {
     store: PostgresStore,
     tx: sqlx::Transaction<'static, Postgres>,
@@ -70,6 +75,11 @@ impl Transaction for PgTransaction {
     }
 
     async fn commit(self) -> Result<(), StoreError> {
-        self.tx.commit().await.map_err(classify_commit)
+        let Self { store, tx } = self;
+        store
+            .timed(Operation::Transaction, async {
+                tx.commit().await.map_err(classify_commit)
+            })
+            .await
     }
 }

@@ -9,24 +9,19 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_conformance::support::{fresh_tenant, key, long};
+use common::{rows, runner};
+use idem_conformance::support::{executed_runs, fresh_tenant, key, long};
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Transaction};
-use idem_core::{Idempotency, RunError, RunOutcome, Scope, StoredResponse, Sweeper};
+use idem_core::{Scope, StoredResponse, Sweeper};
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 
 const KEYS: usize = 100;
 const DUPLICATES: usize = 4;
 
+/// A business table of its own: tenant and key.
 async fn business_table(pool: &PgPool) -> String {
-    let name = format!("storm_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {name} (tenant text NOT NULL, key text NOT NULL)"
-    )))
-    .execute(pool)
-    .await
-    .unwrap();
-    name
+    common::business_table(pool, "tenant text NOT NULL, key text NOT NULL").await
 }
 
 /// Keys that appear in `table` other than exactly once.
@@ -37,13 +32,6 @@ async fn not_once(pool: &PgPool, table: &str) -> Vec<(String, i64)> {
     .fetch_all(pool)
     .await
     .unwrap()
-}
-
-async fn rows(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 fn insert(table: &str, request: &ClaimRequest) -> String {
@@ -107,10 +95,7 @@ async fn inbox_race_storm_leaves_one_business_row_per_message() {
 /// purging a stream of short-lived records on the same table.
 async fn runner_storm(store: PostgresStore, with_sweeper: bool) {
     let table = business_table(store.pool()).await;
-    let any: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    let idem = Idempotency::new(any)
-        .with_lease(Duration::from_secs(30))
-        .unwrap();
+    let idem = runner(&store, Duration::from_secs(30));
     let sweeper =
         with_sweeper.then(|| Sweeper::spawn(Arc::new(store.clone()), Duration::from_millis(5)));
     // Records that expire while the storm runs, for the sweeper to take.
@@ -146,14 +131,7 @@ async fn runner_storm(store: PostgresStore, with_sweeper: bool) {
             })
         })
         .collect();
-    let mut executed = 0;
-    for task in tasks {
-        match task.await.unwrap() {
-            Ok(RunOutcome::Executed(_)) => executed += 1,
-            Ok(RunOutcome::Replayed(_)) | Err(RunError::InProgress { .. }) => {}
-            Err(other) => panic!("a raced run failed: {other:?}"),
-        }
-    }
+    let executed = executed_runs(tasks).await;
     expiring.await.unwrap();
     if let Some(sweeper) = sweeper {
         sweeper.stop().await;

@@ -6,41 +6,27 @@ mod common;
 #[path = "common/proxy.rs"]
 mod proxy;
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use idem_conformance::support::{cost_of_each_operation, fresh_scope, long};
 use idem_core::store::{ClaimOutcome, Transaction};
 use idem_core::{StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
-use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use proxy::CountingProxy;
 
-async fn proxied_options() -> (CountingProxy, PgConnectOptions) {
-    let options = PgConnectOptions::from_str(&common::url()).expect("IDEM_POSTGRES_URL parses");
-    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+/// A migrated store over one connection through a counting proxy.
+async fn proxied_store() -> (CountingProxy, PostgresStore) {
+    let (options, upstream) = common::server();
     let proxy = CountingProxy::start(upstream).await;
-    let options = options
-        .host("127.0.0.1")
-        .port(proxy.port)
-        .ssl_mode(PgSslMode::Disable);
-    (proxy, options)
+    let store = common::store_over_one_connection(common::via_proxy(options, proxy.port)).await;
+    (proxy, store)
 }
 
 /// Inside an open transaction there is no on-release ping: everything on
 /// the wire is the operation's own, and each is exactly one round trip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_in_and_complete_in_a_transaction_are_one_round_trip_on_the_wire() {
-    let (proxy, options) = proxied_options().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options)
-        .await
-        .expect("connect through the proxy");
-    let store = PostgresStore::new(pool);
-    store.migrate().await.unwrap();
+    let (proxy, store) = proxied_store().await;
     let mut conn = store.begin().await.unwrap();
     let wire = |before: u64| proxy.ready() - before;
 
@@ -105,16 +91,7 @@ async fn claim_in_and_complete_in_a_transaction_are_one_round_trip_on_the_wire()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_and_claim_outcome_is_one_statement_round_trip() {
-    let (proxy, options) = proxied_options().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options)
-        .await
-        .expect("connect through the proxy");
-    let store = PostgresStore::new(pool);
-    store.migrate().await.unwrap();
+    let (proxy, store) = proxied_store().await;
     let costs = cost_of_each_operation(&store, || {
         let statements = proxy.statements();
         async move { statements }

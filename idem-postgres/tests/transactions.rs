@@ -7,39 +7,21 @@ mod common;
 
 use std::time::Duration;
 
-use std::sync::Arc;
-
 use idem_conformance::support::{eventually, fresh_scope, wait_for_claim};
 
+use common::{rows, runner};
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Transaction};
 use idem_core::{HandlerError, Idempotency, RunError, RunOutcome, StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 
-/// The runner every service holds: any store behind `dyn`.
-fn runner(store: &PostgresStore, lease: Duration) -> Idempotency<dyn IdempotencyStore> {
-    let store: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    Idempotency::new(store).with_lease(lease).unwrap()
-}
-
-/// A business table of its own, with no unique constraint: nothing but idem
-/// stands between a duplicate and a second row.
+/// A business table of its own: tenant, key and a note.
 async fn business_table(pool: &PgPool) -> String {
-    let name = format!("orders_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {name} (tenant text NOT NULL, key text NOT NULL, note text NOT NULL)"
-    )))
-    .execute(pool)
+    common::business_table(
+        pool,
+        "tenant text NOT NULL, key text NOT NULL, note text NOT NULL",
+    )
     .await
-    .unwrap();
-    name
-}
-
-async fn rows(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 async fn drop_table(pool: &PgPool, table: &str) {

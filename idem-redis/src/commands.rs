@@ -23,6 +23,11 @@ pub(crate) struct Scripts {
     pub(crate) checkpoint: Script,
     /// `lua/get.lua`.
     pub(crate) get: Script,
+    /// `lua/delete.lua`.
+    pub(crate) delete: Script,
+    /// The server's clock, on the node that holds `KEYS[1]` (in a cluster,
+    /// each record is judged by its own node's clock).
+    pub(crate) now: Script,
 }
 
 fn script(preludes: &[&str], body: &str) -> Script {
@@ -37,4 +42,6 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: script(&[NOW, FENCE], include_str!("../lua/release.lua")),
     checkpoint: script(&[NOW, FENCE], include_str!("../lua/checkpoint.lua")),
     get: script(&[NOW], include_str!("../lua/get.lua")),
+    delete: script(&[NOW], include_str!("../lua/delete.lua")),
+    now: script(&[NOW], "return server_now()"),
 });

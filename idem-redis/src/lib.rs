@@ -34,6 +34,9 @@ mod claim;
 mod codec;
 mod commands;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod options;
 mod store;
 

@@ -1,6 +1,9 @@
 //! How a [`RedisStore`](crate::RedisStore) is set up.
 
+use std::time::Duration;
+
 use idem_core::InvalidInput;
+use idem_core::store::validate_operation_timeout;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem";
@@ -19,11 +22,13 @@ const MAX_PREFIX_BYTES: usize = 64;
 /// [`StoreError::InvalidInput`](idem_core::StoreError::InvalidInput).
 ///
 /// ```
+/// use std::time::Duration;
 /// use idem_redis::RedisOptions;
 ///
 /// let options = RedisOptions::default()
 ///     .prefix("billing-idem")
-///     .max_response_bytes(1 << 20);
+///     .max_response_bytes(1 << 20)
+///     .operation_timeout(Duration::from_secs(1));
 /// # let _ = options;
 /// ```
 #[derive(Debug, Clone)]
@@ -32,6 +37,8 @@ pub struct RedisOptions {
     pub(crate) prefix: String,
     pub(crate) max_response_bytes: usize,
     pub(crate) accept_eviction_risk: bool,
+    pub(crate) accept_volatility: bool,
+    pub(crate) operation_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -40,11 +47,24 @@ impl Default for RedisOptions {
             prefix: DEFAULT_PREFIX.to_string(),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             accept_eviction_risk: false,
+            accept_volatility: false,
+            operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
         }
     }
 }
 
 impl RedisOptions {
+    /// The default [`operation_timeout`](Self::operation_timeout): 5 s, as
+    /// the other networked stores.
+    ///
+    /// redis-rs already bounds each round trip (its response timeout, 500 ms
+    /// by default); this bounds the whole operation, the driver's reconnects,
+    /// cluster redirects and retries included. A healthy operation takes
+    /// milliseconds; 5 s leaves room for a retried round trip or a failover,
+    /// yet fails a stalled call long before HTTP clients and load balancers
+    /// give up on the request (30 to 60 s).
+    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// Sets the prefix of every key (default [`DEFAULT_PREFIX`]): 1 to 64
     /// bytes, no braces, colons or control characters.
     #[must_use]
@@ -71,8 +91,52 @@ impl RedisOptions {
         self
     }
 
+    /// Runs on a server that keeps no append-only file (`appendonly no`).
+    ///
+    /// Such a server loses the records written since its last snapshot (all
+    /// of them, with `save ""`) when it restarts, and every retry of a lost
+    /// key then runs the work again. For tests, caches and services that
+    /// accept that; otherwise set `appendonly yes` (with `appendfsync
+    /// always` or `everysec`).
+    #[must_use]
+    pub fn accept_volatility(mut self) -> Self {
+        self.accept_volatility = true;
+        self
+    }
+
+    /// Sets the time limit of each operation (default
+    /// [`DEFAULT_OPERATION_TIMEOUT`](Self::DEFAULT_OPERATION_TIMEOUT), 5 s;
+    /// more than zero; [`Duration::MAX`] for none).
+    ///
+    /// It bounds every [`IdempotencyStore`](idem_core::store::IdempotencyStore)
+    /// operation as a whole, whatever the driver does inside it: its
+    /// round trips (a script the server lacks costs a second one), the
+    /// [`ConnectionManager`](redis::aio::ConnectionManager)'s reconnects, the
+    /// cluster client's redirects and retries. It also bounds each of the two
+    /// `CONFIG GET` reads of [`RedisStore::with_options`](crate::RedisStore::with_options).
+    /// Past it the operation ends in
+    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable),
+    /// "timed out": it may or may not have happened, and a retry with the
+    /// same request or lease gets the true answer.
+    ///
+    /// The driver's own limits apply inside it, and the shorter fires first,
+    /// both as `Unavailable`: redis-rs's response timeout
+    /// (`ConnectionManagerConfig::set_response_timeout`,
+    /// `ClusterClientBuilder::response_timeout`; 500 ms by default) bounds
+    /// each round trip, so with the defaults a stalled reply fails the
+    /// operation at 500 ms, and the store's limit catches what the driver's
+    /// does not (no response timeout, reconnect back-off, retries). With the
+    /// driver's response timeout above this limit, or none, the store's
+    /// fires first.
+    #[must_use]
+    pub fn operation_timeout(mut self, limit: Duration) -> Self {
+        self.operation_timeout = limit;
+        self
+    }
+
     /// Checks every option against its rule.
     pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+        validate_operation_timeout(self.operation_timeout)?;
         let field = "key prefix";
         let prefix = self.prefix.as_str();
         if prefix.is_empty() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, Eviction, IdempotencyStore,
     Lease, Record, Timestamp, TransactionSharing, check_response_size, checkpoint_json,
-    encode_headers, millis, storage_key_escaped, validate_lease,
+    encode_headers, millis, storage_key_escaped, validate_lease, with_timeout,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -75,6 +75,10 @@ impl ConnectionLike for RedisConnection {
 /// judged by the server's `TIME` inside the script, and records expire by
 /// `PEXPIREAT` at their retention.
 ///
+/// Every operation is bounded by [`RedisOptions::operation_timeout`] (5 s by
+/// default), the driver's reconnects and retries included, and ends in a
+/// retryable [`StoreError::Unavailable`] past it.
+///
 /// Construction reads the server's `maxmemory-policy` and refuses a policy
 /// that can evict records (every `allkeys-*` and `volatile-*`), unless
 /// [`RedisOptions::accept_eviction_risk`] says otherwise.
@@ -139,22 +143,36 @@ impl RedisStore {
     }
 
     /// A store over `conn`, after checking the options and that the server
-    /// will not evict records.
+    /// will neither evict records nor lose them on a restart.
     ///
     /// # Errors
     ///
     /// [`StoreError::InvalidInput`] if an option breaks its rule (see
     /// [`RedisOptions`]); [`StoreError::Misconfigured`] if
-    /// `maxmemory-policy` can evict and the options do not accept the risk.
-    /// Where `CONFIG` is disabled the policy cannot be read: a warning is
-    /// logged and capabilities report [`Eviction::Unknown`].
+    /// `maxmemory-policy` can evict and the options do not accept the risk
+    /// ([`RedisOptions::accept_eviction_risk`]), or if the server keeps no
+    /// append-only file and the options do not accept that
+    /// ([`RedisOptions::accept_volatility`]); [`StoreError::Unavailable`] if
+    /// a `CONFIG GET` does not answer within the operation timeout.
+    /// Where `CONFIG` is disabled neither can be read: a warning is logged
+    /// and capabilities report [`Eviction::Unknown`] and
+    /// [`Durability::Unknown`].
     pub async fn with_options(
         conn: impl Into<RedisConnection>,
         options: RedisOptions,
     ) -> Result<Self, StoreError> {
         options.validate()?;
         let conn = conn.into();
-        let eviction = match config_get(&conn, "maxmemory-policy").await {
+        let shared = &conn;
+        let config = |name| {
+            with_timeout(
+                STORE,
+                Operation::Setup,
+                options.operation_timeout,
+                async move { Ok(config_get(shared, name).await) },
+            )
+        };
+        let eviction = match config("maxmemory-policy").await? {
             None => {
                 tracing::warn!(
                     "cannot read maxmemory-policy (CONFIG disabled?): make sure it is noeviction, \
@@ -179,11 +197,32 @@ impl RedisStore {
             }
             Some(_) => Eviction::Never,
         };
-        let durability = match config_get(&conn, "appendonly").await.as_deref() {
+        let durability = match config("appendonly").await?.as_deref() {
             Some("yes") => Durability::Durable,
             // Without the append-only file, writes since the last snapshot are lost.
-            Some(_) => Durability::Volatile,
-            None => Durability::Unknown,
+            Some(_) if !options.accept_volatility => {
+                return Err(StoreError::Misconfigured {
+                    store: STORE,
+                    message: "appendonly is no: Redis loses the records written since its last \
+                              snapshot when it restarts, and a retry of a lost key runs the work \
+                              again. Set `appendonly yes` (CONFIG SET or redis.conf), or opt in \
+                              with RedisOptions::accept_volatility()"
+                        .to_string(),
+                });
+            }
+            Some(_) => {
+                tracing::warn!(
+                    "accepting a Redis without an append-only file: records are lost on restart"
+                );
+                Durability::Volatile
+            }
+            None => {
+                tracing::warn!(
+                    "cannot read appendonly (CONFIG disabled?): make sure the server persists \
+                     writes, or a restart forgets idempotency records and retries run twice"
+                );
+                Durability::Unknown
+            }
         };
         Ok(Self {
             conn,
@@ -204,8 +243,42 @@ impl RedisStore {
         record_key(&self.options.prefix, scope)
     }
 
-    /// Runs one fenced script with the lease's owner and `args`; its reply,
-    /// 0 where the lease no longer holds.
+    /// The time limit of each operation; see
+    /// [`RedisOptions::operation_timeout`].
+    pub fn operation_timeout(&self) -> Duration {
+        self.options.operation_timeout
+    }
+
+    /// Runs `operation` within the operation timeout: the one place every
+    /// call to the server is bounded.
+    async fn timed<T>(
+        &self,
+        operation: Operation,
+        future: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        with_timeout(STORE, operation, self.options.operation_timeout, future).await
+    }
+
+    /// Runs a script whose only argument is `scope`'s record key, within the
+    /// operation timeout.
+    async fn keyed<T: redis::FromRedisValue>(
+        &self,
+        operation: Operation,
+        script: &redis::Script,
+        scope: &Scope,
+    ) -> Result<T, StoreError> {
+        self.timed(operation, async {
+            script
+                .key(self.record_key(scope))
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| classify(operation, e))
+        })
+        .await
+    }
+
+    /// Runs one fenced script with the lease's owner and `args`, within the
+    /// operation timeout; its reply, 0 where the lease no longer holds.
     async fn fenced(
         &self,
         operation: Operation,
@@ -218,10 +291,13 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| classify(operation, e))
+        self.timed(operation, async {
+            invocation
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| classify(operation, e))
+        })
+        .await
     }
 }
 
@@ -243,7 +319,11 @@ fn held(reply: i64) -> Result<(), StoreError> {
 impl IdempotencyStore for RedisStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let key = self.record_key(request.scope());
-        claim(&mut self.conn.clone(), &key, request).await
+        self.timed(
+            Operation::Claim,
+            claim(&mut self.conn.clone(), &key, request),
+        )
+        .await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
@@ -296,22 +376,31 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let reply: Vec<Value> = SCRIPTS
-            .get
-            .key(self.record_key(scope))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| classify(Operation::Get, e))?;
+        let reply: Vec<Value> = self.keyed(Operation::Get, &SCRIPTS.get, scope).await?;
         record(scope, &reply)
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        // PEXPIREAT makes Redis delete every record at its retention: nothing is left.
+        // PEXPIREAT makes Redis delete every record at its retention: nothing
+        // is left, and nothing is sent, so there is nothing to time out.
         Ok(0)
+    }
+
+    async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let live: i64 = self
+            .keyed(Operation::Delete, &SCRIPTS.delete, scope)
+            .await?;
+        Ok(live == 1)
+    }
+
+    async fn now(&self, scope: &Scope) -> Result<Timestamp, StoreError> {
+        let millis: i64 = self.keyed(Operation::Now, &SCRIPTS.now, scope).await?;
+        Ok(Timestamp::from_unix_millis(millis))
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
+            STORE,
             TransactionSharing::None,
             self.durability,
             ClockSource::Server,
@@ -344,6 +433,39 @@ mod tests {
         let open = k.find('{').unwrap();
         let close = k[open..].find('}').unwrap() + open;
         assert_eq!(close, k.len() - 1, "{k}");
+    }
+
+    #[tokio::test]
+    async fn a_zero_operation_timeout_is_refused_at_construction() {
+        // A lazy manager connects on first use, which never comes: the
+        // options are refused before anything is sent.
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("a URL that parses");
+        let lazy = ConnectionManager::new_lazy_with_config(
+            client,
+            redis::aio::ConnectionManagerConfig::new(),
+        )
+        .expect("a lazy manager");
+        let refused = RedisStore::with_options(
+            lazy,
+            RedisOptions::default().operation_timeout(Duration::ZERO),
+        )
+        .await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::InvalidInput(
+                    idem_core::InvalidInput::OutOfRange {
+                        field: "operation timeout",
+                        ..
+                    }
+                ))
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(
+            RedisOptions::default().operation_timeout,
+            RedisOptions::DEFAULT_OPERATION_TIMEOUT
+        );
     }
 
     #[test]

@@ -30,18 +30,38 @@ async fn evicting_policies_are_refused_unless_the_risk_is_accepted() {
         }
         let accepted = RedisStore::with_options(
             common::manager(&server.url()).await,
-            RedisOptions::default().accept_eviction_risk(),
+            common::volatile().accept_eviction_risk(),
         )
         .await
         .expect("opt-in lets an evicting server through");
         assert_eq!(accepted.capabilities().eviction, Eviction::Possible);
     }
     let safe = PrivateServer::start(&["--maxmemory-policy", "noeviction"]).await;
-    let store = RedisStore::new(common::manager(&safe.url()).await)
+    let store = RedisStore::with_options(common::manager(&safe.url()).await, common::volatile())
         .await
         .unwrap();
     assert_eq!(store.capabilities().eviction, Eviction::Never);
     assert_eq!(store.capabilities().durability, Durability::Volatile);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_without_an_append_only_file_are_refused_unless_accepted() {
+    let server = PrivateServer::start(&[]).await;
+    match RedisStore::new(common::manager(&server.url()).await).await {
+        Err(StoreError::Misconfigured {
+            store: "redis",
+            message,
+        }) => {
+            assert!(message.contains("appendonly"), "{message}");
+            assert!(message.contains("accept_volatility"), "{message}");
+        }
+        other => panic!("a server without persistence was not refused: {other:?}"),
+    }
+    let accepted =
+        RedisStore::with_options(common::manager(&server.url()).await, common::volatile())
+            .await
+            .expect("opt-in lets a volatile server through");
+    assert_eq!(accepted.capabilities().durability, Durability::Volatile);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,8 +76,11 @@ async fn invalid_options_are_refused_at_construction() {
         ),
     ];
     for (options, field) in invalid {
-        let refused =
-            RedisStore::with_options(common::manager(&common::url()).await, options).await;
+        let refused = RedisStore::with_options(
+            common::manager(&common::url()).await,
+            options.accept_volatility(),
+        )
+        .await;
         match refused {
             Err(StoreError::InvalidInput(input)) => {
                 assert!(input.to_string().starts_with(field), "{input}");
@@ -68,7 +91,7 @@ async fn invalid_options_are_refused_at_construction() {
     assert!(matches!(
         RedisStore::with_options(
             common::manager(&common::url()).await,
-            RedisOptions::default().max_response_bytes(1 << 20),
+            common::volatile().max_response_bytes(1 << 20),
         )
         .await
         .map(|store| store.capabilities().max_response_bytes),
@@ -81,7 +104,7 @@ async fn a_custom_prefix_leads_every_stored_key() {
     let prefix = format!("idem-test-{}", uuid::Uuid::new_v4().simple());
     let store = RedisStore::with_options(
         common::manager(&common::url()).await,
-        RedisOptions::default().prefix(&prefix),
+        common::volatile().prefix(&prefix),
     )
     .await
     .unwrap();
@@ -200,7 +223,7 @@ async fn stored_key_names_encode_scopes_injectively() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_succeed_again_after_the_server_restarts() {
     let mut server = PrivateServer::start(&[]).await;
-    let store = RedisStore::new(common::manager(&server.url()).await)
+    let store = RedisStore::with_options(common::manager(&server.url()).await, common::volatile())
         .await
         .unwrap();
     let tenant = format!("restart-{}", uuid::Uuid::new_v4());
@@ -276,7 +299,7 @@ async fn client_commands(mut conn: redis::aio::ConnectionManager) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_and_claim_outcome_is_one_evalsha() {
     let server = PrivateServer::start(&[]).await;
-    let store = RedisStore::new(common::manager(&server.url()).await)
+    let store = RedisStore::with_options(common::manager(&server.url()).await, common::volatile())
         .await
         .unwrap();
     let stats = common::manager(&server.url()).await;

@@ -19,7 +19,9 @@ async fn a_lost_reply_on_one_node_is_answered_truthfully() {
     let server = PrivateServer::start(&[]).await;
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", server.port)).await;
     let conn = common::manager(&format!("redis://{}", proxy.address())).await;
-    let store = RedisStore::new(conn).await.unwrap();
+    let store = RedisStore::with_options(conn, common::volatile())
+        .await
+        .unwrap();
     let answers = lost_replies_are_answered_truthfully(&store, &proxy).await;
     println!("{answers:?}");
 }
@@ -71,7 +73,9 @@ async fn a_lost_reply_on_a_cluster_is_answered_truthfully() {
         .build()
         .unwrap();
     let conn = client.get_async_connection().await.unwrap();
-    let store = RedisStore::new(conn).await.unwrap();
+    let store = RedisStore::with_options(conn, common::volatile())
+        .await
+        .unwrap();
     let answers = lost_replies_are_answered_truthfully(&store, &proxy).await;
     println!("{answers:?}");
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, IdempotencyStore, Lease, RecordState};
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState};
 use idem_core::{
     Checkpoint, Context, HandlerError, Idempotency, RunError, RunOutcome, Scope, StoredResponse,
     Tenant,
@@ -784,6 +784,141 @@ pub async fn non_ascii_scopes_round_trip<S: IdempotencyStore + ?Sized>(store: Ar
     assert_eq!(lease.scope(), &scope);
     let near = Scope::new(scope.tenant().clone(), key("ключ-🔑-{a}/:"));
     assert_eq!(store.get(&near).await.unwrap(), None);
+}
+
+// ---- Operating a store ---------------------------------------------------
+
+/// Deleting a completed record removes it: it replays no more, and the next
+/// claim is a fresh claim at attempt 1.
+pub async fn deleted_completed_record_is_claimed_afresh<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    claim_and_complete(&*store, &request, &response("old")).await;
+    assert!(
+        store.delete(&scope).await.unwrap(),
+        "deleting a completed record reported nothing deleted"
+    );
+    assert_eq!(store.get(&scope).await.unwrap(), None);
+    let (lease, checkpoint) = must_claim(&*store, &request).await;
+    assert_eq!((lease.attempt(), checkpoint), (1, None));
+    store.complete(&lease, &response("new")).await.unwrap();
+    assert_eq!(
+        claim(&*store, &request).await,
+        ClaimOutcome::Completed(response("new"))
+    );
+}
+
+/// Deleting an in-flight record is outside the fencing protocol and fences
+/// its owner out: the owner's later complete, renew and checkpoint are
+/// `LostLease` (its release succeeds, as nobody holds the record), and the
+/// next claim starts afresh at attempt 1 without the old checkpoint.
+pub async fn deleted_in_flight_record_fences_out_its_owner<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let (old, _) = must_claim(&*store, &request).await;
+    let point = Checkpoint::new("charged", &1).unwrap();
+    store.checkpoint(&old, &point).await.unwrap();
+    assert!(
+        store.delete(&scope).await.unwrap(),
+        "deleting an in-flight record reported nothing deleted"
+    );
+    assert_lost(
+        "complete after delete",
+        store.complete(&old, &response("stale")).await,
+    );
+    assert_lost("renew after delete", store.renew(&old, LONG_LEASE).await);
+    assert_lost(
+        "checkpoint after delete",
+        store.checkpoint(&old, &point).await,
+    );
+    store
+        .release(&old)
+        .await
+        .expect("a release of a record nobody holds succeeds");
+    assert_eq!(store.get(&scope).await.unwrap(), None);
+    let (new, checkpoint) = must_claim(&*store, &request).await;
+    assert_eq!((new.attempt(), checkpoint), (1, None));
+    assert_lost(
+        "the old owner's complete after a new claim",
+        store.complete(&old, &response("stale")).await,
+    );
+    store.complete(&new, &response("new")).await.unwrap();
+}
+
+/// `delete` answers whether a live record was there: not for a scope never
+/// claimed, nor for one deleted already (a second delivery), nor for a
+/// record past retention, which counts as absent.
+pub async fn delete_reports_whether_a_live_record_was_there<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    assert!(
+        !store.delete(&fresh_scope()).await.unwrap(),
+        "never claimed"
+    );
+    let scope = fresh_scope();
+    must_claim(&*store, &long(&scope, "a")).await;
+    assert!(store.delete(&scope).await.unwrap(), "a live record");
+    assert!(!store.delete(&scope).await.unwrap(), "deleted already");
+    let expired = fresh_scope();
+    claim_and_complete(&*store, &brief(short(&expired, "a")), &response("old")).await;
+    wait_until_absent(&*store, &expired).await;
+    assert!(
+        !store.delete(&expired).await.unwrap(),
+        "a record past retention counts as absent"
+    );
+}
+
+/// `delete` removes one scope: the same key in another tenant and another
+/// key in the same tenant still replay.
+pub async fn delete_leaves_every_other_scope_alone<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let same_tenant = Scope::new(scope.tenant().clone(), key("key-2"));
+    let same_key = Scope::new(fresh_tenant(), scope.key().clone());
+    for each in [&scope, &same_tenant, &same_key] {
+        claim_and_complete(&*store, &long(each, "a"), &response("kept")).await;
+    }
+    assert!(store.delete(&scope).await.unwrap());
+    for other in [&same_tenant, &same_key] {
+        assert!(
+            store.get(other).await.unwrap().is_some(),
+            "{other:?} deleted"
+        );
+        assert_eq!(
+            claim(&*store, &long(other, "a")).await,
+            ClaimOutcome::Completed(response("kept"))
+        );
+    }
+}
+
+/// `now` reads the clock that judges the store's records: a record just
+/// completed is retained for its retention from about that reading, and
+/// once a record counts as absent the clock reads past its retention.
+pub async fn now_reads_the_clock_that_judges_retention<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    claim_and_complete(&*store, &long(&scope, "a"), &response("x")).await;
+    let now = store.now(&scope).await.unwrap();
+    let record = store.get(&scope).await.unwrap().expect("record");
+    let retention = ClaimRequest::DEFAULT_RETENTION;
+    let left = record.retained_until().saturating_duration_since(now);
+    assert!(
+        left <= retention && left + DEADLINE >= retention,
+        "a record retained for {retention:?} has {left:?} left by the store's clock"
+    );
+    let brief_scope = fresh_scope();
+    let before = store.now(&brief_scope).await.unwrap();
+    claim_and_complete(&*store, &brief(short(&brief_scope, "a")), &response("x")).await;
+    wait_until_absent(&*store, &brief_scope).await;
+    let after = store.now(&brief_scope).await.unwrap();
+    assert!(
+        after >= before + SHORT_RETENTION,
+        "the record counted as absent at {after:?}, before its retention from {before:?}"
+    );
 }
 
 // ---- Concurrency ---------------------------------------------------------

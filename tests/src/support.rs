@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease};
 use idem_core::{
-    Checkpoint, Fingerprint, IdempotencyKey, Scope, StoreError, StoredResponse, Tenant,
+    Checkpoint, Fingerprint, Idempotency, IdempotencyKey, RunError, RunOutcome, Scope, StoreError,
+    StoredResponse, Tenant,
 };
 
 /// A lease short enough that cases can wait it out.
@@ -195,6 +196,30 @@ where
         results.push(handle.await.expect("concurrent task panicked"));
     }
     results
+}
+
+/// A runner over a clone of `store` behind `dyn`, as services hold it.
+pub fn runner<S: IdempotencyStore + Clone>(store: &S) -> Idempotency<dyn IdempotencyStore> {
+    let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
+    Idempotency::new(shared)
+}
+
+/// Awaits runs that raced for the same keys and counts those that
+/// executed, failing the case on any answer but `Executed`, `Replayed` or
+/// `InProgress` (a duplicate that met the winner's claim): a race storm
+/// expects one execution per key.
+pub async fn executed_runs(
+    runs: Vec<tokio::task::JoinHandle<Result<RunOutcome, RunError>>>,
+) -> usize {
+    let mut executed = 0;
+    for run in runs {
+        match run.await.expect("a raced run panicked") {
+            Ok(RunOutcome::Executed(_)) => executed += 1,
+            Ok(RunOutcome::Replayed(_)) | Err(RunError::InProgress { .. }) => {}
+            Err(other) => panic!("a raced run failed: {other:?}"),
+        }
+    }
+    executed
 }
 
 /// Runs every operation, and a claim of every outcome, on scopes of its own,

@@ -231,3 +231,46 @@ fn a_release_that_forgets_its_own_delivery_fails_its_cases() {
         ],
     );
 }
+
+#[test]
+fn a_delete_that_spares_completed_records_fails_the_completed_case() {
+    assert_caught(
+        Defect::DeleteOnlyInFlight,
+        &["deleted_completed_record_is_claimed_afresh"],
+    );
+}
+
+#[test]
+fn a_delete_that_only_expires_the_lease_fails_the_fencing_case() {
+    assert_caught(
+        Defect::DeleteExpiresLease,
+        &[
+            "deleted_in_flight_record_fences_out_its_owner",
+            "deleted_completed_record_is_claimed_afresh",
+        ],
+    );
+}
+
+#[test]
+fn a_delete_that_counts_records_past_retention_fails_its_answer_case() {
+    assert_caught(
+        Defect::DeleteCountsExpired,
+        &["delete_reports_whether_a_live_record_was_there"],
+    );
+}
+
+#[test]
+fn a_delete_that_ignores_the_tenant_fails_the_isolation_case() {
+    assert_caught(
+        Defect::DeleteIgnoresTenant,
+        &["delete_leaves_every_other_scope_alone"],
+    );
+}
+
+#[test]
+fn a_clock_other_than_the_one_that_judges_records_fails_the_now_case() {
+    assert_caught(
+        Defect::NowFromAnotherClock,
+        &["now_reads_the_clock_that_judges_retention"],
+    );
+}

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use idem_bench::Outcome;
 use idem_core::Scope;
@@ -17,8 +16,7 @@ use idem_dynamo::aws_sdk_dynamodb::{self, Client};
 use idem_dynamo::expressions::{CLAIM_CONDITION, CLAIM_UPDATE, COMPLETE_UPDATE, FENCE};
 use idem_dynamo::{DynamoOptions, DynamoStore};
 
-use super::{BenchError, LEASE, Parts, RawBaseline, ServerCounter, Settings, env, now, response};
-use crate::plan::Op;
+use super::{BenchError, Call, LEASE, Parts, RawBaseline, ServerCounter, Settings, env, now};
 
 /// The store's attribute names and values that a refusal is read from.
 mod item {
@@ -84,13 +82,8 @@ pub(super) struct Raw {
 }
 
 impl RawBaseline for Raw {
-    async fn execute(
-        &self,
-        tenant: &str,
-        op: &Op,
-        retention: Duration,
-    ) -> Result<Outcome, BenchError> {
-        let body = response();
+    async fn execute(&self, call: &Call<'_>) -> Result<Outcome, BenchError> {
+        let (tenant, op, retention, body) = (call.tenant, call.op, call.retention, &call.response);
         let pk = storage_key(&Scope::parse(tenant, &op.key)?);
         let owner = uuid::Uuid::new_v4().to_string();
         let now = now();
@@ -145,7 +138,7 @@ impl RawBaseline for Raw {
             .expression_attribute_values(":now", n(now.as_unix_millis()))
             .expression_attribute_values(":c", s(item::COMPLETED))
             .expression_attribute_values(":rs", n(i64::from(body.status())))
-            .expression_attribute_values(":rh", AttributeValue::B(encode_headers(&body).into()))
+            .expression_attribute_values(":rh", AttributeValue::B(encode_headers(body).into()))
             .expression_attribute_values(":rb", AttributeValue::B(body.body().to_vec().into()))
             .expression_attribute_values(":exp", n(retained_until.as_unix_millis()))
             .expression_attribute_values(":ttl", n(retained_until.as_unix_secs_ceil()))

@@ -12,8 +12,7 @@ use idem_memory::MemoryStore;
 use moka::ops::compute::Op as MokaOp;
 use moka::sync::Cache;
 
-use super::{BenchError, LEASE, Parts, RawBaseline, ServerCounter, Settings, response};
-use crate::plan::Op;
+use super::{BenchError, Call, LEASE, Parts, RawBaseline, ServerCounter, Settings, completion};
 
 /// Connects: a fresh store, and a fresh cache for the raw baseline.
 pub(super) async fn connect(settings: &Settings<'_>) -> Result<Parts<Raw, Counter>, BenchError> {
@@ -68,13 +67,8 @@ impl moka::Expiry<String, Arc<RawRecord>> for RawExpiry {
 }
 
 impl RawBaseline for Raw {
-    async fn execute(
-        &self,
-        tenant: &str,
-        op: &Op,
-        _retention: Duration,
-    ) -> Result<Outcome, BenchError> {
-        let body = response();
+    async fn execute(&self, call: &Call<'_>) -> Result<Outcome, BenchError> {
+        let (tenant, op, body) = (call.tenant, call.op, &call.response);
         let now = Instant::now();
         let owner = rand::random::<u64>();
         let key = storage_key(&Scope::parse(tenant, &op.key)?);
@@ -126,11 +120,7 @@ impl RawBaseline for Raw {
             }
             _ => MokaOp::Nop,
         });
-        if completed {
-            Ok(Outcome::Executed)
-        } else {
-            Err("the lease was lost before completion".into())
-        }
+        completion(completed)
     }
 }
 

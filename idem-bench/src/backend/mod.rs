@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use idem_bench::Outcome;
+use idem_cache::CachedStore;
 use idem_core::store::{Clock, IdempotencyStore, SystemClock, Timestamp};
 use idem_core::{Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoredResponse};
 
@@ -41,6 +42,28 @@ impl BackendKind {
             Self::Redis => "redis",
             Self::RedisCluster => "redis-cluster",
             Self::Dynamo => "dynamo",
+        }
+    }
+}
+
+/// What a run's operations go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// idem: the runner over the store.
+    Lib,
+    /// idem with the replay cache (`idem-cache`) in front of the store.
+    Cached,
+    /// The store's server operations through the driver alone.
+    Raw,
+}
+
+impl Mode {
+    /// The name results carry.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Lib => "lib",
+            Self::Cached => "cache",
+            Self::Raw => "raw",
         }
     }
 }
@@ -82,6 +105,17 @@ fn claim_reply(word: &[u8]) -> Result<Outcome, BenchError> {
         b"in_progress" => Ok(Outcome::InProgress),
         b"mismatch" => Ok(Outcome::Mismatch),
         other => Err(format!("unknown claim reply {:?}", String::from_utf8_lossy(other)).into()),
+    }
+}
+
+/// The outcome of a won claim once its completion, fenced on the claim's
+/// owner, has run: [`Outcome::Executed`] if the completion `landed`, else an
+/// error of the run (the lease was lost).
+fn completion(landed: bool) -> Result<Outcome, BenchError> {
+    if landed {
+        Ok(Outcome::Executed)
+    } else {
+        Err("the lease was lost before completion".into())
     }
 }
 
@@ -148,17 +182,25 @@ impl<R, C> Parts<R, C> {
     }
 }
 
+/// One operation as a raw baseline sends it.
+struct Call<'a> {
+    /// The run's tenant.
+    tenant: &'a str,
+    /// The operation: its key and fingerprint.
+    op: &'a Op,
+    /// How long a completed record is kept.
+    retention: Duration,
+    /// What a won claim is completed with: [`response`], as through idem.
+    response: StoredResponse,
+}
+
 /// A backend's raw baseline: the requests its store sends, through the
 /// driver alone.
 trait RawBaseline {
-    /// Claims `op` in `tenant` and completes the claim if it was won, as the
-    /// store would; the outcome comes from the server's reply.
-    async fn execute(
-        &self,
-        tenant: &str,
-        op: &Op,
-        retention: Duration,
-    ) -> Result<Outcome, BenchError>;
+    /// Claims the call's operation in its tenant and completes the claim
+    /// if it was won, as the store would; the outcome comes from the
+    /// server's reply.
+    async fn execute(&self, call: &Call<'_>) -> Result<Outcome, BenchError>;
 }
 
 /// A backend's count of round trips, kept by its server, and what a run
@@ -190,17 +232,12 @@ enum Raw {
 }
 
 impl Raw {
-    async fn execute(
-        &self,
-        tenant: &str,
-        op: &Op,
-        retention: Duration,
-    ) -> Result<Outcome, BenchError> {
+    async fn execute(&self, call: &Call<'_>) -> Result<Outcome, BenchError> {
         match self {
-            Self::Memory(raw) => raw.execute(tenant, op, retention).await,
-            Self::Postgres(raw) => raw.execute(tenant, op, retention).await,
-            Self::Redis(raw) => raw.execute(tenant, op, retention).await,
-            Self::Dynamo(raw) => raw.execute(tenant, op, retention).await,
+            Self::Memory(raw) => raw.execute(call).await,
+            Self::Postgres(raw) => raw.execute(call).await,
+            Self::Redis(raw) => raw.execute(call).await,
+            Self::Dynamo(raw) => raw.execute(call).await,
         }
     }
 }
@@ -268,11 +305,12 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
-    /// Connects, through idem or (`raw`) the driver alone; with `setup`,
-    /// also creates what the store needs (migration, DynamoDB table).
+    /// Connects, through idem (with or without the replay cache) or the
+    /// driver alone; with `setup`, also creates what the store needs
+    /// (migration, DynamoDB table).
     pub(crate) async fn connect(
         kind: BackendKind,
-        raw: bool,
+        mode: Mode,
         concurrency: usize,
         names: &Names,
         setup: bool,
@@ -301,14 +339,20 @@ impl Backend {
                 .await?
                 .wrap(Raw::Dynamo, Counter::Dynamo),
         };
-        let target = if raw {
-            Target::Raw(parts.raw)
-        } else {
-            Target::Lib(
-                Idempotency::new(Arc::clone(&parts.store))
+        let store = match mode {
+            Mode::Raw => None,
+            Mode::Lib => Some(parts.store),
+            Mode::Cached => {
+                Some(Arc::new(CachedStore::new(parts.store)) as Arc<dyn IdempotencyStore>)
+            }
+        };
+        let target = match store {
+            None => Target::Raw(parts.raw),
+            Some(store) => Target::Lib(
+                Idempotency::new(store)
                     .with_lease(LEASE)?
                     .with_retention(retention)?,
-            )
+            ),
         };
         Ok(Self {
             retention,
@@ -349,7 +393,15 @@ impl Backend {
                         .await,
                 )
             }
-            Target::Raw(raw) => raw.execute(&self.tenant, op, self.retention).await,
+            Target::Raw(raw) => {
+                let call = Call {
+                    tenant: &self.tenant,
+                    op,
+                    retention: self.retention,
+                    response: response(),
+                };
+                raw.execute(&call).await
+            }
         }
     }
 
@@ -381,6 +433,12 @@ mod tests {
         assert_eq!(claim_reply(b"in_progress").unwrap(), Outcome::InProgress);
         assert_eq!(claim_reply(b"mismatch").unwrap(), Outcome::Mismatch);
         assert!(claim_reply(b"taken").is_err());
+    }
+
+    #[test]
+    fn a_completion_that_landed_executed_and_one_that_did_not_is_an_error() {
+        assert_eq!(completion(true).unwrap(), Outcome::Executed);
+        assert!(completion(false).is_err());
     }
 
     #[test]

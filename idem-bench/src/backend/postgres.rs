@@ -12,9 +12,9 @@ use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::sqlx::{self, Connection, PgConnection, PgPool, Row};
 
 use super::{
-    BenchError, LEASE, Parts, RawBaseline, ServerCounter, Settings, claim_reply, env, response,
+    BenchError, Call, LEASE, Parts, RawBaseline, ServerCounter, Settings, claim_reply, completion,
+    env,
 };
-use crate::plan::Op;
 
 /// Connects to `IDEM_POSTGRES_URL`; with `setup`, runs the migration.
 pub(super) async fn connect(settings: &Settings<'_>) -> Result<Parts<Raw, Counter>, BenchError> {
@@ -55,13 +55,8 @@ pub(super) struct Raw {
 }
 
 impl RawBaseline for Raw {
-    async fn execute(
-        &self,
-        tenant: &str,
-        op: &Op,
-        retention: Duration,
-    ) -> Result<Outcome, BenchError> {
-        let body = response();
+    async fn execute(&self, call: &Call<'_>) -> Result<Outcome, BenchError> {
+        let (tenant, op, retention, body) = (call.tenant, call.op, call.retention, &call.response);
         let owner = uuid::Uuid::new_v4();
         let row = sqlx::query(sqlx::AssertSqlSafe(self.claim_sql.clone()))
             .bind(tenant)
@@ -95,10 +90,7 @@ impl RawBaseline for Raw {
             .execute(&self.pool)
             .await?;
         // The completion is fenced on the owner: no row, no lease.
-        if done.rows_affected() == 0 {
-            return Err("the lease was lost before completion".into());
-        }
-        Ok(Outcome::Executed)
+        completion(done.rows_affected() > 0)
     }
 }
 

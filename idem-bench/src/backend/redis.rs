@@ -12,9 +12,9 @@ use idem_core::store::{encode_headers, millis};
 use idem_redis::{RedisConnection, RedisStore, redis};
 
 use super::{
-    BenchError, LEASE, Parts, RawBaseline, ServerCounter, Settings, claim_reply, env, response,
+    BenchError, Call, LEASE, Parts, RawBaseline, ServerCounter, Settings, claim_reply, completion,
+    env,
 };
-use crate::plan::Op;
 
 /// Connects to the one server at `IDEM_REDIS_URL`.
 pub(super) async fn connect(_settings: &Settings<'_>) -> Result<Parts<Raw, Counter>, BenchError> {
@@ -46,7 +46,9 @@ async fn parts(
     conn: impl Into<RedisConnection> + Clone,
     urls: Vec<String>,
 ) -> Result<Parts<Raw, Counter>, BenchError> {
-    let store = RedisStore::new(conn.clone()).await?;
+    // The bench measures whatever server it is given, persistent or not.
+    let options = idem_redis::RedisOptions::default().accept_volatility();
+    let store = RedisStore::with_options(conn.clone(), options).await?;
     Ok(Parts {
         store: Arc::new(store.clone()),
         raw: Raw {
@@ -74,13 +76,8 @@ pub(super) struct Raw {
 }
 
 impl RawBaseline for Raw {
-    async fn execute(
-        &self,
-        tenant: &str,
-        op: &Op,
-        retention: Duration,
-    ) -> Result<Outcome, BenchError> {
-        let body = response();
+    async fn execute(&self, call: &Call<'_>) -> Result<Outcome, BenchError> {
+        let (tenant, op, retention, body) = (call.tenant, call.op, call.retention, &call.response);
         let key = self.store.record_key(&Scope::parse(tenant, &op.key)?);
         let owner = uuid::Uuid::new_v4().to_string();
         let reply: Vec<redis::Value> = idem_redis::scripts::claim()
@@ -104,15 +101,12 @@ impl RawBaseline for Raw {
             .arg(&owner)
             .arg(millis(retention))
             .arg(body.status())
-            .arg(encode_headers(&body))
+            .arg(encode_headers(body))
             .arg(body.body())
             .invoke_async(&mut self.conn.clone())
             .await?;
         // The script replies 0 when another owner holds the record.
-        if completed == 0 {
-            return Err("the lease was lost before completion".into());
-        }
-        Ok(Outcome::Executed)
+        completion(completed != 0)
     }
 }
 

@@ -1,6 +1,7 @@
 //! `idem-bench-report RESULTS.jsonl OUT_DIR [FONT.ttf]`: turns the JSON lines
 //! of a benchmark matrix into `OUT_DIR/results.md` (every run, the
-//! library-to-raw ratios, errors and the outcome mix) and
+//! library-to-raw ratios, errors and the outcome mix; then the runs through
+//! the replay cache beside the same runs without it) and
 //! `OUT_DIR/ops_per_s.png` (ops/s against concurrency, one panel per backend).
 
 use std::collections::BTreeMap;
@@ -45,13 +46,38 @@ fn mix_cell(run: Option<&RunResult>) -> String {
     }
 }
 
+/// The rows of one mode, by backend, workload and concurrency.
+type Runs<'a> = BTreeMap<(String, String, usize), &'a RunResult>;
+
+/// `keys` in the report's order: backends, workloads, then concurrency.
+fn ordered(mut keys: Vec<(String, String, usize)>) -> Vec<(String, String, usize)> {
+    keys.sort_by_key(|(b, w, c)| {
+        (
+            BACKENDS.iter().position(|x| x == b),
+            WORKLOADS.iter().position(|x| x == w),
+            *c,
+        )
+    });
+    keys.dedup();
+    keys
+}
+
+/// A number with `digits` decimals, or `–` without one.
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".to_string(), |v| format!("{v:.digits$}"))
+}
+
 /// The markdown report: one row per backend, workload and concurrency,
-/// idem beside raw.
+/// idem beside raw; then, where runs went through the replay cache, each
+/// beside the same run without it.
 fn markdown(results: &[RunResult]) -> String {
-    let mut lib = BTreeMap::new();
-    let mut raw = BTreeMap::new();
+    let (mut lib, mut raw, mut cache) = (Runs::new(), Runs::new(), Runs::new());
     for r in results {
-        let side = if r.mode == "raw" { &mut raw } else { &mut lib };
+        let side = match r.mode.as_str() {
+            "raw" => &mut raw,
+            "cache" => &mut cache,
+            _ => &mut lib,
+        };
         side.insert(key(r), r);
     }
     let mut out = String::from(
@@ -65,20 +91,8 @@ fn markdown(results: &[RunResult]) -> String {
          | backend | workload | conc | lib ops/s | raw ops/s | lib/raw | lib p50 µs | lib p99 µs | lib p99.9 µs | raw p50 µs | rt/op | calls/op | rt/call | errors lib/raw | lib exec/replay/409/422 % | raw exec/replay/409/422 % |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    let mut keys: Vec<_> = lib.keys().chain(raw.keys()).cloned().collect();
-    keys.sort_by_key(|(b, w, c)| {
-        (
-            BACKENDS.iter().position(|x| x == b),
-            WORKLOADS.iter().position(|x| x == w),
-            *c,
-        )
-    });
-    keys.dedup();
-    for k in keys {
+    for k in ordered(lib.keys().chain(raw.keys()).cloned().collect()) {
         let (l, r) = (lib.get(&k), raw.get(&k));
-        let num = |v: Option<f64>, digits: usize| {
-            v.map_or("–".to_string(), |v| format!("{v:.digits$}"))
-        };
         let ratio = match (l, r) {
             (Some(l), Some(r)) if r.ops_per_s > 0.0 => Some(l.ops_per_s / r.ops_per_s),
             _ => None,
@@ -112,6 +126,47 @@ fn markdown(results: &[RunResult]) -> String {
             errors,
             mix_cell(l.copied()),
             mix_cell(r.copied()),
+        );
+    }
+    if !cache.is_empty() {
+        out.push_str(&cache_table(&lib, &cache));
+    }
+    out
+}
+
+/// The runs through the replay cache, each beside the same run without it.
+fn cache_table(lib: &Runs<'_>, cache: &Runs<'_>) -> String {
+    let mut out = String::from(
+        "\n## The replay cache\n\n\
+         The same runs through idem with the replay cache (`idem-cache`) in front of the \
+         store, beside idem without it. A cached replay is answered in process; the first \
+         replay of each key still reaches the server.\n\n\
+         | backend | workload | conc | lib ops/s | cache ops/s | cache/lib | lib p50 µs | cache p50 µs | lib p99 µs | cache p99 µs | lib rt/op | cache rt/op | errors lib/cache |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for k in ordered(cache.keys().cloned().collect()) {
+        let (l, c) = (lib.get(&k), cache.get(&k));
+        let ratio = match (l, c) {
+            (Some(l), Some(c)) if l.ops_per_s > 0.0 => Some(c.ops_per_s / l.ops_per_s),
+            _ => None,
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            k.0,
+            k.1,
+            k.2,
+            num(l.map(|x| x.ops_per_s), 0),
+            num(c.map(|x| x.ops_per_s), 0),
+            num(ratio, 1),
+            num(l.map(|x| x.p50_us as f64), 0),
+            num(c.map(|x| x.p50_us as f64), 0),
+            num(l.map(|x| x.p99_us as f64), 0),
+            num(c.map(|x| x.p99_us as f64), 0),
+            num(l.map(|x| x.round_trips_per_op), 3),
+            num(c.map(|x| x.round_trips_per_op), 3),
+            num(l.map(|x| x.errors as f64), 0),
+            num(c.map(|x| x.errors as f64), 0),
         );
     }
     out
@@ -272,6 +327,37 @@ mod tests {
         assert_eq!(row[13], "0/–");
         assert_eq!(row[14], "–");
         assert_eq!(row[15], "–");
+    }
+
+    #[test]
+    fn cached_runs_sit_beside_the_same_runs_without_the_cache_in_a_table_of_their_own() {
+        let mut cached = run("cache", 0, [0, 1000, 0, 0]);
+        cached.ops_per_s = 25_000.0;
+        cached.p50_us = 3;
+        cached.round_trips_per_op = 0.001;
+        let report = markdown(&[
+            run("lib", 0, [0, 1000, 0, 0]),
+            run("raw", 0, [0, 1000, 0, 0]),
+            cached,
+        ]);
+        let (main, cache) = report.split_once("## The replay cache").unwrap();
+        assert_eq!(
+            main.lines().filter(|l| l.starts_with("| redis |")).count(),
+            1
+        );
+        let cells = row(cache);
+        assert_eq!(cells.len(), 13, "{cells:?}");
+        assert_eq!(&cells[3..6], ["1000", "25000", "25.0"]);
+        assert_eq!(&cells[6..8], ["500", "3"]);
+        assert_eq!(&cells[10..12], ["1.600", "0.001"]);
+        let header = cache.lines().find(|l| l.starts_with("| backend")).unwrap();
+        assert_eq!(header.matches('|').count(), cells.len() + 1);
+    }
+
+    #[test]
+    fn without_cached_runs_there_is_no_cache_table() {
+        let report = markdown(&[run("lib", 0, [1, 0, 0, 0])]);
+        assert!(!report.contains("replay cache"));
     }
 
     #[test]

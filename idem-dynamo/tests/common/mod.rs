@@ -8,9 +8,12 @@
     clippy::unwrap_used
 )]
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use idem_conformance::faults::FaultProxy;
 use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
+use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
 use idem_dynamo::{DynamoOptions, DynamoStore};
 
@@ -27,8 +30,18 @@ pub fn client() -> Client {
     client_at(&endpoint())
 }
 
+/// How long the tests' clients wait for a connection, unless a test says.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// [`client`] for another endpoint (a proxy in front of the server).
 pub fn client_at(endpoint: &str) -> Client {
+    client_with(endpoint, CONNECT_TIMEOUT)
+}
+
+/// A client of `endpoint` that gives up on a connection after `connect`,
+/// and on an operation (its retries included) after 30 s: far longer than
+/// any store's operation timeout in the tests, so the store's is what fires.
+pub fn client_with(endpoint: &str, connect: Duration) -> Client {
     let config = Config::builder()
         .behavior_version_latest()
         .endpoint_url(endpoint)
@@ -36,12 +49,34 @@ pub fn client_at(endpoint: &str) -> Client {
         .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
         .timeout_config(
             TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(2))
+                .connect_timeout(connect)
                 .operation_timeout(Duration::from_secs(30))
                 .build(),
         )
         .build();
     Client::from_conf(config)
+}
+
+/// A fault proxy in front of the server at `IDEM_DYNAMO_ENDPOINT`.
+pub async fn proxy() -> FaultProxy {
+    FaultProxy::start(
+        endpoint()
+            .trim_start_matches("http://")
+            .trim_end_matches('/'),
+    )
+    .await
+}
+
+/// A store through `proxy` with `options` (the moto response limit added),
+/// its table created; its client gives up on a connection after `connect`
+/// (see [`client_with`]).
+pub async fn store_through(
+    proxy: &FaultProxy,
+    connect: Duration,
+    options: DynamoOptions,
+) -> DynamoStore {
+    let client = client_with(&format!("http://{}", proxy.address()), connect);
+    store_with_client(client, options).await
 }
 
 /// A store on the shared conformance table (cases use tenants of their own).
@@ -65,11 +100,14 @@ pub async fn store_on(table: &str) -> DynamoStore {
 
 /// A store with `options` (the moto response limit added), its table created.
 pub async fn store_with(options: DynamoOptions) -> DynamoStore {
-    let store = DynamoStore::with_options(
-        client(),
-        options.max_response_bytes(MOTO_MAX_RESPONSE_BYTES),
-    )
-    .expect("valid options");
+    store_with_client(client(), options).await
+}
+
+/// [`store_with`] over `client`.
+pub async fn store_with_client(client: Client, options: DynamoOptions) -> DynamoStore {
+    let store =
+        DynamoStore::with_options(client, options.max_response_bytes(MOTO_MAX_RESPONSE_BYTES))
+            .expect("valid options");
     store.create_table().await.unwrap_or_else(|e| {
         panic!(
             "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",
@@ -78,6 +116,20 @@ pub async fn store_with(options: DynamoOptions) -> DynamoStore {
         )
     });
     store
+}
+
+/// The business item `order#{id}` in `store`'s table, read consistently.
+pub async fn order_item(store: &DynamoStore, id: &str) -> Option<HashMap<String, AttributeValue>> {
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(format!("order#{id}")))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get the order item")
+        .item
 }
 
 /// A fresh table name for a test of its own.

@@ -10,6 +10,7 @@
     clippy::unwrap_used
 )]
 
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -39,8 +40,13 @@ pub async fn manager(url: &str) -> ConnectionManager {
         .unwrap_or_else(|e| panic!("cannot connect to redis at {url}: {e}"))
 }
 
+/// The test servers keep nothing on disk: stores over them opt in.
+pub fn volatile() -> RedisOptions {
+    RedisOptions::default().accept_volatility()
+}
+
 pub async fn single_store() -> RedisStore {
-    RedisStore::new(manager(&url()).await)
+    RedisStore::with_options(manager(&url()).await, volatile())
         .await
         .expect("store over IDEM_REDIS_URL")
 }
@@ -55,16 +61,30 @@ pub async fn cluster_store() -> RedisStore {
     let conn = client.get_async_connection().await.unwrap_or_else(|e| {
         panic!("cannot connect to the cluster at IDEM_REDIS_CLUSTER_URLS={urls}: {e}")
     });
-    RedisStore::with_options(conn, RedisOptions::default())
+    RedisStore::with_options(conn, volatile())
         .await
         .expect("store over the cluster")
 }
 
-/// A redis-server of the test's own, on a free loopback port; killed on drop.
+/// A redis-server of the test's own, on a free loopback port, in a fresh
+/// directory of its own (where an append-only file, if `extra` asks for
+/// one, survives [`restart`](Self::restart)); killed and its directory
+/// removed on drop.
 pub struct PrivateServer {
     pub port: u16,
     args: Vec<String>,
+    dir: PathBuf,
     child: Option<tokio::process::Child>,
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            // SIGKILL ends a paused (SIGSTOP) server too.
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl PrivateServer {
@@ -74,13 +94,26 @@ impl PrivateServer {
             .local_addr()
             .unwrap()
             .port();
+        let dir = std::env::temp_dir().join(format!(
+            "idem-redis-{port}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let mut server = Self {
             port,
             args: extra.iter().map(|s| s.to_string()).collect(),
+            dir,
             child: None,
         };
         server.spawn().await;
         server
+    }
+
+    /// A server that keeps every acknowledged write: an append-only file
+    /// synced on every write (`--appendonly yes --appendfsync always`).
+    pub async fn start_durable() -> Self {
+        Self::start(&["--appendonly", "yes", "--appendfsync", "always"]).await
     }
 
     pub fn url(&self) -> String {
@@ -98,12 +131,7 @@ impl PrivateServer {
                 "--save",
                 "",
             ])
-            .args([
-                "--appendonly",
-                "no",
-                "--dir",
-                &std::env::temp_dir().to_string_lossy(),
-            ])
+            .args(["--appendonly", "no", "--dir", &self.dir.to_string_lossy()])
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -132,8 +160,34 @@ impl PrivateServer {
         }
     }
 
+    /// Kills the server (SIGKILL: no shutdown, no final save) and starts it
+    /// again on the same port and directory, once it answers PING.
     pub async fn restart(&mut self) {
         self.stop().await;
         self.spawn().await;
+    }
+
+    /// Pauses the server (SIGSTOP): connections stay open, and nothing is
+    /// answered until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .expect("a running server");
+        let status = std::process::Command::new("kill")
+            .args([format!("-{name}"), pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run kill -{name}: {e}"));
+        assert!(status.success(), "kill -{name} {pid} failed: {status}");
     }
 }

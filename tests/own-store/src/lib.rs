@@ -1,7 +1,7 @@
 //! # idem-own-store
 //!
 //! A store of one's own, written against [`idem_core::store`] alone (the
-//! trait, the record, [`decide`](idem_core::store::decide) and the contract
+//! trait, the record, [`decide`] and the contract
 //! in its documentation), the way a user writes one for a backend idem does
 //! not ship. It passes the whole `idem-conformance` suite (see
 //! `tests/conformance.rs`); each [`Defect`] is a realistic bug that the suite
@@ -62,6 +62,18 @@ pub enum Defect {
     CompleteRedeliveryIsLost,
     /// Answers a release of a record nobody holds as a lost lease.
     ReleaseRedeliveryIsLost,
+    /// Deletes only in-flight records (a tool for stuck keys), leaving
+    /// completed ones to replay.
+    DeleteOnlyInFlight,
+    /// Deletes by expiring the lease instead of removing the record: the
+    /// next claim is a takeover, and the old owner can still complete.
+    DeleteExpiresLease,
+    /// Reports a record past retention, which counts as absent, as deleted.
+    DeleteCountsExpired,
+    /// Deletes the key in every tenant.
+    DeleteIgnoresTenant,
+    /// Answers `now` from a clock an hour behind the one that judges records.
+    NowFromAnotherClock,
 }
 
 /// A store of one's own: a `Mutex<HashMap>` written from the
@@ -325,8 +337,49 @@ impl IdempotencyStore for OwnStore {
         Ok((before - records.len()) as u64)
     }
 
+    async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let live = |record: &Record| record.is_live(now);
+        match self.defect {
+            Defect::DeleteIgnoresTenant => {
+                let mut deleted = false;
+                records.retain(|other, record| {
+                    let hit = other.key() == scope.key();
+                    deleted |= hit && live(record);
+                    !hit
+                });
+                Ok(deleted)
+            }
+            Defect::DeleteOnlyInFlight if records.get(scope).is_some_and(|r| !r.is_in_flight()) => {
+                Ok(false)
+            }
+            Defect::DeleteExpiresLease => Ok(match records.get_mut(scope) {
+                Some(record) => {
+                    if record.is_in_flight() {
+                        *record = record.clone().with_state(RecordState::InFlight {
+                            lease_expires_at: now,
+                        });
+                    }
+                    live(record)
+                }
+                None => false,
+            }),
+            Defect::DeleteCountsExpired => Ok(records.remove(scope).is_some()),
+            _ => Ok(records.remove(scope).is_some_and(|r| live(&r))),
+        }
+    }
+
+    async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
+        if self.defect == Defect::NowFromAnotherClock {
+            return Ok(self.now() - Duration::from_secs(3600));
+        }
+        Ok(self.now())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
+            "own-store",
             TransactionSharing::None,
             Durability::Volatile,
             ClockSource::Caller,

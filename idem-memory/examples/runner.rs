@@ -4,7 +4,7 @@
 //! that replays the stored response, a duplicate that arrives while the first
 //! request is still running, and a key reused for a different order.
 //!
-//! Run with `cargo run -p idem-memory --example checkout`.
+//! Run with `cargo run -p idem-memory --example runner`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

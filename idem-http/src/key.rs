@@ -1,0 +1,109 @@
+//! The `Idempotency-Key` header: one sf-string (RFC 9651 Structured Field
+//! Values), parsed with `sfv`, then held to idem's key rules.
+
+use http::HeaderMap;
+use http::header::HeaderName;
+use idem_core::IdempotencyKey;
+
+/// Why a request's key header was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// The header appears more than once.
+    Duplicated,
+    /// The value is not one sf-string item (a token, a list, bad syntax).
+    NotAString(String),
+    /// An sf-string that breaks idem's key rules (empty, over 255 bytes).
+    Invalid(String),
+}
+
+impl KeyError {
+    pub(crate) fn detail(&self, header: &HeaderName) -> String {
+        match self {
+            Self::Duplicated => format!("The {header} header must appear once."),
+            Self::NotAString(why) => format!(
+                "The {header} header must be one quoted string (an RFC 9651 sf-string): {why}."
+            ),
+            Self::Invalid(why) => format!("The {header} header is not a valid key: {why}."),
+        }
+    }
+}
+
+/// The key in `headers`, `None` if there is no such header.
+pub(crate) fn from_headers(
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Duplicated);
+    }
+    let item: sfv::Item = sfv::Parser::new(value.as_bytes())
+        .parse()
+        .map_err(|e| KeyError::NotAString(e.to_string()))?;
+    let text = item
+        .bare_item
+        .as_string()
+        .ok_or_else(|| KeyError::NotAString("the value is not a string".into()))?;
+    IdempotencyKey::new(text.as_str())
+        .map(Some)
+        .map_err(|e| KeyError::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn parse(values: &[&[u8]]) -> Result<Option<String>, KeyError> {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append("idempotency-key", HeaderValue::from_bytes(value).unwrap());
+        }
+        from_headers(&headers, &HeaderName::from_static("idempotency-key"))
+            .map(|k| k.map(|k| k.as_str().to_string()))
+    }
+
+    #[test]
+    fn a_quoted_string_is_the_key() {
+        assert_eq!(
+            parse(&[br#""8e03978e-40d5""#]),
+            Ok(Some("8e03978e-40d5".into()))
+        );
+        assert_eq!(parse(&[br#""a \"b\" c""#]), Ok(Some(r#"a "b" c"#.into())));
+        assert_eq!(parse(&[]), Ok(None));
+    }
+
+    #[test]
+    fn tokens_lists_bad_syntax_and_repeats_are_refused() {
+        assert!(matches!(
+            parse(&[b"unquoted"]),
+            Err(KeyError::NotAString(_))
+        ));
+        assert!(matches!(parse(&[b"42"]), Err(KeyError::NotAString(_))));
+        assert!(matches!(
+            parse(&[br#""a", "b""#]),
+            Err(KeyError::NotAString(_))
+        ));
+        assert!(matches!(
+            parse(&[br#""open"#]),
+            Err(KeyError::NotAString(_))
+        ));
+        assert_eq!(parse(&[br#""a""#, br#""a""#]), Err(KeyError::Duplicated));
+    }
+
+    #[test]
+    fn empty_and_overlong_keys_are_refused() {
+        assert!(matches!(parse(&[br#""""#]), Err(KeyError::Invalid(_))));
+        let long = format!("\"{}\"", "k".repeat(256));
+        assert!(matches!(
+            parse(&[long.as_bytes()]),
+            Err(KeyError::Invalid(_))
+        ));
+        let longest = format!("\"{}\"", "k".repeat(255));
+        assert!(parse(&[longest.as_bytes()]).unwrap().is_some());
+    }
+}

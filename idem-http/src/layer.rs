@@ -1,0 +1,298 @@
+//! The layer and what it is configured with.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Method, StatusCode};
+use idem_core::Idempotency;
+use idem_core::store::{IdempotencyStore, Transaction};
+use tower::Layer;
+
+use crate::fingerprint::FingerprintRules;
+use crate::service::IdempotencyService;
+use crate::tenant::TenantSource;
+use crate::transaction::{Begin, NoTransaction};
+
+/// What the layer does with a response, by its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StatusAction {
+    /// Store it: every retry replays it.
+    Store,
+    /// Store nothing and release the key: a retry runs the handler again at
+    /// once (for failures that changed nothing).
+    Release,
+    /// Store nothing and keep the key until its lease expires: retries get
+    /// 409 until then, and the one after takes over (for failures after
+    /// which work may have happened).
+    Keep,
+}
+
+/// The default policy: 2xx, 3xx and 4xx are stored (a retry gets the same
+/// answer, errors included); 5xx releases the key, so a retry may succeed.
+pub fn default_status_policy(status: StatusCode) -> StatusAction {
+    if status.is_server_error() {
+        StatusAction::Release
+    } else {
+        StatusAction::Store
+    }
+}
+
+/// Response headers never stored or replayed: hop-by-hop headers, and
+/// those that describe the moment or the connection rather than the answer.
+pub const NEVER_REPLAYED: [&str; 11] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "date",
+    "content-length",
+    "set-cookie",
+];
+
+/// The default header marking a replayed response.
+pub const REPLAY_HEADER: &str = "idempotent-replayed";
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) required: bool,
+    pub(crate) tenant: TenantSource,
+    pub(crate) fingerprint: FingerprintRules,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) status_policy: fn(StatusCode) -> StatusAction,
+    pub(crate) never_replayed: Vec<HeaderName>,
+    pub(crate) replay_header: HeaderName,
+    pub(crate) problem_type: String,
+    pub(crate) wait: Option<Duration>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            header: HeaderName::from_static("idempotency-key"),
+            methods: vec![Method::POST, Method::PATCH],
+            required: false,
+            tenant: TenantSource::default(),
+            fingerprint: FingerprintRules::default(),
+            max_request_bytes: 1 << 20,
+            status_policy: default_status_policy,
+            never_replayed: NEVER_REPLAYED
+                .iter()
+                .map(|h| HeaderName::from_static(h))
+                .collect(),
+            replay_header: HeaderName::from_static(REPLAY_HEADER),
+            problem_type: "about:blank".to_string(),
+            wait: None,
+        }
+    }
+}
+
+/// A tower [`Layer`] giving routes the `Idempotency-Key` header's semantics
+/// over an idem store.
+///
+/// For the methods it covers (default `POST` and `PATCH`), a request with an
+/// `Idempotency-Key` header (one RFC 9651 sf-string) runs the inner service
+/// once per tenant, key and request fingerprint; a retry gets the stored
+/// status, headers and body back with `Idempotent-Replayed: true`; a
+/// duplicate in flight gets 409 with `Retry-After`, a key reused for
+/// another request 422, a missing (when required), invalid or repeated
+/// header 400, a request body over the limit 413 — all as
+/// `application/problem+json` (RFC 9457). Other methods, and requests
+/// without a key where it is optional, pass through untouched.
+///
+/// Once a request is claimed, it runs to completion in a task of its own:
+/// a client that hangs up does not stop the handler, and its response is
+/// stored (or the claim released) all the same.
+///
+/// ```
+/// use std::sync::Arc;
+/// use axum::{Router, routing::post};
+/// use idem_core::Idempotency;
+/// use idem_core::store::IdempotencyStore;
+/// use idem_http::{IdempotencyLayer, TenantSource};
+///
+/// async fn create_order(body: String) -> (http::StatusCode, String) {
+///     (http::StatusCode::CREATED, format!("order for {body}"))
+/// }
+///
+/// let store: Arc<dyn IdempotencyStore> = Arc::new(idem_memory::MemoryStore::new());
+/// let app: Router = Router::new()
+///     .route("/orders", post(create_order))
+///     .layer(
+///         IdempotencyLayer::new(Idempotency::new(store))
+///             .require_key()
+///             .tenant(TenantSource::header("x-tenant-id")),
+///     );
+/// # let _ = app;
+/// ```
+pub struct IdempotencyLayer<S: ?Sized, T = NoTransaction> {
+    pub(crate) idem: Idempotency<S>,
+    pub(crate) config: Arc<Config>,
+    pub(crate) begin: Option<Begin<T>>,
+}
+
+impl<S: ?Sized, T> Clone for IdempotencyLayer<S, T> {
+    fn clone(&self) -> Self {
+        Self {
+            idem: self.idem.clone(),
+            config: Arc::clone(&self.config),
+            begin: self.begin.clone(),
+        }
+    }
+}
+
+impl<S: IdempotencyStore + ?Sized, T> fmt::Debug for IdempotencyLayer<S, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("idem", &self.idem)
+            .field("header", &self.config.header)
+            .field("methods", &self.config.methods)
+            .field("required", &self.config.required)
+            .field("transactional", &self.begin.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: IdempotencyStore + ?Sized> IdempotencyLayer<S> {
+    /// A layer over `idem` (its lease, retention and auto-renewal apply),
+    /// with the defaults: `POST` and `PATCH`, key optional, one tenant
+    /// (`default`), 1 MiB request bodies, 2xx–4xx stored, 5xx released.
+    pub fn new(idem: Idempotency<S>) -> Self {
+        Self {
+            idem,
+            config: Arc::new(Config::default()),
+            begin: None,
+        }
+    }
+
+    /// Completes inside a transaction that `begin` opens per request (for
+    /// example `move || store.begin()` on Postgres): the handler finds it in
+    /// its request's extensions as [`IdemTransaction<T>`](crate::IdemTransaction),
+    /// writes through it, and the stored response commits with those writes.
+    /// A response the policy does not store rolls the transaction back.
+    #[must_use]
+    pub fn in_transaction<T, F, Fut>(self, begin: F) -> IdempotencyLayer<S, T>
+    where
+        T: Transaction,
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, idem_core::StoreError>> + Send + 'static,
+    {
+        IdempotencyLayer {
+            idem: self.idem,
+            config: self.config,
+            begin: Some(Arc::new(move || Box::pin(begin()))),
+        }
+    }
+}
+
+impl<S: ?Sized, T> IdempotencyLayer<S, T> {
+    fn configure(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config::clone(&self.config);
+        change(&mut config);
+        self.config = Arc::new(config);
+        self
+    }
+
+    /// The methods the layer covers (default `POST` and `PATCH`); others
+    /// pass through untouched.
+    #[must_use]
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.configure(|c| c.methods = methods)
+    }
+
+    /// Refuses a covered request without a key with 400 (by default a
+    /// request without one passes through untouched).
+    #[must_use]
+    pub fn require_key(self) -> Self {
+        self.configure(|c| c.required = true)
+    }
+
+    /// Where the tenant comes from (default: one tenant, `default`).
+    #[must_use]
+    pub fn tenant(self, source: TenantSource) -> Self {
+        self.configure(|c| c.tenant = source)
+    }
+
+    /// Request headers that are part of the fingerprint, besides the
+    /// method, the path and query, and the body.
+    #[must_use]
+    pub fn fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.configure(|c| c.fingerprint.headers = names)
+    }
+
+    /// Fingerprints only these parts of a JSON body (RFC 6901 JSON
+    /// pointers, such as `/amount`): fields a client may vary between
+    /// retries (a trace id, a timestamp) then do not make a mismatch.
+    #[must_use]
+    pub fn fingerprint_json_pointers(
+        self,
+        pointers: impl IntoIterator<Item = &'static str>,
+    ) -> Self {
+        let pointers = pointers.into_iter().map(str::to_string).collect();
+        self.configure(|c| c.fingerprint.json_pointers = Some(pointers))
+    }
+
+    /// The largest request body read (default 1 MiB); a larger one is
+    /// refused with 413 before anything is claimed.
+    #[must_use]
+    pub fn max_request_bytes(self, max: usize) -> Self {
+        self.configure(|c| c.max_request_bytes = max)
+    }
+
+    /// What to do with a response, by its status (default
+    /// [`default_status_policy`]).
+    #[must_use]
+    pub fn status_policy(self, policy: fn(StatusCode) -> StatusAction) -> Self {
+        self.configure(|c| c.status_policy = policy)
+    }
+
+    /// Another response header never stored nor replayed, besides
+    /// [`NEVER_REPLAYED`].
+    #[must_use]
+    pub fn never_replay(self, name: HeaderName) -> Self {
+        self.configure(|c| c.never_replayed.push(name))
+    }
+
+    /// The header that marks a replay (default `Idempotent-Replayed: true`).
+    #[must_use]
+    pub fn replay_header(self, name: HeaderName) -> Self {
+        self.configure(|c| c.replay_header = name)
+    }
+
+    /// The `type` of problem responses: a URI documenting your idempotency
+    /// rules (default `about:blank`).
+    #[must_use]
+    pub fn problem_type(self, uri: impl Into<String>) -> Self {
+        let uri = uri.into();
+        self.configure(|c| c.problem_type = uri)
+    }
+
+    /// A duplicate of a request in flight waits up to `max` for its result
+    /// (and gets the replay) instead of a 409 at once.
+    #[must_use]
+    pub fn wait_for_result(self, max: Duration) -> Self {
+        self.configure(|c| c.wait = Some(max))
+    }
+}
+
+impl<S: ?Sized, T, Inner> Layer<Inner> for IdempotencyLayer<S, T> {
+    type Service = IdempotencyService<S, T, Inner>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        IdempotencyService {
+            layer: self.clone(),
+            inner,
+        }
+    }
+}

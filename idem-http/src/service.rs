@@ -1,0 +1,526 @@
+//! The service: what happens to one request.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Request, Response, StatusCode, response};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use idem_core::store::{IdempotencyStore, Transaction};
+use idem_core::{
+    BoxError, Context, Fingerprint, HandlerError, Idempotency, RunError, RunOutcome, Scope,
+    StoredResponse,
+};
+use tower::{Service, ServiceExt};
+
+use crate::layer::{Config, IdempotencyLayer, StatusAction};
+use crate::problem::{self, problem};
+use crate::transaction::{Begin, IdemTransaction};
+use crate::{key, tenant::TenantRejection};
+
+/// The body of the layer's responses: the inner service's, untouched, for
+/// requests the layer passes through; a buffered one for those it handled.
+pub type IdemBody<B> = Either<B, Full<Bytes>>;
+
+/// The future of [`IdempotencyService`].
+pub type IdemFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<IdemBody<B>>, E>> + Send>>;
+
+/// The service [`IdempotencyLayer`] wraps around a route.
+pub struct IdempotencyService<S: ?Sized, T, Inner> {
+    pub(crate) layer: IdempotencyLayer<S, T>,
+    pub(crate) inner: Inner,
+}
+
+impl<S: ?Sized, T, Inner: Clone> Clone for IdempotencyService<S, T, Inner> {
+    fn clone(&self) -> Self {
+        Self {
+            layer: self.layer.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: IdempotencyStore + ?Sized, T, Inner> fmt::Debug for IdempotencyService<S, T, Inner> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("layer", &self.layer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, T, Inner, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, T, Inner>
+where
+    S: IdempotencyStore + ?Sized,
+    T: Transaction,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    Inner::Future: Send + 'static,
+    Inner::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<IdemBody<ResBody>>;
+    type Error = Inner::Error;
+    type Future = IdemFuture<ResBody, Inner::Error>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The clone that was driven to readiness serves this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.layer.config);
+        if !config.methods.contains(request.method()) {
+            return Box::pin(async move { Ok(inner.call(request).await?.map(Either::Left)) });
+        }
+        let key = match key::from_headers(request.headers(), &config.header) {
+            Ok(Some(key)) => key,
+            Ok(None) if !config.required => {
+                return Box::pin(async move { Ok(inner.call(request).await?.map(Either::Left)) });
+            }
+            Ok(None) => {
+                let detail = format!(
+                    "This operation is idempotent and it requires correct usage of Idempotency Key: send an {} header.",
+                    config.header
+                );
+                return ready(problem(
+                    StatusCode::BAD_REQUEST,
+                    &config.problem_type,
+                    problem::MISSING,
+                    &detail,
+                ));
+            }
+            Err(error) => {
+                return ready(problem(
+                    StatusCode::BAD_REQUEST,
+                    &config.problem_type,
+                    "Idempotency-Key is invalid",
+                    &error.detail(&config.header),
+                ));
+            }
+        };
+        let (parts, body) = request.into_parts();
+        let tenant = match config.tenant.tenant(&parts) {
+            Ok(tenant) => tenant,
+            Err(TenantRejection { status, detail }) => {
+                return ready(problem(status, &config.problem_type, "No tenant", &detail));
+            }
+        };
+        let job = Job {
+            idem: self.layer.idem.clone(),
+            begin: self.layer.begin.clone(),
+            config,
+            scope: Scope::new(tenant, key),
+            service: PhantomData,
+        };
+        // Claimed work runs to the end in a task of its own: a client that
+        // hangs up drops this future, not the handler or the completion.
+        let task = tokio::spawn(job.run(inner, parts, body));
+        Box::pin(async move {
+            match task.await {
+                Ok(result) => result,
+                Err(join) => {
+                    tracing::error!(error = %join, "the idempotent request's task failed");
+                    Ok(internal_error("the request's task failed").map(Either::Right))
+                }
+            }
+        })
+    }
+}
+
+fn ready<B: Send + 'static, E: Send + 'static>(
+    response: Response<Full<Bytes>>,
+) -> IdemFuture<B, E> {
+    Box::pin(std::future::ready(Ok(response.map(Either::Right))))
+}
+
+fn internal_error(detail: &str) -> Response<Full<Bytes>> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "about:blank",
+        "Internal Server Error",
+        detail,
+    )
+}
+
+/// A response that is not stored: the client gets it, the record does not.
+#[derive(Debug)]
+struct Unstored(response::Parts, Bytes);
+
+impl fmt::Display for Unstored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a {} response that is not stored", self.0.status)
+    }
+}
+
+impl std::error::Error for Unstored {}
+
+/// The inner service failed; its error is kept aside for the caller.
+#[derive(Debug)]
+struct InnerFailed;
+
+impl fmt::Display for InnerFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the inner service failed")
+    }
+}
+
+impl std::error::Error for InnerFailed {}
+
+/// One covered request, with everything it needs in its own task.
+struct Job<S: ?Sized, T, Inner, ReqBody> {
+    idem: Idempotency<S>,
+    begin: Option<Begin<T>>,
+    config: Arc<Config>,
+    scope: Scope,
+    // Job is shared across awaits by reference: no `Inner` in it (a
+    // service is Send, not Sync).
+    service: PhantomData<fn(Inner, ReqBody)>,
+}
+
+/// What the handler produced, for the caller; the record gets a copy.
+type Produced = Arc<Mutex<Option<(response::Parts, Bytes)>>>;
+
+impl<S, T, Inner, ReqBody, ResBody> Job<S, T, Inner, ReqBody>
+where
+    S: IdempotencyStore + ?Sized,
+    T: Transaction,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    Inner::Future: Send + 'static,
+    Inner::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    async fn run(
+        self,
+        inner: Inner,
+        parts: Parts,
+        body: ReqBody,
+    ) -> Result<Response<IdemBody<ResBody>>, Inner::Error> {
+        let problem_type = self.config.problem_type.clone();
+        let bytes = match Limited::new(body, self.config.max_request_bytes)
+            .collect()
+            .await
+        {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                let too_large = error
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some();
+                let response = if too_large {
+                    problem(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        &problem_type,
+                        "Request body too large",
+                        &format!(
+                            "Idempotent requests are read whole; the limit is {} bytes.",
+                            self.config.max_request_bytes
+                        ),
+                    )
+                } else {
+                    problem(
+                        StatusCode::BAD_REQUEST,
+                        &problem_type,
+                        "Unreadable request body",
+                        &error.to_string(),
+                    )
+                };
+                return Ok(response.map(Either::Right));
+            }
+        };
+        let fingerprint = self.config.fingerprint.fingerprint(&parts, &bytes);
+        let deadline = self
+            .config
+            .wait
+            .map(|wait| tokio::time::Instant::now() + wait);
+        let inner_error = Arc::new(Mutex::new(None));
+        let mut inner = Some(inner);
+        loop {
+            let produced: Produced = Arc::new(Mutex::new(None));
+            // The inner service is called at most once: a later lap only
+            // happens after an in-progress answer, which did not use it.
+            let attempt = Attempt {
+                config: Arc::clone(&self.config),
+                inner: &mut inner,
+                produced: Arc::clone(&produced),
+                inner_error: Arc::clone(&inner_error),
+                parts: parts.clone(),
+                body: bytes.clone(),
+            };
+            let outcome = match &self.begin {
+                None => self.standalone(fingerprint, attempt).await,
+                Some(begin) => self.transactional(fingerprint, begin, attempt).await,
+            };
+            match outcome {
+                Err(RunError::InProgress { retry_after }) => {
+                    let wait = retry_after.min(Duration::from_millis(50));
+                    if let Some(deadline) = deadline
+                        && tokio::time::Instant::now() + wait < deadline
+                    {
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                    let detail = "A request with the same Idempotency-Key for the same operation is being processed or is outstanding.";
+                    let response = problem(
+                        StatusCode::CONFLICT,
+                        &problem_type,
+                        problem::OUTSTANDING,
+                        detail,
+                    );
+                    return Ok(problem::retry_after(response, retry_after).map(Either::Right));
+                }
+                outcome => {
+                    return self.respond(outcome, &produced, &inner_error);
+                }
+            }
+        }
+    }
+
+    async fn standalone(
+        &self,
+        fingerprint: Fingerprint,
+        attempt: Attempt<'_, Inner, Inner::Error>,
+    ) -> Result<RunOutcome, RunError> {
+        self.idem
+            .run(self.scope.clone(), fingerprint, |ctx| async move {
+                let mut attempt = attempt;
+                let response = attempt.call(ctx, None::<IdemTransaction<T>>).await?;
+                match attempt.verdict(
+                    response,
+                    self.idem.store().capabilities().max_response_bytes,
+                ) {
+                    Verdict::Store(stored) => Ok(stored),
+                    Verdict::Refuse(error) => Err(error),
+                }
+            })
+            .await
+    }
+
+    async fn transactional(
+        &self,
+        fingerprint: Fingerprint,
+        begin: &Begin<T>,
+        attempt: Attempt<'_, Inner, Inner::Error>,
+    ) -> Result<RunOutcome, RunError> {
+        self.idem
+            .run_in(
+                self.scope.clone(),
+                fingerprint,
+                begin(),
+                |ctx, tx| async move {
+                    let mut attempt = attempt;
+                    let slot = IdemTransaction::new(tx);
+                    let response = attempt.call(ctx, Some(slot.clone())).await?;
+                    let max = self.idem.store().capabilities().max_response_bytes;
+                    let stored = match attempt.verdict(response, max) {
+                        Verdict::Store(stored) => stored,
+                        // Dropping the transaction rolls the handler's writes back.
+                        Verdict::Refuse(error) => return Err(error),
+                    };
+                    let tx = slot.take().ok_or_else(|| {
+                        HandlerError::not_started(
+                            "the handler still held the idempotency transaction when it returned",
+                        )
+                    })?;
+                    Ok((tx, stored))
+                },
+            )
+            .await
+    }
+
+    fn respond(
+        &self,
+        outcome: Result<RunOutcome, RunError>,
+        produced: &Produced,
+        inner_error: &Arc<Mutex<Option<Inner::Error>>>,
+    ) -> Result<Response<IdemBody<ResBody>>, Inner::Error> {
+        let config = &self.config;
+        let problem_type = &config.problem_type;
+        let key = self.scope.key().redacted();
+        let response = match outcome {
+            Ok(RunOutcome::Executed(_)) => match take(produced) {
+                Some((parts, body)) => Response::from_parts(parts, Full::new(body)),
+                None => internal_error("the executed response went missing"),
+            },
+            Ok(RunOutcome::Replayed(stored)) => replay(&stored, config),
+            Err(RunError::Mismatch) => problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                problem_type,
+                problem::REUSED,
+                "This operation is idempotent and it requires correct usage of Idempotency Key. Idempotency Key MUST not be reused across different payloads of this operation.",
+            ),
+            Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
+                match error.downcast::<Unstored>() {
+                    Ok(unstored) => Response::from_parts(unstored.0, Full::new(unstored.1)),
+                    Err(error) if error.is::<InnerFailed>() => {
+                        let taken = inner_error.lock().unwrap_or_else(|e| e.into_inner()).take();
+                        if let Some(inner) = taken {
+                            return Err(inner);
+                        }
+                        internal_error("the inner service failed")
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, key, "idempotent request failed");
+                        internal_error(&error.to_string())
+                    }
+                }
+            }
+            Err(RunError::LostLease) => {
+                tracing::warn!(key, "idempotency lease lost before completion");
+                problem::retry_after(
+                    problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        problem_type,
+                        "The request was taken over",
+                        "Another request with this Idempotency-Key took over before this one completed; retry with the same key to get its result.",
+                    ),
+                    Duration::from_secs(1),
+                )
+            }
+            Err(RunError::Store(error)) if error.is_retryable() => {
+                tracing::warn!(%error, key, "idempotency store unavailable");
+                problem::retry_after(
+                    problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        problem_type,
+                        "Idempotency store unavailable",
+                        "The request may or may not have been processed; retry with the same Idempotency-Key.",
+                    ),
+                    Duration::from_secs(1),
+                )
+            }
+            Err(error) => {
+                tracing::error!(%error, key, "idempotency store failed");
+                internal_error(&error.to_string())
+            }
+        };
+        Ok(response.map(Either::Right))
+    }
+}
+
+fn take(produced: &Produced) -> Option<(response::Parts, Bytes)> {
+    produced.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// A stored response as an HTTP response, marked as a replay.
+fn replay(stored: &StoredResponse, config: &Config) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::copy_from_slice(stored.body())));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in stored.headers() {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response.headers_mut().insert(
+        config.replay_header.clone(),
+        HeaderValue::from_static("true"),
+    );
+    response
+}
+
+/// What to do with what the handler produced.
+enum Verdict {
+    Store(StoredResponse),
+    Refuse(HandlerError),
+}
+
+/// One call of the inner service within a claim; `E` is its error.
+struct Attempt<'a, Inner, E> {
+    config: Arc<Config>,
+    inner: &'a mut Option<Inner>,
+    produced: Produced,
+    inner_error: Arc<Mutex<Option<E>>>,
+    parts: Parts,
+    body: Bytes,
+}
+
+impl<Inner, E> Attempt<'_, Inner, E> {
+    /// Calls the inner service with the request, the run's context (and the
+    /// transaction) in its extensions, and reads its whole response.
+    async fn call<S, T, ReqBody, ResBody>(
+        &mut self,
+        ctx: Context<S>,
+        tx: Option<IdemTransaction<T>>,
+    ) -> Result<(response::Parts, Bytes), HandlerError>
+    where
+        S: ?Sized + Send + Sync + 'static,
+        T: Send + 'static,
+        Inner: Service<Request<ReqBody>, Response = Response<ResBody>, Error = E>,
+        ReqBody: From<Bytes>,
+        ResBody: Body<Data = Bytes>,
+        ResBody::Error: Into<BoxError>,
+    {
+        let Some(inner) = self.inner.take() else {
+            return Err(HandlerError::not_started(
+                "the inner service was already called",
+            ));
+        };
+        let mut request = Request::from_parts(self.parts.clone(), ReqBody::from(self.body.clone()));
+        request.extensions_mut().insert(ctx);
+        if let Some(tx) = tx {
+            request.extensions_mut().insert(tx);
+        }
+        let response = match inner.oneshot(request).await {
+            Ok(response) => response,
+            Err(error) => {
+                *self.inner_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                return Err(HandlerError::started(InnerFailed));
+            }
+        };
+        let (parts, body) = response.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| HandlerError::started(e.into()))?
+            .to_bytes();
+        Ok((parts, body))
+    }
+
+    /// Keeps the response for the caller, and says whether the record
+    /// stores it, by the status policy and the store's size limit.
+    fn verdict(&self, (parts, body): (response::Parts, Bytes), max: usize) -> Verdict {
+        let mut stored = StoredResponse::new(parts.status.as_u16(), body.to_vec());
+        for (name, value) in &parts.headers {
+            if !self.config.never_replayed.contains(name) {
+                stored = stored.with_header(name.as_str(), value.as_bytes());
+            }
+        }
+        let action = (self.config.status_policy)(parts.status);
+        let unstored = Unstored(parts.clone(), body.clone());
+        *self.produced.lock().unwrap_or_else(|e| e.into_inner()) = Some((parts, body));
+        match action {
+            StatusAction::Store if stored.size() <= max => Verdict::Store(stored),
+            StatusAction::Store => {
+                // The work happened but cannot be stored: keep the key to its
+                // lease rather than let a retry run it again at once.
+                tracing::warn!(
+                    size = stored.size(),
+                    max,
+                    "response too large for the idempotency store; the key is kept until its lease expires"
+                );
+                Verdict::Refuse(HandlerError::started(unstored))
+            }
+            StatusAction::Release => Verdict::Refuse(HandlerError::not_started(unstored)),
+            StatusAction::Keep => Verdict::Refuse(HandlerError::started(unstored)),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Whose key it is: the tenant comes from the request, so one tenant's key
+//! never replays another's response.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::StatusCode;
+use http::header::HeaderName;
+use http::request::Parts;
+use idem_core::Tenant;
+
+/// Why no tenant could be found for a request: answered with `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantRejection {
+    /// The status of the refusal (400 for a missing header, 401 for a
+    /// missing principal, ...).
+    pub status: StatusCode,
+    /// What is missing, for the problem's detail.
+    pub detail: String,
+}
+
+type Extract = dyn Fn(&Parts) -> Result<Tenant, TenantRejection> + Send + Sync;
+
+/// Where a request's tenant comes from.
+///
+/// ```
+/// use idem_http::TenantSource;
+///
+/// /// An authenticated principal, put in the request's extensions by an
+/// /// authentication layer that runs before this one.
+/// #[derive(Clone)]
+/// struct Principal { account: String }
+///
+/// let from_principal = TenantSource::extension(|p: &Principal| p.account.clone());
+/// let from_header = TenantSource::header("x-tenant-id");
+/// let single = TenantSource::fixed("shop");
+/// # let _ = (from_principal, from_header, single);
+/// ```
+#[derive(Clone)]
+pub struct TenantSource(Arc<Extract>);
+
+impl fmt::Debug for TenantSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TenantSource(..)")
+    }
+}
+
+fn rejection(status: StatusCode, detail: impl Into<String>) -> TenantRejection {
+    TenantRejection {
+        status,
+        detail: detail.into(),
+    }
+}
+
+impl TenantSource {
+    /// One tenant for every request: a single-tenant service.
+    ///
+    /// An invalid name (empty, over 255 bytes) refuses every request.
+    pub fn fixed(name: &str) -> Self {
+        let tenant = Tenant::new(name).map_err(|e| {
+            rejection(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the configured tenant is invalid: {e}"),
+            )
+        });
+        Self(Arc::new(move |_| tenant.clone()))
+    }
+
+    /// The value of a request header; a request without it is refused with 400.
+    pub fn header(name: &'static str) -> Self {
+        let name = HeaderName::from_static(name);
+        Self(Arc::new(move |parts: &Parts| {
+            let value = parts.headers.get(&name).ok_or_else(|| {
+                rejection(
+                    StatusCode::BAD_REQUEST,
+                    format!("the {name} header is missing"),
+                )
+            })?;
+            let text = value.to_str().map_err(|_| {
+                rejection(
+                    StatusCode::BAD_REQUEST,
+                    format!("the {name} header is not text"),
+                )
+            })?;
+            Tenant::new(text)
+                .map_err(|e| rejection(StatusCode::BAD_REQUEST, format!("the {name} header: {e}")))
+        }))
+    }
+
+    /// A value in the request's extensions (an authenticated principal that
+    /// an earlier layer put there); a request without one is refused with 401.
+    pub fn extension<T, F>(name_of: F) -> Self
+    where
+        T: Clone + Send + Sync + 'static,
+        F: Fn(&T) -> String + Send + Sync + 'static,
+    {
+        Self(Arc::new(move |parts: &Parts| {
+            let principal = parts
+                .extensions
+                .get::<T>()
+                .ok_or_else(|| rejection(StatusCode::UNAUTHORIZED, "no authenticated principal"))?;
+            Tenant::new(name_of(principal)).map_err(|e| {
+                rejection(
+                    StatusCode::UNAUTHORIZED,
+                    format!("the principal's tenant: {e}"),
+                )
+            })
+        }))
+    }
+
+    /// Any function of the request's head.
+    pub fn with<F>(extract: F) -> Self
+    where
+        F: Fn(&Parts) -> Result<Tenant, TenantRejection> + Send + Sync + 'static,
+    {
+        Self(Arc::new(extract))
+    }
+
+    pub(crate) fn tenant(&self, parts: &Parts) -> Result<Tenant, TenantRejection> {
+        (self.0)(parts)
+    }
+}
+
+impl Default for TenantSource {
+    /// One tenant, `default`, for single-tenant services.
+    fn default() -> Self {
+        Self::fixed("default")
+    }
+}
