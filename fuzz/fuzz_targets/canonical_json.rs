@@ -1,4 +1,4 @@
-//! RFC 8785 canonical JSON and `Fingerprint::json` on any bytes: never a
+//! Canonical JSON (RFC 8785, numbers exact) and `Fingerprint::json` on any bytes: never a
 //! panic; an accepted text's canonical form is valid JSON, canonical itself,
 //! and fingerprints as the text does, as does the same document re-spelled
 //! (pretty-printed, other number spellings, other escapes).
@@ -34,7 +34,8 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(Fingerprint::json(&padded), Ok(fingerprint));
 
     // The same document as serde_json reads and re-writes it: pretty-printed,
-    // members in another order, numbers and escapes spelled its own way.
+    // members in another order, escapes spelled its own way (numbers keep
+    // their text: `arbitrary_precision`).
     let value: serde_json::Value = match serde_json::from_str(&canonical) {
         Ok(value) => value,
         // serde_json nests one level less deep than the canonicaliser allows.

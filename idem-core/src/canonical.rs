@@ -1,11 +1,24 @@
-//! RFC 8785 (JSON Canonicalization Scheme) in one pass over the input bytes.
+//! The canonical form of JSON, written in one pass over the input bytes.
+//!
+//! It is RFC 8785 (JSON Canonicalization Scheme) with one departure: a
+//! number's canonical form is its exact decimal value, never the nearest
+//! IEEE 754 double. RFC 8785 reads numbers as doubles (as JavaScript does),
+//! so `9007199254740993` and `9007199254740992`, or two decimals differing
+//! past the 17th digit, would share one form, while a Rust handler reading
+//! `u64` or a decimal type sees two different requests. Here they differ;
+//! `59.9`, `59.90` and `5.99e1` are still one value. The digits are laid
+//! out as ECMAScript's `Number.prototype.toString` lays out the digits of a
+//! double (plain up to 21 integer digits, `0.000001` down to 1e-6, an
+//! exponent beyond), so wherever the double is exact, and wherever the
+//! text is the shortest form of its double, the result is RFC 8785's to the
+//! byte.
 //!
 //! Fingerprinting is on every request's path, so the canonical form is
-//! written straight from the text: strings without escapes and integers that
-//! a double holds exactly are copied as they stand (they are already
-//! canonical), and only the members of each object are buffered, to be
-//! sorted. Everything else (escapes, fractions, exponents) takes the slow,
-//! exact path: decode, then write as RFC 8785 says.
+//! written straight from the text: strings without escapes, integers and
+//! plain decimals are copied as they stand (they are already canonical),
+//! and only the members of each object are buffered, to be sorted.
+//! Everything else (escapes, exponents, trailing zeros) takes the slow path:
+//! decode, then write as above.
 
 use std::fmt::Write as _;
 
@@ -337,9 +350,9 @@ impl<'a> Parser<'a> {
             }
         }
         let literal = &self.text[start..self.at];
-        // Up to 15 digits a double holds exactly, and ECMAScript writes
-        // such an integer as it stands (but -0 as 0).
-        if integer && int_digits <= 15 {
+        // An integer of up to 21 digits, or a plain decimal, is already
+        // written as its canonical form would write it (but -0 as 0).
+        if integer && int_digits <= 21 {
             if literal == b"-0" {
                 out.push(b'0');
             } else {
@@ -351,19 +364,14 @@ impl<'a> Parser<'a> {
             out.extend_from_slice(literal);
             return Ok(());
         }
-        let text = std::str::from_utf8(literal).map_err(|e| malformed(e.to_string()))?;
-        let value: f64 = text
-            .parse()
-            .map_err(|_| malformed(format!("invalid number {text}")))?;
-        write_number(value, out)
+        write_exact(literal, out)
     }
 }
 
-/// Whether an unsigned number literal is already what ECMAScript would write
-/// for it: `int.frac` with no exponent and no trailing zero, at most 15
-/// significant digits (so the nearest double prints back as exactly these
-/// digits, and no shorter decimal maps to it), and at least 1e-6 (below
-/// that ECMAScript switches to an exponent).
+/// Whether an unsigned number literal is already its canonical form:
+/// `int.frac` with no exponent and no trailing zero, at most 21 integer
+/// digits, and at least 1e-6 (below that the canonical form is an
+/// exponent).
 fn is_canonical_decimal(literal: &[u8]) -> bool {
     let Some(dot) = literal.iter().position(|&b| b == b'.') else {
         return false;
@@ -372,16 +380,100 @@ fn is_canonical_decimal(literal: &[u8]) -> bool {
     if frac.is_empty() || !frac.iter().all(u8::is_ascii_digit) || frac.last() == Some(&b'0') {
         return false;
     }
-    let significant = if int == b"0" {
-        let zeros = frac.iter().take_while(|&&b| b == b'0').count();
-        if zeros > 5 {
-            return false;
-        }
-        frac.len() - zeros
+    if int == b"0" {
+        frac.iter().take_while(|&&b| b == b'0').count() <= 5
     } else {
-        int.len() + frac.len()
+        int.len() <= 21
+    }
+}
+
+/// Exponents with more digits than this are refused (a non-zero number
+/// that large or small is no one's order).
+const MAX_EXPONENT_DIGITS: usize = 15;
+
+/// Writes the canonical form of a valid JSON number literal: its exact
+/// decimal value, in the layout ECMAScript's `Number.prototype.toString`
+/// gives a number with those significant digits.
+fn write_exact(literal: &[u8], out: &mut Vec<u8>) -> Result<(), InvalidInput> {
+    let (negative, unsigned) = match literal.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, literal),
     };
-    significant <= 15
+    let mantissa_end = unsigned
+        .iter()
+        .position(|&b| b == b'e' || b == b'E')
+        .unwrap_or(unsigned.len());
+    let (mantissa, exponent) = unsigned.split_at(mantissa_end);
+    let (int, frac) = match mantissa.iter().position(|&b| b == b'.') {
+        Some(dot) => (&mantissa[..dot], &mantissa[dot + 1..]),
+        None => (mantissa, &mantissa[mantissa.len()..]),
+    };
+    let all = || int.iter().chain(frac).copied();
+    let total = int.len() + frac.len();
+    let leading = all().take_while(|&b| b == b'0').count();
+    if leading == total {
+        out.push(b'0'); // zero, whatever its sign and exponent
+        return Ok(());
+    }
+    let trailing = all().rev().take_while(|&b| b == b'0').count();
+    let digits: Vec<u8> = all()
+        .skip(leading)
+        .take(total - leading - trailing)
+        .collect();
+    let exponent = parse_exponent(exponent)?;
+    // value = 0.d1d2..dk x 10^point
+    let k = digits.len() as i64;
+    let point = exponent - frac.len() as i64 + trailing as i64 + k;
+    if negative {
+        out.push(b'-');
+    }
+    if k <= point && point <= 21 {
+        out.extend_from_slice(&digits);
+        out.resize(out.len() + (point - k) as usize, b'0');
+    } else if 0 < point && point <= 21 {
+        let (whole, rest) = digits.split_at(point as usize);
+        out.extend_from_slice(whole);
+        out.push(b'.');
+        out.extend_from_slice(rest);
+    } else if -6 < point && point <= 0 {
+        out.extend_from_slice(b"0.");
+        out.resize(out.len() + point.unsigned_abs() as usize, b'0');
+        out.extend_from_slice(&digits);
+    } else {
+        if let Some((first, rest)) = digits.split_first() {
+            out.push(*first);
+            if !rest.is_empty() {
+                out.push(b'.');
+                out.extend_from_slice(rest);
+            }
+        }
+        let shown = point - 1;
+        out.extend_from_slice(if shown < 0 { b"e-" } else { b"e+" });
+        out.extend_from_slice(shown.unsigned_abs().to_string().as_bytes());
+    }
+    Ok(())
+}
+
+/// The exponent part (`e`, a sign, digits) of a valid number, or 0.
+fn parse_exponent(part: &[u8]) -> Result<i64, InvalidInput> {
+    let Some((_, rest)) = part.split_first() else {
+        return Ok(0);
+    };
+    let (negative, digits) = match rest.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        Some((b'+', digits)) => (false, digits),
+        _ => (false, rest),
+    };
+    let significant = &digits[digits.iter().take_while(|&&b| b == b'0').count()..];
+    if significant.len() > MAX_EXPONENT_DIGITS {
+        return Err(malformed(format!(
+            "an exponent of more than {MAX_EXPONENT_DIGITS} digits"
+        )));
+    }
+    let magnitude = significant
+        .iter()
+        .fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+    Ok(if negative { -magnitude } else { magnitude })
 }
 
 /// A string with RFC 8785's minimal escapes.
@@ -410,20 +502,6 @@ pub(crate) fn write_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
-/// ECMAScript `Number.prototype.toString` for a finite double, which RFC 8785
-/// prescribes (ties between two shortest forms go to the even digit).
-pub(crate) fn write_number(x: f64, out: &mut Vec<u8>) -> Result<(), InvalidInput> {
-    if !x.is_finite() {
-        return Err(malformed("a number beyond the range of a double"));
-    }
-    if x == 0.0 {
-        out.push(b'0'); // -0 too
-    } else {
-        out.extend_from_slice(ryu_js::Buffer::new().format_finite(x).as_bytes());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn short_decimals_are_copied_and_the_rest_reformatted() {
+    fn numbers_are_written_by_their_exact_decimal_value() {
         for (input, want) in [
             ("12.34", "12.34"),
             ("-0.5", "-0.5"),
@@ -443,33 +521,57 @@ mod tests {
             ("0.0000001", "1e-7"),
             ("1.50", "1.5"),
             ("0.0", "0"),
-            ("123456789012.345", "123456789012.345"),
-            ("1.0000000000000001", "1"),
-            ("0.1234567890123456", "0.1234567890123456"),
-            ("1e2", "100"),
             ("-0", "0"),
-            ("-0.0", "0"),
-            ("9007199254740993", "9007199254740992"),
+            ("-0.0e7", "0"),
+            ("0e999999999999999999999", "0"),
+            ("1e2", "100"),
+            ("59.90", "59.9"),
+            ("5.99e1", "59.9"),
+            ("599e-1", "59.9"),
+            ("123456789012.345", "123456789012.345"),
+            ("9007199254740993", "9007199254740993"),
+            ("12345678901234567890", "12345678901234567890"),
+            ("1.0000000000000001", "1.0000000000000001"),
+            (
+                "0.1234567890123456789012345678901",
+                "0.1234567890123456789012345678901",
+            ),
+            ("123456789012345678901", "123456789012345678901"),
+            ("1234567890123456789012", "1.234567890123456789012e+21"),
+            ("1000000000000000000000", "1e+21"),
+            ("100000000000000000000", "100000000000000000000"),
+            ("1e400", "1e+400"),
+            ("-2.5E-400", "-2.5e-400"),
+            ("0.00000123", "0.00000123"),
+            ("0.000000123", "1.23e-7"),
+            ("1E+30", "1e+30"),
+            ("4.50", "4.5"),
+            ("2e-3", "0.002"),
         ] {
             assert_eq!(canonical(input), want, "{input}");
         }
     }
 
     #[test]
-    fn decimal_fast_path_agrees_with_the_exact_path() {
-        for literal in [
-            "0.1",
-            "0.2",
-            "2.675",
-            "1.005",
-            "99999999999999.9",
-            "0.000123456789012",
-            "5.551115123125783",
+    fn distinct_values_keep_distinct_forms_past_a_doubles_precision() {
+        for (a, b) in [
+            ("9007199254740993", "9007199254740992"),
+            ("12345678901234567890", "12345678901234567891"),
+            (
+                "0.100000000000000000000000000001",
+                "0.100000000000000000000000000002",
+            ),
+            ("1e400", "1e401"),
         ] {
-            let mut exact = Vec::new();
-            write_number(literal.parse().unwrap(), &mut exact).unwrap();
-            assert_eq!(canonical(literal).as_bytes(), exact.as_slice(), "{literal}");
+            assert_ne!(canonical(a), canonical(b), "{a} and {b}");
         }
+    }
+
+    #[test]
+    fn an_exponent_beyond_fifteen_digits_is_refused_unless_the_number_is_zero() {
+        assert!(canonicalize("1e1234567890123456", &mut Vec::new()).is_err());
+        assert!(canonicalize("1e-1234567890123456", &mut Vec::new()).is_err());
+        assert_eq!(canonical("1e000000000000000000001"), "10");
     }
 
     #[test]

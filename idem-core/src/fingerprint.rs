@@ -2,9 +2,10 @@
 //!
 //! A key reused for a different request is refused by comparing fingerprints,
 //! so an honest retry must fingerprint alike even when the client serialises
-//! differently. JSON is therefore canonicalised per RFC 8785 (JSON
-//! Canonicalization Scheme) before hashing: a client in any language that
-//! implements JCS computes the same fingerprint with a plain SHA-256.
+//! differently, and two different requests must never fingerprint alike.
+//! JSON is therefore canonicalised before hashing: RFC 8785 (JSON
+//! Canonicalization Scheme), except that numbers keep their exact decimal
+//! value (see [`canonical_json`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,12 +46,23 @@ impl Fingerprint {
         Self(Sha256::digest(bytes.as_ref()).into())
     }
 
-    /// The fingerprint of a JSON text: the SHA-256 of its RFC 8785 canonical form.
+    /// The fingerprint of a JSON text: the SHA-256 of its canonical form
+    /// ([`canonical_json`]). Two texts share it exactly when they are the
+    /// same JSON value, numbers compared by exact decimal value.
+    ///
+    /// ```
+    /// # use idem_core::Fingerprint;
+    /// let fp = |json| Fingerprint::json(json).unwrap();
+    /// assert_eq!(fp(r#"{"amount":59.9}"#), fp(r#"{"amount":5.990e1}"#));
+    /// // Past 2^53, where a double would take them for one number.
+    /// assert_ne!(fp(r#"{"amount":9007199254740993}"#), fp(r#"{"amount":9007199254740992}"#));
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::Malformed`] if `json` is not valid JSON or holds a
-    /// number no IEEE 754 double can represent.
+    /// [`InvalidInput::Malformed`] if `json` is not valid JSON (duplicate
+    /// member names included), nests deeper than 128 levels, or has a
+    /// non-zero number with an exponent of more than 15 digits.
     pub fn json(json: &str) -> Result<Self, InvalidInput> {
         let mut canonical = Vec::with_capacity(json.len());
         canonicalize(json, &mut canonical)?;
@@ -59,8 +71,8 @@ impl Fingerprint {
 
     /// The fingerprint of any serialisable value, canonicalised like [`json`](Self::json).
     ///
-    /// Numbers are IEEE 754 doubles in the canonical form (as in JavaScript):
-    /// send integers beyond 2^53 as strings if they must stay distinct.
+    /// Integers keep every digit; a float is written as its shortest
+    /// round-tripping decimal, so it fingerprints as that decimal text does.
     ///
     /// ```
     /// # use idem_core::Fingerprint;
@@ -231,27 +243,42 @@ fn malformed(e: &serde_json::Error) -> InvalidInput {
     }
 }
 
-/// The RFC 8785 canonical form of a JSON text.
+/// The canonical form of a JSON text: what a fingerprint hashes.
 ///
-/// Object members are sorted by the UTF-16 code units of their names, no
-/// insignificant whitespace is kept, numbers are written the way ECMAScript
-/// writes a double, and strings use the minimal escapes.
+/// It is RFC 8785's (JSON Canonicalization Scheme) but for numbers: object
+/// members are sorted by the UTF-16 code units of their names (two members
+/// of one name are refused), no insignificant whitespace is kept, strings
+/// use the minimal escapes and compare by code point, and a number is
+/// written by its **exact decimal value**, never through a double.
+///
+/// That is the one departure from RFC 8785, which reads every number as an
+/// IEEE 754 double: there `9007199254740993` and `9007199254740992` (or two
+/// decimals differing in the 30th digit) are one number, so two different
+/// orders would share a fingerprint while a Rust handler reading `u64` or a
+/// decimal type tells them apart. Here the digits are kept, without leading
+/// or trailing zeros, and laid out as ECMAScript lays out a double's: plain
+/// up to 21 integer digits, plain down to `0.000001`, otherwise one digit,
+/// the rest after a point, and `e+N` or `e-N`. Where the text is a double's
+/// shortest form (what JavaScript, serde_json and most serialisers write),
+/// the result is RFC 8785's byte for byte; `-0` is `0`.
 ///
 /// ```
 /// use idem_core::canonical_json;
 ///
 /// assert_eq!(
-///     canonical_json(r#"{ "b": [1e3, 0.10, -0], "a": "\u00e9\n" }"#)?,
-///     "{\"a\":\"é\\n\",\"b\":[1000,0.1,0]}"
+///     canonical_json(r#"{ "b": [1e3, 0.10, -0, 5.99e1], "a": "\u00e9\n" }"#)?,
+///     "{\"a\":\"é\\n\",\"b\":[1000,0.1,0,59.9]}"
 /// );
+/// assert_eq!(canonical_json("12345678901234567890123")?, "1.2345678901234567890123e+22");
+/// assert_eq!(canonical_json("9007199254740993")?, "9007199254740993");
 /// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
 ///
 /// # Errors
 ///
-/// [`InvalidInput::Malformed`] for invalid JSON (including lone surrogates,
-/// numbers beyond the range of a double, objects with two members of one
-/// name, and nesting deeper than 128 levels).
+/// [`InvalidInput::Malformed`] for invalid JSON (including lone surrogates
+/// and objects with two members of one name), nesting deeper than 128
+/// levels, and a non-zero number with an exponent of more than 15 digits.
 pub fn canonical_json(json: &str) -> Result<String, InvalidInput> {
     let mut out = Vec::with_capacity(json.len());
     canonicalize(json, &mut out)?;
@@ -264,14 +291,18 @@ pub fn canonical_json(json: &str) -> Result<String, InvalidInput> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::canonical::{write_number, write_string};
+    use crate::canonical::write_string;
     use proptest::prelude::*;
     use serde_json::Value;
 
-    fn number(x: f64) -> String {
-        let mut out = Vec::new();
-        write_number(x, &mut out).unwrap();
-        String::from_utf8(out).unwrap()
+    /// ECMAScript's text for a finite double (an implementation of its
+    /// own): the canonical form of a number written as its shortest double.
+    fn write_number(x: f64, out: &mut Vec<u8>) {
+        if x == 0.0 {
+            out.push(b'0');
+        } else {
+            out.extend_from_slice(ryu_js::Buffer::new().format_finite(x).as_bytes());
+        }
     }
 
     /// The canonical form built from a parsed document: the reference the
@@ -280,7 +311,7 @@ mod tests {
         match value {
             Value::Null => out.extend_from_slice(b"null"),
             Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-            Value::Number(n) => write_number(n.as_f64().unwrap(), out).unwrap(),
+            Value::Number(n) => write_number(n.as_f64().unwrap(), out),
             Value::String(s) => write_string(s, out),
             Value::Array(items) => {
                 out.push(b'[');
@@ -310,6 +341,8 @@ mod tests {
     }
 
     /// RFC 8785 appendix B: IEEE 754 bit patterns and their canonical text.
+    /// Each text is the exact decimal of what it writes, laid out as
+    /// ECMAScript does: also its canonical form here.
     #[test]
     fn rfc8785_number_examples() {
         let cases: &[(u64, &str)] = &[
@@ -339,18 +372,16 @@ mod tests {
             (0x43143ff3c1cb0959, "1424953923781206.2"),
         ];
         for (bits, want) in cases {
-            assert_eq!(number(f64::from_bits(*bits)), *want, "bits {bits:#018x}");
+            let mut text = Vec::new();
+            write_number(f64::from_bits(*bits), &mut text);
+            assert_eq!(text, want.as_bytes(), "bits {bits:#018x}");
+            assert_eq!(canonical_json(want).unwrap(), *want);
         }
     }
 
-    #[test]
-    fn non_finite_numbers_are_refused() {
-        let mut out = Vec::new();
-        assert!(write_number(f64::NAN, &mut out).is_err());
-        assert!(write_number(f64::INFINITY, &mut out).is_err());
-    }
-
-    /// RFC 8785 section 3.2.2: the example object and its canonical form.
+    /// RFC 8785 section 3.2.2: the example object and its canonical form,
+    /// but for its first number, which has more digits than a double holds:
+    /// kept exact, where RFC 8785 rounds it to `333333333.3333333`.
     #[test]
     fn rfc8785_canonical_example() {
         let input = r#"{
@@ -360,7 +391,7 @@ mod tests {
           "literals": [null, true, false]
         }"#;
         let want = concat!(
-            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"#,
+            r#"{"literals":[null,true,false],"numbers":[333333333.33333329,1e+30,4.5,0.002,1e-27],"#,
             r#""string":"€$\u000f\nA'B\"\\\\\"/"}"#
         );
         assert_eq!(canonical_json(input).unwrap(), want);
@@ -412,7 +443,7 @@ mod tests {
             "{",
             r#"{"a":}"#,
             r#""\ud800""#,
-            "1e400",
+            "1e99999999999999999",
             "",
             "[1,]",
             "01",

@@ -7,7 +7,7 @@
 //!
 //! - **Service authors** use the crate root: the runner [`Idempotency`] and
 //!   its [`Context`], outcomes and errors, validated names ([`Scope`],
-//!   [`Tenant`], [`IdempotencyKey`]), request [`Fingerprint`]s (RFC 8785
+//!   [`Tenant`], [`IdempotencyKey`]), request [`Fingerprint`]s (exact
 //!   canonical JSON), the [`StoredResponse`] kept for replay, and a
 //!   [`Sweeper`] for stores that want one.
 //! - **Store authors** use [`store`]: the trait every backend implements, the

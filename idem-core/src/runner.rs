@@ -1,5 +1,6 @@
 //! The runner: claim, run the handler once, complete, and answer retries.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,19 +47,27 @@ pub struct Idempotency<S: ?Sized> {
     store: Arc<S>,
     /// The store's name in spans and metrics, read once.
     store_name: &'static str,
+    /// The store's response limit, read once.
+    max_response_bytes: usize,
     lease: Duration,
     retention: Duration,
-    auto_renew_cap: Option<Duration>,
+    max_run_time: Option<Duration>,
+    too_large: Option<TooLarge>,
 }
+
+/// Builds what is stored for a response larger than the store keeps.
+type TooLarge = Arc<dyn Fn(&StoredResponse, usize) -> StoredResponse + Send + Sync>;
 
 impl<S: ?Sized> Clone for Idempotency<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
             store_name: self.store_name,
+            max_response_bytes: self.max_response_bytes,
             lease: self.lease,
             retention: self.retention,
-            auto_renew_cap: self.auto_renew_cap,
+            max_run_time: self.max_run_time,
+            too_large: self.too_large.clone(),
         }
     }
 }
@@ -69,25 +78,35 @@ impl<S: IdempotencyStore + ?Sized> fmt::Debug for Idempotency<S> {
             .field("store", &self.store)
             .field("lease", &self.lease)
             .field("retention", &self.retention)
-            .field("auto_renew_cap", &self.auto_renew_cap)
+            .field("max_run_time", &self.max_run_time)
+            .field("custom_too_large", &self.too_large.is_some())
             .finish()
     }
 }
 
+impl<S: ?Sized> Idempotency<S> {
+    /// How long the lease is renewed for a running handler by default.
+    pub const DEFAULT_MAX_RUN_TIME: Duration = Duration::from_secs(15 * 60);
+}
+
 impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
-    /// A runner with the default lease (30 s) and retention (24 h), without
-    /// automatic renewal.
+    /// A runner with the default lease (30 s) and retention (24 h), renewing
+    /// the lease while a handler runs, for up to
+    /// [`DEFAULT_MAX_RUN_TIME`](Self::DEFAULT_MAX_RUN_TIME) (15 minutes).
     ///
     /// Every run is a `tracing` span, and every store operation it makes one
     /// inside it; with the `metrics` feature it records metrics too: see
     /// [`observability`](crate::observability) for their names and fields.
     pub fn new(store: Arc<S>) -> Self {
+        let capabilities = store.capabilities();
         Self {
-            store_name: store.capabilities().store,
+            store_name: capabilities.store,
+            max_response_bytes: capabilities.max_response_bytes,
             store,
             lease: ClaimRequest::DEFAULT_LEASE,
             retention: ClaimRequest::DEFAULT_RETENTION,
-            auto_renew_cap: None,
+            max_run_time: Some(Self::DEFAULT_MAX_RUN_TIME),
+            too_large: None,
         }
     }
 
@@ -112,23 +131,106 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         Ok(self)
     }
 
-    /// Renews the lease automatically while the handler runs: every third of
-    /// the lease, by a whole lease, until the handler has run for `cap`. After
-    /// the cap the lease runs out normally, so a stuck handler cannot hold a
-    /// key forever.
+    /// How long a handler's lease is renewed while it runs (default
+    /// [`DEFAULT_MAX_RUN_TIME`](Self::DEFAULT_MAX_RUN_TIME)).
+    ///
+    /// While the handler runs, the runner renews its lease every third of
+    /// the lease, by a whole lease, so a live process never loses the key
+    /// to a retry however long the handler takes. After `max` the renewals
+    /// stop (logged as a warning) and the lease runs out normally: a handler
+    /// that hangs cannot hold its key forever, and a retry may then take the
+    /// key over.
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::OutOfRange`] if `cap` is zero.
-    pub fn with_auto_renew(mut self, cap: Duration) -> Result<Self, InvalidInput> {
-        if cap.is_zero() {
+    /// [`InvalidInput::OutOfRange`] if `max` is zero.
+    pub fn with_max_run_time(mut self, max: Duration) -> Result<Self, InvalidInput> {
+        if max.is_zero() {
             return Err(InvalidInput::OutOfRange {
-                field: "auto-renew cap",
+                field: "max run time",
                 reason: "must be more than zero",
             });
         }
-        self.auto_renew_cap = Some(cap);
+        self.max_run_time = Some(max);
         Ok(self)
+    }
+
+    /// Never renews a running handler's lease.
+    ///
+    /// What it costs: a handler that runs longer than the lease loses its
+    /// key to the next retry, which takes it over and **runs the handler a
+    /// second time** while the first still runs; the first then cannot
+    /// store its response ([`RunError::LostLease`]). Choose it only for
+    /// handlers that always finish well within the lease, or that renew
+    /// themselves with [`Context::renew`]; it saves one store call per third
+    /// of a lease of run time.
+    #[must_use]
+    pub fn without_auto_renew(mut self) -> Self {
+        self.max_run_time = None;
+        self
+    }
+
+    /// What is stored for a response larger than the store keeps
+    /// ([`Capabilities::max_response_bytes`](crate::store::Capabilities)).
+    ///
+    /// The work happened, so its key must never run again: the caller still
+    /// gets the whole response, and the record is completed with what
+    /// `fallback` makes of it (given the response and the store's limit),
+    /// which every retry then gets as a replay. By default that is the
+    /// response's status with an `application/problem+json` body saying the
+    /// response was too large to keep. A fallback that is itself too large
+    /// is replaced by the status alone, with an empty body.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::{Fingerprint, Idempotency, RunOutcome, Scope, StoredResponse};
+    /// use idem_memory::{MemoryOptions, MemoryStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(64));
+    /// let idem = Idempotency::new(Arc::new(store)).with_too_large_response(|response, _max| {
+    ///     StoredResponse::new(response.status(), "report ready: GET /reports/7")
+    /// });
+    /// let (scope, fp) = (Scope::parse("acme", "report-7")?, Fingerprint::of_bytes(b"report"));
+    /// let big = StoredResponse::new(200, vec![b'x'; 1000]);
+    /// let first = idem.run(scope.clone(), fp, |_| async { Ok(big) }).await?;
+    /// assert!(matches!(first, RunOutcome::Executed(r) if r.body().len() == 1000));
+    /// let retry = idem.run(scope, fp, |_| async { unreachable!("ran twice") }).await?;
+    /// assert_eq!(retry, RunOutcome::Replayed(StoredResponse::new(200, "report ready: GET /reports/7")));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_too_large_response<F>(mut self, fallback: F) -> Self
+    where
+        F: Fn(&StoredResponse, usize) -> StoredResponse + Send + Sync + 'static,
+    {
+        self.too_large = Some(Arc::new(fallback));
+        self
+    }
+
+    /// What the record stores for `response`: itself, or its fallback when
+    /// the store cannot keep it.
+    fn storable<'r>(&self, response: &'r StoredResponse) -> Cow<'r, StoredResponse> {
+        let max = self.max_response_bytes;
+        let size = response.size();
+        if size <= max {
+            return Cow::Borrowed(response);
+        }
+        tracing::warn!(
+            size,
+            max,
+            "response too large for the idempotency store; its fallback is stored instead"
+        );
+        let fallback = match &self.too_large {
+            Some(make) => make(response, max),
+            None => too_large_problem(response, max),
+        };
+        if fallback.size() <= max {
+            Cow::Owned(fallback)
+        } else {
+            Cow::Owned(StoredResponse::new(response.status(), Vec::new()))
+        }
     }
 
     /// The store.
@@ -174,11 +276,12 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
             match self.drive(&ctx, handler(ctx.clone())).await {
                 Ok(response) => {
                     let lease = ctx.lease();
+                    let stored = self.storable(&response);
                     lease_call(
                         self.store_name,
                         Operation::Complete,
                         &lease,
-                        self.store.complete(&lease, &response),
+                        self.store.complete(&lease, &stored),
                     )
                     .await?;
                     Ok(RunOutcome::Executed(response))
@@ -287,11 +390,12 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
                 Err(error) => return Err(self.fail(&ctx, error, true).await),
             };
             let lease = ctx.lease();
+            let stored = self.storable(&response);
             let completed = lease_call(
                 self.store_name,
                 Operation::Complete,
                 &lease,
-                tx.complete(&lease, &response),
+                tx.complete(&lease, &stored),
             )
             .await;
             if let Err(error) = completed {
@@ -345,11 +449,11 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// Awaits the handler's work, renewing the lease meanwhile if asked to.
     async fn drive<T>(&self, ctx: &Context<S>, work: impl Future<Output = T>) -> T {
         let work = handler(self.store_name, work);
-        let Some(cap) = self.auto_renew_cap else {
+        let Some(max) = self.max_run_time else {
             return work.await;
         };
         tokio::pin!(work);
-        let renewing = ctx.renew_until(cap);
+        let renewing = ctx.renew_until(max);
         tokio::pin!(renewing);
         tokio::select! {
             biased;
@@ -390,6 +494,21 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
             tracing::warn!(%error, "could not release a claim; it will expire with its lease");
         }
     }
+}
+
+/// The default stored answer for a response too large to keep: its status
+/// and a small problem document (RFC 9457) saying so.
+fn too_large_problem(response: &StoredResponse, max: usize) -> StoredResponse {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "status": response.status(),
+        "detail": format!(
+            "The request was processed, but its response ({} bytes) was larger than the idempotency store keeps ({max} bytes); this is its stored answer.",
+            response.size()
+        ),
+    });
+    StoredResponse::new(response.status(), body.to_string())
+        .with_header("content-type", "application/problem+json")
 }
 
 enum Claimed<S: ?Sized> {
@@ -526,15 +645,20 @@ impl<S: IdempotencyStore + ?Sized> Context<S> {
         Ok(())
     }
 
-    /// Renews by a whole lease every third of a lease until `cap` has passed
+    /// Renews by a whole lease every third of a lease until `max` has passed
     /// or a renewal fails; completion reports a lost lease, so a failure here
     /// only stops renewing.
-    async fn renew_until(&self, cap: Duration) {
+    async fn renew_until(&self, max: Duration) {
         let every = (self.lease_duration / 3).max(Duration::from_millis(1));
-        let deadline = tokio::time::Instant::now() + cap;
+        let deadline = tokio::time::Instant::now() + max;
         loop {
             tokio::time::sleep(every).await;
             if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    max_run_time_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX),
+                    key_hash = %self.locked().scope().key().redacted(),
+                    "the handler is still running after its maximum run time; its lease is no longer renewed"
+                );
                 return;
             }
             if let Err(error) = self.renew(self.lease_duration).await {

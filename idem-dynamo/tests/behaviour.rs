@@ -118,9 +118,11 @@ async fn business_items_commit_with_the_completion_and_a_retry_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_lease_cancels_the_transaction_and_leaves_no_business_item() {
     let store = common::own_store("tx").await;
+    // Without renewal: the rival takes the lease over mid-handler.
     let idem = runner(&store)
         .with_lease(Duration::from_millis(300))
-        .unwrap();
+        .unwrap()
+        .without_auto_renew();
     let scope = fresh_scope();
     let (rival, item) = (store.clone(), order(store.table(), "2"));
     let takeover = scope.clone();
@@ -227,7 +229,7 @@ async fn auto_renewal_keeps_the_key_through_a_slow_transactional_handler() {
     let idem = runner(&store)
         .with_lease(Duration::from_millis(600))
         .unwrap()
-        .with_auto_renew(Duration::from_secs(10))
+        .with_max_run_time(Duration::from_secs(10))
         .unwrap();
     let scope = fresh_scope();
     let slow = {

@@ -85,7 +85,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let charges = Arc::new(AtomicU32::new(0));
     let app = Router::new()
         .route("/checkout", post(checkout))
-        .layer(IdempotencyLayer::new(Idempotency::new(store)).require_key())
+        .layer(
+            IdempotencyLayer::new(Idempotency::new(store))
+                .require_key()
+                // Problems link to the rules, with the draft's titles.
+                .problem_documentation("https://docs.example.com/idempotency"),
+        )
         .with_state(Arc::clone(&charges));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/checkout", listener.local_addr()?);

@@ -5,8 +5,10 @@
 
 use http::header::{CONTENT_TYPE, HeaderName};
 use http::request::Parts;
-use idem_core::Fingerprint;
-use serde_json::Value;
+use std::collections::HashMap;
+
+use idem_core::{Fingerprint, canonical_json};
+use serde_json::value::RawValue;
 
 /// How requests are fingerprinted.
 #[derive(Debug, Clone, Default)]
@@ -51,13 +53,17 @@ impl FingerprintRules {
         {
             let selected = match &self.json_pointers {
                 None => builder.clone().json_body(text).ok(),
-                Some(pointers) => serde_json::from_str::<Value>(text).ok().and_then(|doc| {
-                    let picked: Vec<Value> = pointers
-                        .iter()
-                        .map(|p| doc.pointer(p).cloned().unwrap_or(Value::Null))
-                        .collect();
-                    let json = serde_json::to_string(&picked).ok()?;
-                    builder.clone().json_body(&json).ok()
+                Some(pointers) => canonical_json(text).ok().and_then(|doc| {
+                    // The canonical text: exact numbers, no duplicate names.
+                    let mut picked = String::from("[");
+                    for (i, pointer) in pointers.iter().enumerate() {
+                        if i > 0 {
+                            picked.push(',');
+                        }
+                        picked.push_str(select(&doc, pointer).unwrap_or("null"));
+                    }
+                    picked.push(']');
+                    builder.clone().json_body(&picked).ok()
                 }),
             };
             if let Some(builder) = selected {
@@ -66,6 +72,39 @@ impl FingerprintRules {
         }
         builder.body(body).finish()
     }
+}
+
+/// The text of the value an RFC 6901 JSON pointer selects in `doc`, read
+/// without numbers ever passing through a double.
+fn select<'a>(doc: &'a str, pointer: &str) -> Option<&'a str> {
+    let mut at: &'a RawValue = serde_json::from_str(doc).ok()?;
+    if pointer.is_empty() {
+        return Some(at.get());
+    }
+    let mut tokens = pointer.split('/');
+    if tokens.next() != Some("") {
+        return None;
+    }
+    for token in tokens {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        at = match at.get().as_bytes().first() {
+            Some(b'{') => *serde_json::from_str::<HashMap<String, &RawValue>>(at.get())
+                .ok()?
+                .get(&token)?,
+            Some(b'[') => {
+                // RFC 6901: an index is 0 or digits without a leading zero.
+                if token.len() > 1 && token.starts_with('0') {
+                    return None;
+                }
+                let index: usize = token.parse().ok()?;
+                *serde_json::from_str::<Vec<&RawValue>>(at.get())
+                    .ok()?
+                    .get(index)?
+            }
+            _ => return None,
+        };
+    }
+    Some(at.get())
 }
 
 #[cfg(test)]
@@ -140,5 +179,39 @@ mod tests {
             fp(r#"{"amount":10,"currency":"EUR"}"#),
             fp(r#"{"amount":11,"currency":"EUR"}"#)
         );
+    }
+
+    #[test]
+    fn json_pointers_compare_numbers_exactly() {
+        let rules = FingerprintRules {
+            headers: Vec::new(),
+            json_pointers: Some(vec!["/order/amount".into(), "/items/1".into()]),
+        };
+        let json = parts(Method::POST, "/pay", Some("application/json"));
+        let fp = |body: &str| rules.fingerprint(&json, body.as_bytes());
+        assert_ne!(
+            fp(r#"{"order":{"amount":9007199254740993},"items":[0,1]}"#),
+            fp(r#"{"order":{"amount":9007199254740992},"items":[0,1]}"#)
+        );
+        assert_ne!(
+            fp(r#"{"order":{"amount":1},"items":[0,0.100000000000000000000000000001]}"#),
+            fp(r#"{"order":{"amount":1},"items":[0,0.100000000000000000000000000002]}"#)
+        );
+        assert_eq!(
+            fp(r#"{"order":{"amount":59.9,"note":"a"},"items":[7,1]}"#),
+            fp(r#"{"items":[8,1.0],"order":{"note":"b","amount":5.990e1}}"#)
+        );
+    }
+
+    #[test]
+    fn json_pointers_follow_rfc_6901() {
+        let doc = r#"{"a/b":{"m~n":[10,20]},"":1}"#;
+        assert_eq!(select(doc, "/a~1b/m~0n/1"), Some("20"));
+        assert_eq!(select(doc, "/"), Some("1"));
+        assert_eq!(select(doc, ""), Some(doc));
+        assert_eq!(select(doc, "/a~1b/m~0n/01"), None);
+        assert_eq!(select(doc, "/a~1b/m~0n/2"), None);
+        assert_eq!(select(doc, "/missing"), None);
+        assert_eq!(select(doc, "no-slash"), None);
     }
 }

@@ -12,6 +12,7 @@ use idem_core::store::{IdempotencyStore, Transaction};
 use tower::Layer;
 
 use crate::fingerprint::FingerprintRules;
+use crate::problem::{Problem, problem};
 use crate::service::IdempotencyService;
 use crate::tenant::TenantSource;
 use crate::transaction::{Begin, NoTransaction};
@@ -43,8 +44,11 @@ pub fn default_status_policy(status: StatusCode) -> StatusAction {
 
 /// Response headers never stored or replayed: hop-by-hop headers, and
 /// those that describe the moment or the connection rather than the answer.
-pub const NEVER_REPLAYED: [&str; 11] = [
+/// Every field a response's `Connection` header names is hop-by-hop too
+/// (RFC 9110 §7.6.1), and neither stored nor replayed either.
+pub const NEVER_REPLAYED: [&str; 12] = [
     "connection",
+    "proxy-connection",
     "keep-alive",
     "proxy-authenticate",
     "proxy-authorization",
@@ -71,8 +75,26 @@ pub(crate) struct Config {
     pub(crate) status_policy: fn(StatusCode) -> StatusAction,
     pub(crate) never_replayed: Vec<HeaderName>,
     pub(crate) replay_header: HeaderName,
-    pub(crate) problem_type: String,
+    pub(crate) documentation: Option<String>,
     pub(crate) wait: Option<Duration>,
+}
+
+impl Config {
+    /// Whether a response field is stored and replayed: not one of
+    /// `never_replayed`, nor one its `Connection` header names.
+    pub(crate) fn is_replayed(&self, name: &HeaderName, hop_by_hop: &[HeaderName]) -> bool {
+        !self.never_replayed.contains(name) && !hop_by_hop.contains(name)
+    }
+
+    /// A problem response as this layer is configured to write them.
+    pub(crate) fn problem(
+        &self,
+        kind: Problem,
+        status: StatusCode,
+        detail: &str,
+    ) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+        problem(self.documentation.as_deref(), kind, status, detail)
+    }
 }
 
 impl Default for Config {
@@ -90,7 +112,7 @@ impl Default for Config {
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
             replay_header: HeaderName::from_static(REPLAY_HEADER),
-            problem_type: "about:blank".to_string(),
+            documentation: None,
             wait: None,
         }
     }
@@ -130,9 +152,10 @@ impl Default for Config {
 ///     .layer(
 ///         IdempotencyLayer::new(Idempotency::new(store))
 ///             .require_key()
-///             .tenant(TenantSource::header("x-tenant-id")),
+///             .tenant(TenantSource::header("X-Tenant-Id")?),
 ///     );
 /// # let _ = app;
+/// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
 pub struct IdempotencyLayer<S: ?Sized, T = NoTransaction> {
     pub(crate) idem: Idempotency<S>,
@@ -163,7 +186,8 @@ impl<S: IdempotencyStore + ?Sized, T> fmt::Debug for IdempotencyLayer<S, T> {
 }
 
 impl<S: IdempotencyStore + ?Sized> IdempotencyLayer<S> {
-    /// A layer over `idem` (its lease, retention and auto-renewal apply),
+    /// A layer over `idem` (its lease, retention, lease renewal and
+    /// too-large fallback apply),
     /// with the defaults: `POST` and `PATCH`, key optional, one tenant
     /// (`default`), 1 MiB request bodies, 2xx–4xx stored, 5xx released.
     pub fn new(idem: Idempotency<S>) -> Self {
@@ -244,7 +268,9 @@ impl<S: ?Sized, T> IdempotencyLayer<S, T> {
     }
 
     /// The largest request body read (default 1 MiB); a larger one is
-    /// refused with 413 before anything is claimed.
+    /// refused with 413 before anything is claimed, and one whose declared
+    /// `Content-Length` is larger at once, before any of it is read (so a
+    /// client sending `Expect: 100-continue` gets 413, not `100 Continue`).
     #[must_use]
     pub fn max_request_bytes(self, max: usize) -> Self {
         self.configure(|c| c.max_request_bytes = max)
@@ -270,12 +296,42 @@ impl<S: ?Sized, T> IdempotencyLayer<S, T> {
         self.configure(|c| c.replay_header = name)
     }
 
-    /// The `type` of problem responses: a URI documenting your idempotency
-    /// rules (default `about:blank`).
+    /// A link to the documentation of your idempotency rules, as the
+    /// Idempotency-Key draft (§2.7) asks problem responses to carry.
+    ///
+    /// Without one, every problem's `type` is `about:blank` and its `title`
+    /// the status phrase (RFC 9457 §4.2.1). With one, each problem gets a
+    /// type URI of its own, the link with a fragment, and the draft's
+    /// titles; document each of these at your link:
+    ///
+    /// | fragment | status | title |
+    /// |---|---|---|
+    /// | `idempotency-key-missing` | 400 | Idempotency-Key is missing |
+    /// | `idempotency-key-invalid` | 400 | Idempotency-Key is invalid |
+    /// | `tenant-missing` | 400, 401 or 500 | No tenant |
+    /// | `idempotency-key-reused` | 422 | Idempotency-Key is already used |
+    /// | `request-outstanding` | 409 | A request is outstanding for this Idempotency-Key |
+    /// | `request-body-too-large` | 413 | Request body too large |
+    /// | `request-body-unreadable` | 400 | Unreadable request body |
+    /// | `request-taken-over` | 503 | The request was taken over |
+    /// | `store-unavailable` | 503 | Idempotency store unavailable |
+    /// | `internal-error` | 500 | Internal error |
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use idem_core::Idempotency;
+    /// # use idem_http::IdempotencyLayer;
+    /// # let idem = Idempotency::new(Arc::new(idem_memory::MemoryStore::new()));
+    /// // A key reused for another payload: 422 with
+    /// // "type": "https://docs.example.com/idempotency#idempotency-key-reused".
+    /// let layer = IdempotencyLayer::new(idem)
+    ///     .problem_documentation("https://docs.example.com/idempotency");
+    /// # let _ = layer;
+    /// ```
     #[must_use]
-    pub fn problem_type(self, uri: impl Into<String>) -> Self {
-        let uri = uri.into();
-        self.configure(|c| c.problem_type = uri)
+    pub fn problem_documentation(self, link: impl Into<String>) -> Self {
+        let link = link.into();
+        self.configure(|c| c.documentation = Some(link))
     }
 
     /// A duplicate of a request in flight waits up to `max` for its result

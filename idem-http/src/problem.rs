@@ -1,5 +1,11 @@
-//! Refusals as `application/problem+json` (RFC 9457), with the titles of
-//! the Idempotency-Key draft for its three scenarios.
+//! Refusals as `application/problem+json` (RFC 9457).
+//!
+//! By default a problem's `type` is `about:blank` and its `title` the status
+//! phrase, as RFC 9457 §4.2.1 asks. With a documentation link configured
+//! (the Idempotency-Key draft's §2.7), each problem gets a type URI of its
+//! own under that link, `{link}#{fragment}` (the fragments are listed on
+//! [`IdempotencyLayer::problem_documentation`](crate::IdempotencyLayer::problem_documentation)),
+//! with the draft's titles.
 
 use std::time::Duration;
 
@@ -7,21 +13,86 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 
-/// The draft's title for a missing key.
-pub(crate) const MISSING: &str = "Idempotency-Key is missing";
-/// The draft's title for a key reused with another request.
-pub(crate) const REUSED: &str = "Idempotency-Key is already used";
-/// The draft's title for a request still in flight.
-pub(crate) const OUTSTANDING: &str = "A request is outstanding for this Idempotency-Key";
+/// What went wrong, with its fragment and title under a documentation link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Problem {
+    MissingKey,
+    InvalidKey,
+    NoTenant,
+    KeyReused,
+    Outstanding,
+    BodyTooLarge,
+    UnreadableBody,
+    TakenOver,
+    StoreUnavailable,
+    Internal,
+}
 
-/// A problem response of `status` with `title` and `detail`; `kind` is the
-/// problem type URI.
+impl Problem {
+    /// Every problem, for the documentation and its test.
+    #[cfg(test)]
+    const ALL: [Problem; 10] = [
+        Problem::MissingKey,
+        Problem::InvalidKey,
+        Problem::NoTenant,
+        Problem::KeyReused,
+        Problem::Outstanding,
+        Problem::BodyTooLarge,
+        Problem::UnreadableBody,
+        Problem::TakenOver,
+        Problem::StoreUnavailable,
+        Problem::Internal,
+    ];
+
+    /// The fragment of its type URI under the documentation link.
+    pub(crate) fn fragment(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "idempotency-key-missing",
+            Problem::InvalidKey => "idempotency-key-invalid",
+            Problem::NoTenant => "tenant-missing",
+            Problem::KeyReused => "idempotency-key-reused",
+            Problem::Outstanding => "request-outstanding",
+            Problem::BodyTooLarge => "request-body-too-large",
+            Problem::UnreadableBody => "request-body-unreadable",
+            Problem::TakenOver => "request-taken-over",
+            Problem::StoreUnavailable => "store-unavailable",
+            Problem::Internal => "internal-error",
+        }
+    }
+
+    /// Its title under a documentation link: the draft's for its three
+    /// scenarios.
+    pub(crate) fn title(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "Idempotency-Key is missing",
+            Problem::InvalidKey => "Idempotency-Key is invalid",
+            Problem::NoTenant => "No tenant",
+            Problem::KeyReused => "Idempotency-Key is already used",
+            Problem::Outstanding => "A request is outstanding for this Idempotency-Key",
+            Problem::BodyTooLarge => "Request body too large",
+            Problem::UnreadableBody => "Unreadable request body",
+            Problem::TakenOver => "The request was taken over",
+            Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::Internal => "Internal error",
+        }
+    }
+}
+
+/// A problem response: `kind` of `status`, with `detail`; `documentation`
+/// is the configured link, if any.
 pub(crate) fn problem(
+    documentation: Option<&str>,
+    kind: Problem,
     status: StatusCode,
-    kind: &str,
-    title: &str,
     detail: &str,
 ) -> Response<Full<Bytes>> {
+    let (kind, title) = match documentation {
+        Some(link) => (format!("{link}#{}", kind.fragment()), kind.title()),
+        None => (
+            "about:blank".to_string(),
+            status.canonical_reason().unwrap_or("Error"),
+        ),
+    };
     let body = serde_json::json!({
         "type": kind,
         "title": title,
@@ -59,23 +130,42 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn problems_are_json_with_type_title_status_and_detail() {
-        let response = retry_after(
-            problem(StatusCode::CONFLICT, "about:blank", OUTSTANDING, "wait"),
-            Duration::from_millis(1_500),
-        );
-        assert_eq!(response.status(), StatusCode::CONFLICT);
-        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    async fn json(response: Response<Full<Bytes>>) -> serde_json::Value {
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],
             "application/problem+json"
         );
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(json["title"], OUTSTANDING);
-        assert_eq!(json["status"], 409);
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    #[tokio::test]
+    async fn by_default_problems_are_about_blank_titled_with_the_status_phrase() {
+        let response = retry_after(
+            problem(None, Problem::Outstanding, StatusCode::CONFLICT, "wait"),
+            Duration::from_millis(1_500),
+        );
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        let json = json(response).await;
         assert_eq!(json["type"], "about:blank");
+        assert_eq!(json["title"], "Conflict");
+        assert_eq!(json["status"], 409);
         assert_eq!(json["detail"], "wait");
+    }
+
+    #[tokio::test]
+    async fn with_documentation_each_problem_has_its_own_type_and_title() {
+        let link = "https://docs.example.com/idempotency";
+        let mut types = Vec::new();
+        for kind in Problem::ALL {
+            let json = json(problem(Some(link), kind, StatusCode::BAD_REQUEST, "x")).await;
+            assert_eq!(json["title"], kind.title());
+            types.push(json["type"].as_str().unwrap().to_string());
+        }
+        assert_eq!(types[0], format!("{link}#idempotency-key-missing"));
+        types.sort();
+        types.dedup();
+        assert_eq!(types.len(), Problem::ALL.len(), "two problems share a type");
     }
 }

@@ -9,7 +9,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
+use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode, response};
 use http_body::Body;
@@ -22,7 +22,7 @@ use idem_core::{
 use tower::{Service, ServiceExt};
 
 use crate::layer::{Config, IdempotencyLayer, StatusAction};
-use crate::problem::{self, problem};
+use crate::problem::{self, Problem};
 use crate::transaction::{Begin, IdemTransaction};
 use crate::{key, tenant::TenantRejection};
 
@@ -95,33 +95,41 @@ where
                     "This operation is idempotent and it requires correct usage of Idempotency Key: send an {} header.",
                     config.header
                 );
-                return ready(problem(
+                return ready(config.problem(
+                    Problem::MissingKey,
                     StatusCode::BAD_REQUEST,
-                    &config.problem_type,
-                    problem::MISSING,
                     &detail,
                 ));
             }
             Err(error) => {
-                return ready(problem(
+                return ready(config.problem(
+                    Problem::InvalidKey,
                     StatusCode::BAD_REQUEST,
-                    &config.problem_type,
-                    "Idempotency-Key is invalid",
                     &error.detail(&config.header),
                 ));
             }
         };
+        // A body declared too large is refused before any of it is read:
+        // hyper sends `100 Continue` only once the body is polled.
+        let declared = request
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > config.max_request_bytes as u64) {
+            return ready(too_large_body(&config));
+        }
         let (parts, body) = request.into_parts();
         let tenant = match config.tenant.tenant(&parts) {
             Ok(tenant) => tenant,
             Err(TenantRejection { status, detail }) => {
-                return ready(problem(status, &config.problem_type, "No tenant", &detail));
+                return ready(config.problem(Problem::NoTenant, status, &detail));
             }
         };
         let job = Job {
             idem: self.layer.idem.clone(),
             begin: self.layer.begin.clone(),
-            config,
+            config: Arc::clone(&config),
             scope: Scope::new(tenant, key),
             service: PhantomData,
         };
@@ -133,7 +141,7 @@ where
                 Ok(result) => result,
                 Err(join) => {
                     tracing::error!(error = %join, "the idempotent request's task failed");
-                    Ok(internal_error("the request's task failed").map(Either::Right))
+                    Ok(internal_error(&config, "the request's task failed").map(Either::Right))
                 }
             }
         })
@@ -146,12 +154,18 @@ fn ready<B: Send + 'static, E: Send + 'static>(
     Box::pin(std::future::ready(Ok(response.map(Either::Right))))
 }
 
-fn internal_error(detail: &str) -> Response<Full<Bytes>> {
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "about:blank",
-        "Internal Server Error",
-        detail,
+fn internal_error(config: &Config, detail: &str) -> Response<Full<Bytes>> {
+    config.problem(Problem::Internal, StatusCode::INTERNAL_SERVER_ERROR, detail)
+}
+
+fn too_large_body(config: &Config) -> Response<Full<Bytes>> {
+    config.problem(
+        Problem::BodyTooLarge,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!(
+            "Idempotent requests are read whole; the limit is {} bytes.",
+            config.max_request_bytes
+        ),
     )
 }
 
@@ -212,7 +226,7 @@ where
         parts: Parts,
         body: ReqBody,
     ) -> Result<Response<IdemBody<ResBody>>, Inner::Error> {
-        let problem_type = self.config.problem_type.clone();
+        let config = Arc::clone(&self.config);
         let bytes = match Limited::new(body, self.config.max_request_bytes)
             .collect()
             .await
@@ -223,20 +237,11 @@ where
                     .downcast_ref::<http_body_util::LengthLimitError>()
                     .is_some();
                 let response = if too_large {
-                    problem(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        &problem_type,
-                        "Request body too large",
-                        &format!(
-                            "Idempotent requests are read whole; the limit is {} bytes.",
-                            self.config.max_request_bytes
-                        ),
-                    )
+                    too_large_body(&config)
                 } else {
-                    problem(
+                    config.problem(
+                        Problem::UnreadableBody,
                         StatusCode::BAD_REQUEST,
-                        &problem_type,
-                        "Unreadable request body",
                         &error.to_string(),
                     )
                 };
@@ -276,12 +281,8 @@ where
                         continue;
                     }
                     let detail = "A request with the same Idempotency-Key for the same operation is being processed or is outstanding.";
-                    let response = problem(
-                        StatusCode::CONFLICT,
-                        &problem_type,
-                        problem::OUTSTANDING,
-                        detail,
-                    );
+                    let response =
+                        config.problem(Problem::Outstanding, StatusCode::CONFLICT, detail);
                     return Ok(problem::retry_after(response, retry_after).map(Either::Right));
                 }
                 outcome => {
@@ -300,10 +301,7 @@ where
             .run(self.scope.clone(), fingerprint, |ctx| async move {
                 let mut attempt = attempt;
                 let response = attempt.call(ctx, None::<IdemTransaction<T>>).await?;
-                match attempt.verdict(
-                    response,
-                    self.idem.store().capabilities().max_response_bytes,
-                ) {
+                match attempt.verdict(response) {
                     Verdict::Store(stored) => Ok(stored),
                     Verdict::Refuse(error) => Err(error),
                 }
@@ -326,8 +324,7 @@ where
                     let mut attempt = attempt;
                     let slot = IdemTransaction::new(tx);
                     let response = attempt.call(ctx, Some(slot.clone())).await?;
-                    let max = self.idem.store().capabilities().max_response_bytes;
-                    let stored = match attempt.verdict(response, max) {
+                    let stored = match attempt.verdict(response) {
                         Verdict::Store(stored) => stored,
                         // Dropping the transaction rolls the handler's writes back.
                         Verdict::Refuse(error) => return Err(error),
@@ -350,18 +347,16 @@ where
         inner_error: &Arc<Mutex<Option<Inner::Error>>>,
     ) -> Result<Response<IdemBody<ResBody>>, Inner::Error> {
         let config = &self.config;
-        let problem_type = &config.problem_type;
         let key = self.scope.key().redacted();
         let response = match outcome {
             Ok(RunOutcome::Executed(_)) => match take(produced) {
                 Some((parts, body)) => Response::from_parts(parts, Full::new(body)),
-                None => internal_error("the executed response went missing"),
+                None => internal_error(config, "the executed response went missing"),
             },
             Ok(RunOutcome::Replayed(stored)) => replay(&stored, config),
-            Err(RunError::Mismatch) => problem(
+            Err(RunError::Mismatch) => config.problem(
+                Problem::KeyReused,
                 StatusCode::UNPROCESSABLE_ENTITY,
-                problem_type,
-                problem::REUSED,
                 "This operation is idempotent and it requires correct usage of Idempotency Key. Idempotency Key MUST not be reused across different payloads of this operation.",
             ),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
@@ -372,21 +367,20 @@ where
                         if let Some(inner) = taken {
                             return Err(inner);
                         }
-                        internal_error("the inner service failed")
+                        internal_error(config, "the inner service failed")
                     }
                     Err(error) => {
                         tracing::warn!(%error, key, "idempotent request failed");
-                        internal_error(&error.to_string())
+                        internal_error(config, &error.to_string())
                     }
                 }
             }
             Err(RunError::LostLease) => {
                 tracing::warn!(key, "idempotency lease lost before completion");
                 problem::retry_after(
-                    problem(
+                    config.problem(
+                        Problem::TakenOver,
                         StatusCode::SERVICE_UNAVAILABLE,
-                        problem_type,
-                        "The request was taken over",
                         "Another request with this Idempotency-Key took over before this one completed; retry with the same key to get its result.",
                     ),
                     Duration::from_secs(1),
@@ -395,10 +389,9 @@ where
             Err(RunError::Store(error)) if error.is_retryable() => {
                 tracing::warn!(%error, key, "idempotency store unavailable");
                 problem::retry_after(
-                    problem(
+                    config.problem(
+                        Problem::StoreUnavailable,
                         StatusCode::SERVICE_UNAVAILABLE,
-                        problem_type,
-                        "Idempotency store unavailable",
                         "The request may or may not have been processed; retry with the same Idempotency-Key.",
                     ),
                     Duration::from_secs(1),
@@ -406,7 +399,7 @@ where
             }
             Err(error) => {
                 tracing::error!(%error, key, "idempotency store failed");
-                internal_error(&error.to_string())
+                internal_error(config, &error.to_string())
             }
         };
         Ok(response.map(Either::Right))
@@ -422,19 +415,39 @@ fn replay(stored: &StoredResponse, config: &Config) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::copy_from_slice(stored.body())));
     *response.status_mut() =
         StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    // A record written under another configuration (or by another writer)
+    // may hold fields this one never replays.
+    let hop_by_hop = connection_options(
+        stored
+            .headers()
+            .iter()
+            .filter(|(name, _)| name.eq_ignore_ascii_case(CONNECTION.as_str()))
+            .map(|(_, value)| value.as_slice()),
+    );
     for (name, value) in stored.headers() {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_bytes(value),
-        ) {
+        ) && config.is_replayed(&name, &hop_by_hop)
+        {
             response.headers_mut().append(name, value);
         }
     }
+
     response.headers_mut().insert(
         config.replay_header.clone(),
         HeaderValue::from_static("true"),
     );
     response
+}
+
+/// The fields a `Connection` header names: hop-by-hop, for this connection
+/// only (RFC 9110 §7.6.1). Its value is a comma-separated list of tokens.
+fn connection_options<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<HeaderName> {
+    values
+        .flat_map(|value| value.split(|&b| b == b','))
+        .filter_map(|option| HeaderName::from_bytes(option.trim_ascii()).ok())
+        .collect()
 }
 
 /// What to do with what the handler produced.
@@ -496,11 +509,19 @@ impl<Inner, E> Attempt<'_, Inner, E> {
     }
 
     /// Keeps the response for the caller, and says whether the record
-    /// stores it, by the status policy and the store's size limit.
-    fn verdict(&self, (parts, body): (response::Parts, Bytes), max: usize) -> Verdict {
+    /// stores it, by the status policy. (One too large to store is the
+    /// runner's to replace with its fallback.)
+    fn verdict(&self, (parts, body): (response::Parts, Bytes)) -> Verdict {
         let mut stored = StoredResponse::new(parts.status.as_u16(), body.to_vec());
+        let hop_by_hop = connection_options(
+            parts
+                .headers
+                .get_all(CONNECTION)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        );
         for (name, value) in &parts.headers {
-            if !self.config.never_replayed.contains(name) {
+            if self.config.is_replayed(name, &hop_by_hop) {
                 stored = stored.with_header(name.as_str(), value.as_bytes());
             }
         }
@@ -508,17 +529,7 @@ impl<Inner, E> Attempt<'_, Inner, E> {
         let unstored = Unstored(parts.clone(), body.clone());
         *self.produced.lock().unwrap_or_else(|e| e.into_inner()) = Some((parts, body));
         match action {
-            StatusAction::Store if stored.size() <= max => Verdict::Store(stored),
-            StatusAction::Store => {
-                // The work happened but cannot be stored: keep the key to its
-                // lease rather than let a retry run it again at once.
-                tracing::warn!(
-                    size = stored.size(),
-                    max,
-                    "response too large for the idempotency store; the key is kept until its lease expires"
-                );
-                Verdict::Refuse(HandlerError::started(unstored))
-            }
+            StatusAction::Store => Verdict::Store(stored),
             StatusAction::Release => Verdict::Refuse(HandlerError::not_started(unstored)),
             StatusAction::Keep => Verdict::Refuse(HandlerError::started(unstored)),
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::StatusCode;
 use http::header::HeaderName;
 use http::request::Parts;
-use idem_core::Tenant;
+use idem_core::{InvalidInput, Tenant};
 
 /// Why no tenant could be found for a request: answered with `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,9 +32,10 @@ type Extract = dyn Fn(&Parts) -> Result<Tenant, TenantRejection> + Send + Sync;
 /// struct Principal { account: String }
 ///
 /// let from_principal = TenantSource::extension(|p: &Principal| p.account.clone());
-/// let from_header = TenantSource::header("x-tenant-id");
+/// let from_header = TenantSource::header("X-Tenant-Id")?;
 /// let single = TenantSource::fixed("shop");
 /// # let _ = (from_principal, from_header, single);
+/// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
 #[derive(Clone)]
 pub struct TenantSource(Arc<Extract>);
@@ -66,10 +67,19 @@ impl TenantSource {
         Self(Arc::new(move |_| tenant.clone()))
     }
 
-    /// The value of a request header; a request without it is refused with 400.
-    pub fn header(name: &'static str) -> Self {
-        let name = HeaderName::from_static(name);
-        Self(Arc::new(move |parts: &Parts| {
+    /// The value of a request header, named in any case; a request without
+    /// it is refused with 400.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::Malformed`] if `name` is not a valid header name.
+    pub fn header(name: &str) -> Result<Self, InvalidInput> {
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|e| InvalidInput::Malformed {
+                field: "tenant header",
+                reason: format!("{name:?} is not a header name: {e}"),
+            })?;
+        Ok(Self(Arc::new(move |parts: &Parts| {
             let value = parts.headers.get(&name).ok_or_else(|| {
                 rejection(
                     StatusCode::BAD_REQUEST,
@@ -84,7 +94,7 @@ impl TenantSource {
             })?;
             Tenant::new(text)
                 .map_err(|e| rejection(StatusCode::BAD_REQUEST, format!("the {name} header: {e}")))
-        }))
+        })))
     }
 
     /// A value in the request's extensions (an authenticated principal that
@@ -125,5 +135,37 @@ impl Default for TenantSource {
     /// One tenant, `default`, for single-tenant services.
     fn default() -> Self {
         Self::fixed("default")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::*;
+
+    fn parts(header: (&str, &str)) -> Parts {
+        Request::builder()
+            .header(header.0, header.1)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn a_tenant_header_is_named_in_any_case_and_an_invalid_name_is_an_error() {
+        let source = TenantSource::header("X-Tenant").unwrap();
+        let tenant = source.tenant(&parts(("x-tenant", "acme"))).unwrap();
+        assert_eq!(tenant.as_str(), "acme");
+        for bad in ["", "x tenant", "x-tenant\n", "é"] {
+            assert!(
+                matches!(
+                    TenantSource::header(bad),
+                    Err(InvalidInput::Malformed { .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

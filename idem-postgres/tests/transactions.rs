@@ -268,7 +268,7 @@ async fn auto_renewal_holds_the_key_through_a_long_transactional_handler() {
     let store = common::store().await;
     let lease = Duration::from_millis(600);
     let idem = runner(&store, lease)
-        .with_auto_renew(Duration::from_secs(30))
+        .with_max_run_time(Duration::from_secs(30))
         .unwrap();
     let table = business_table(store.pool()).await;
     let request = request(lease);

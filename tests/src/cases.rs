@@ -1295,12 +1295,14 @@ pub async fn runner_keeps_the_claim_when_the_handler_failed<S: IdempotencyStore 
 
 /// When the lease is taken over before completion, the runner reports
 /// `LostLease`, never a quiet success, and the new owner's response stands.
+/// (Without renewal, which would keep a live handler's lease.)
 pub async fn runner_reports_a_lost_lease_instead_of_success<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
     let idem = Idempotency::new(Arc::clone(&store))
         .with_lease(SHORT_LEASE)
-        .unwrap();
+        .unwrap()
+        .without_auto_renew();
     let scope = fresh_scope();
     let fp = idem_core::Fingerprint::of_bytes("a");
     let slow: Outcome = idem
@@ -1373,7 +1375,7 @@ pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStor
     let idem = Idempotency::new(Arc::clone(&store))
         .with_lease(lease)
         .unwrap()
-        .with_auto_renew(Duration::from_secs(30))
+        .with_max_run_time(Duration::from_secs(30))
         .unwrap();
     let scope = fresh_scope();
     let fp = idem_core::Fingerprint::of_bytes("a");

@@ -77,11 +77,13 @@ pub fn via_proxy(options: PgConnectOptions, port: u16) -> PgConnectOptions {
         .ssl_mode(PgSslMode::Disable)
 }
 
-/// The runner every service holds, over `store` behind `dyn`, with `lease`.
+/// The runner every service holds, over `store` behind `dyn`, with `lease`
+/// and without renewal: these tests let leases lapse mid-handler.
 pub fn runner(store: &PostgresStore, lease: Duration) -> Idempotency<dyn IdempotencyStore> {
     support::runner(store)
         .with_lease(lease)
         .expect("a valid lease")
+        .without_auto_renew()
 }
 
 /// A fault proxy in front of the server at `IDEM_POSTGRES_URL`, and the
