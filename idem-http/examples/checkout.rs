@@ -1,6 +1,8 @@
 //! A checkout service behind the idempotency layer, and a client that meets
 //! everything a client can: a first request, a retry, a duplicate that
-//! arrives while the first still runs, and a key reused for another order.
+//! arrives while the first still runs (and again after the first's lease
+//! would have run out), and a key reused for another order, even one that
+//! differs only past a double's precision.
 //!
 //! Run with `cargo run -p idem-http --example checkout`. The store is the
 //! in-memory one, or Postgres / Redis when `IDEM_POSTGRES_URL` /
@@ -27,7 +29,8 @@ async fn checkout(
     // The payment provider gets a key that is the same on every attempt.
     let _provider_key = ctx.downstream_key("charge");
     if body.contains("slow") {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Longer than the lease: the layer renews it while this runs.
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
     }
     let order = charges.fetch_add(1, Ordering::SeqCst) + 1;
     (StatusCode::CREATED, format!("order #{order} placed"))
@@ -86,7 +89,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/checkout", post(checkout))
         .layer(
-            IdempotencyLayer::new(Idempotency::new(store))
+            // A 1 s lease, so that the example need not wait 30 s to show
+            // a handler outliving it.
+            IdempotencyLayer::new(Idempotency::new(store).with_lease(Duration::from_secs(1))?)
                 .require_key()
                 // Problems link to the rules, with the draft's titles.
                 .problem_documentation("https://docs.example.com/idempotency"),
@@ -128,12 +133,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "concurrent duplicate: {}",
         show(send(format!("c3d4-{run}"), slow_cart).await?).await
     );
+    // Past the lease the slow one was claimed with: still its key.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    println!(
+        "after its lease:      {}",
+        show(send(format!("c3d4-{run}"), slow_cart).await?).await
+    );
     println!("  (the slow one:      {})", show(slow.await??).await);
 
     let other_cart = r#"{"cart": ["sofa"], "total": 899}"#;
     println!(
         "key reused:           {}",
         show(send(format!("a1b2-{run}"), other_cart).await?).await
+    );
+    // Two totals a double cannot tell apart are two orders.
+    let huge = r#"{"cart": ["island"], "total": 9007199254740993}"#;
+    let huge_less_one = r#"{"cart": ["island"], "total": 9007199254740992}"#;
+    println!(
+        "past 2^53:            {}",
+        show(send(format!("e5f6-{run}"), huge).await?).await
+    );
+    println!(
+        "  one less, same key: {}",
+        show(send(format!("e5f6-{run}"), huge_less_one).await?).await
     );
     println!("cards charged:        {}", charges.load(Ordering::SeqCst));
     Ok(())
