@@ -11,112 +11,10 @@ use idem_core::Idempotency;
 use idem_core::store::{IdempotencyStore, Transaction};
 use tower::Layer;
 
-use crate::fingerprint::FingerprintRules;
-use crate::problem::{Problem, problem};
+use crate::config::{Config, StatusAction};
 use crate::service::IdempotencyService;
 use crate::tenant::TenantSource;
 use crate::transaction::{Begin, NoTransaction};
-
-/// What the layer does with a response, by its status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StatusAction {
-    /// Store it: every retry replays it.
-    Store,
-    /// Store nothing and release the key: a retry runs the handler again at
-    /// once (for failures that changed nothing).
-    Release,
-    /// Store nothing and keep the key until its lease expires: retries get
-    /// 409 until then, and the one after takes over (for failures after
-    /// which work may have happened).
-    Keep,
-}
-
-/// The default policy: 2xx, 3xx and 4xx are stored (a retry gets the same
-/// answer, errors included); 5xx releases the key, so a retry may succeed.
-pub fn default_status_policy(status: StatusCode) -> StatusAction {
-    if status.is_server_error() {
-        StatusAction::Release
-    } else {
-        StatusAction::Store
-    }
-}
-
-/// Response headers never stored or replayed: hop-by-hop headers, and
-/// those that describe the moment or the connection rather than the answer.
-/// Every field a response's `Connection` header names is hop-by-hop too
-/// (RFC 9110 §7.6.1), and neither stored nor replayed either.
-pub const NEVER_REPLAYED: [&str; 12] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "date",
-    "content-length",
-    "set-cookie",
-];
-
-/// The default header marking a replayed response.
-pub const REPLAY_HEADER: &str = "idempotent-replayed";
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) required: bool,
-    pub(crate) tenant: TenantSource,
-    pub(crate) fingerprint: FingerprintRules,
-    pub(crate) max_request_bytes: usize,
-    pub(crate) status_policy: fn(StatusCode) -> StatusAction,
-    pub(crate) never_replayed: Vec<HeaderName>,
-    pub(crate) replay_header: HeaderName,
-    pub(crate) documentation: Option<String>,
-    pub(crate) wait: Option<Duration>,
-}
-
-impl Config {
-    /// Whether a response field is stored and replayed: not one of
-    /// `never_replayed`, nor one its `Connection` header names.
-    pub(crate) fn is_replayed(&self, name: &HeaderName, hop_by_hop: &[HeaderName]) -> bool {
-        !self.never_replayed.contains(name) && !hop_by_hop.contains(name)
-    }
-
-    /// A problem response as this layer is configured to write them.
-    pub(crate) fn problem(
-        &self,
-        kind: Problem,
-        status: StatusCode,
-        detail: &str,
-    ) -> http::Response<http_body_util::Full<bytes::Bytes>> {
-        problem(self.documentation.as_deref(), kind, status, detail)
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            header: HeaderName::from_static("idempotency-key"),
-            methods: vec![Method::POST, Method::PATCH],
-            required: false,
-            tenant: TenantSource::default(),
-            fingerprint: FingerprintRules::default(),
-            max_request_bytes: 1 << 20,
-            status_policy: default_status_policy,
-            never_replayed: NEVER_REPLAYED
-                .iter()
-                .map(|h| HeaderName::from_static(h))
-                .collect(),
-            replay_header: HeaderName::from_static(REPLAY_HEADER),
-            documentation: None,
-            wait: None,
-        }
-    }
-}
 
 /// A tower [`Layer`] giving routes the `Idempotency-Key` header's semantics
 /// over an idem store.
@@ -158,9 +56,9 @@ impl Default for Config {
 /// # Ok::<(), idem_core::InvalidInput>(())
 /// ```
 pub struct IdempotencyLayer<S: ?Sized, T = NoTransaction> {
-    pub(crate) idem: Idempotency<S>,
-    pub(crate) config: Arc<Config>,
-    pub(crate) begin: Option<Begin<T>>,
+    idem: Idempotency<S>,
+    config: Arc<Config>,
+    begin: Option<Begin<T>>,
 }
 
 impl<S: ?Sized, T> Clone for IdempotencyLayer<S, T> {
@@ -200,7 +98,7 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyLayer<S> {
 
     /// Completes inside a transaction that `begin` opens per request (for
     /// example `move || store.begin()` on Postgres): the handler finds it in
-    /// its request's extensions as [`IdemTransaction<T>`](crate::IdemTransaction),
+    /// its request's extensions as [`IdempotencyTransaction<T>`](crate::IdempotencyTransaction),
     /// writes through it, and the stored response commits with those writes.
     /// A response the policy does not store rolls the transaction back.
     #[must_use]
@@ -277,14 +175,14 @@ impl<S: ?Sized, T> IdempotencyLayer<S, T> {
     }
 
     /// What to do with a response, by its status (default
-    /// [`default_status_policy`]).
+    /// [`default_status_policy`](crate::default_status_policy)).
     #[must_use]
     pub fn status_policy(self, policy: fn(StatusCode) -> StatusAction) -> Self {
         self.configure(|c| c.status_policy = policy)
     }
 
     /// Another response header never stored nor replayed, besides
-    /// [`NEVER_REPLAYED`].
+    /// [`NEVER_REPLAYED`](crate::NEVER_REPLAYED).
     #[must_use]
     pub fn never_replay(self, name: HeaderName) -> Self {
         self.configure(|c| c.never_replayed.push(name))
@@ -346,9 +244,11 @@ impl<S: ?Sized, T, Inner> Layer<Inner> for IdempotencyLayer<S, T> {
     type Service = IdempotencyService<S, T, Inner>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        IdempotencyService {
-            layer: self.clone(),
+        IdempotencyService::configured(
             inner,
-        }
+            self.idem.clone(),
+            Arc::clone(&self.config),
+            self.begin.clone(),
+        )
     }
 }

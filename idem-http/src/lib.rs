@@ -44,22 +44,27 @@
 //! Handlers find the run's [`Context`](idem_core::Context) in their
 //! request's extensions (with axum, `Extension<Context<dyn IdempotencyStore>>`)
 //! for downstream keys and checkpoints; in the transactional mode
-//! ([`IdempotencyLayer::in_transaction`]) also an [`IdemTransaction`] to write
+//! ([`IdempotencyLayer::in_transaction`]) also an [`IdempotencyTransaction`] to write
 //! through.
 //!
 //! Keys can be personal data: the layer logs a hash of a key, never the key.
 
+mod body;
+mod config;
 mod fingerprint;
+mod future;
 mod key;
 mod layer;
 mod problem;
+mod replay;
 mod service;
 mod tenant;
 mod transaction;
 
-pub use layer::{
-    IdempotencyLayer, NEVER_REPLAYED, REPLAY_HEADER, StatusAction, default_status_policy,
-};
-pub use service::{IdemBody, IdemFuture, IdempotencyService};
+pub use body::ResponseBody;
+pub use config::{NEVER_REPLAYED, REPLAY_HEADER, StatusAction, default_status_policy};
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+pub use service::IdempotencyService;
 pub use tenant::{TenantRejection, TenantSource};
-pub use transaction::{IdemTransaction, NoTransaction, TransactionTaken};
+pub use transaction::{IdempotencyTransaction, NoTransaction, TransactionTaken};

@@ -1,19 +1,17 @@
 //! The service: what happens to one request.
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue};
+use http::header::{CONNECTION, CONTENT_LENGTH, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode, response};
 use http_body::Body;
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use idem_core::store::{IdempotencyStore, Transaction};
 use idem_core::{
     BoxError, Context, Fingerprint, HandlerError, Idempotency, RunError, RunOutcome, Scope,
@@ -21,28 +19,53 @@ use idem_core::{
 };
 use tower::{Service, ServiceExt};
 
-use crate::layer::{Config, IdempotencyLayer, StatusAction};
+use crate::body::ResponseBody;
+use crate::config::{Config, StatusAction, connection_options};
+use crate::future::ResponseFuture;
 use crate::problem::{self, Problem};
-use crate::transaction::{Begin, IdemTransaction};
+use crate::replay::replay;
+use crate::transaction::{Begin, IdempotencyTransaction, NoTransaction};
 use crate::{key, tenant::TenantRejection};
 
-/// The body of the layer's responses: the inner service's, untouched, for
-/// requests the layer passes through; a buffered one for those it handled.
-pub type IdemBody<B> = Either<B, Full<Bytes>>;
-
-/// The future of [`IdempotencyService`].
-pub type IdemFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<IdemBody<B>>, E>> + Send>>;
-
-/// The service [`IdempotencyLayer`] wraps around a route.
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around a
+/// route; [`new`](Self::new) builds one with the layer's defaults.
 pub struct IdempotencyService<S: ?Sized, T, Inner> {
-    pub(crate) layer: IdempotencyLayer<S, T>,
-    pub(crate) inner: Inner,
+    idem: Idempotency<S>,
+    config: Arc<Config>,
+    begin: Option<Begin<T>>,
+    inner: Inner,
+}
+
+impl<S: IdempotencyStore + ?Sized, Inner> IdempotencyService<S, NoTransaction, Inner> {
+    /// `inner` behind `idem` with the defaults of
+    /// [`IdempotencyLayer::new`](crate::IdempotencyLayer::new).
+    pub fn new(inner: Inner, idem: Idempotency<S>) -> Self {
+        Self::configured(inner, idem, Arc::new(Config::default()), None)
+    }
+}
+
+impl<S: ?Sized, T, Inner> IdempotencyService<S, T, Inner> {
+    pub(crate) fn configured(
+        inner: Inner,
+        idem: Idempotency<S>,
+        config: Arc<Config>,
+        begin: Option<Begin<T>>,
+    ) -> Self {
+        Self {
+            idem,
+            config,
+            begin,
+            inner,
+        }
+    }
 }
 
 impl<S: ?Sized, T, Inner: Clone> Clone for IdempotencyService<S, T, Inner> {
     fn clone(&self) -> Self {
         Self {
-            layer: self.layer.clone(),
+            idem: self.idem.clone(),
+            config: Arc::clone(&self.config),
+            begin: self.begin.clone(),
             inner: self.inner.clone(),
         }
     }
@@ -51,7 +74,9 @@ impl<S: ?Sized, T, Inner: Clone> Clone for IdempotencyService<S, T, Inner> {
 impl<S: IdempotencyStore + ?Sized, T, Inner> fmt::Debug for IdempotencyService<S, T, Inner> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
-            .field("layer", &self.layer)
+            .field("idem", &self.idem)
+            .field("header", &self.config.header)
+            .field("transactional", &self.begin.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -69,9 +94,9 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<IdemBody<ResBody>>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = Inner::Error;
-    type Future = IdemFuture<ResBody, Inner::Error>;
+    type Future = ResponseFuture<ResBody, Inner::Error>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -80,16 +105,14 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // The clone that was driven to readiness serves this request.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let config = Arc::clone(&self.layer.config);
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
         if !config.methods.contains(request.method()) {
-            return Box::pin(async move { Ok(inner.call(request).await?.map(Either::Left)) });
+            return passed(inner, request);
         }
         let key = match key::from_headers(request.headers(), &config.header) {
             Ok(Some(key)) => key,
-            Ok(None) if !config.required => {
-                return Box::pin(async move { Ok(inner.call(request).await?.map(Either::Left)) });
-            }
+            Ok(None) if !config.required => return passed(inner, request),
             Ok(None) => {
                 let detail = format!(
                     "This operation is idempotent and it requires correct usage of Idempotency Key: send an {} header.",
@@ -127,8 +150,8 @@ where
             }
         };
         let job = Job {
-            idem: self.layer.idem.clone(),
-            begin: self.layer.begin.clone(),
+            idem: self.idem.clone(),
+            begin: self.begin.clone(),
             config: Arc::clone(&config),
             scope: Scope::new(tenant, key),
             service: PhantomData,
@@ -136,22 +159,37 @@ where
         // Claimed work runs to the end in a task of its own: a client that
         // hangs up drops this future, not the handler or the completion.
         let task = tokio::spawn(job.run(inner, parts, body));
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             match task.await {
                 Ok(result) => result,
                 Err(join) => {
                     tracing::error!(error = %join, "the idempotent request's task failed");
-                    Ok(internal_error(&config, "the request's task failed").map(Either::Right))
+                    Ok(internal_error(&config, "the request's task failed")
+                        .map(ResponseBody::buffered))
                 }
             }
         })
     }
 }
 
+/// A request the layer does not cover, to the inner service untouched.
+fn passed<Inner, ReqBody, ResBody>(
+    mut inner: Inner,
+    request: Request<ReqBody>,
+) -> ResponseFuture<ResBody, Inner::Error>
+where
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    Inner::Future: Send + 'static,
+    ReqBody: Send + 'static,
+{
+    let call = inner.call(request);
+    ResponseFuture::new(async move { Ok(call.await?.map(ResponseBody::passed)) })
+}
+
 fn ready<B: Send + 'static, E: Send + 'static>(
     response: Response<Full<Bytes>>,
-) -> IdemFuture<B, E> {
-    Box::pin(std::future::ready(Ok(response.map(Either::Right))))
+) -> ResponseFuture<B, E> {
+    ResponseFuture::new(std::future::ready(Ok(response.map(ResponseBody::buffered))))
 }
 
 fn internal_error(config: &Config, detail: &str) -> Response<Full<Bytes>> {
@@ -225,7 +263,7 @@ where
         inner: Inner,
         parts: Parts,
         body: ReqBody,
-    ) -> Result<Response<IdemBody<ResBody>>, Inner::Error> {
+    ) -> Result<Response<ResponseBody<ResBody>>, Inner::Error> {
         let config = Arc::clone(&self.config);
         let bytes = match Limited::new(body, self.config.max_request_bytes)
             .collect()
@@ -245,7 +283,7 @@ where
                         &error.to_string(),
                     )
                 };
-                return Ok(response.map(Either::Right));
+                return Ok(response.map(ResponseBody::buffered));
             }
         };
         let fingerprint = self.config.fingerprint.fingerprint(&parts, &bytes);
@@ -283,7 +321,9 @@ where
                     let detail = "A request with the same Idempotency-Key for the same operation is being processed or is outstanding.";
                     let response =
                         config.problem(Problem::Outstanding, StatusCode::CONFLICT, detail);
-                    return Ok(problem::retry_after(response, retry_after).map(Either::Right));
+                    return Ok(
+                        problem::retry_after(response, retry_after).map(ResponseBody::buffered)
+                    );
                 }
                 outcome => {
                     return self.respond(outcome, &produced, &inner_error);
@@ -300,7 +340,7 @@ where
         self.idem
             .run(self.scope.clone(), fingerprint, |ctx| async move {
                 let mut attempt = attempt;
-                let response = attempt.call(ctx, None::<IdemTransaction<T>>).await?;
+                let response = attempt.call(ctx, None::<IdempotencyTransaction<T>>).await?;
                 match attempt.verdict(response) {
                     Verdict::Store(stored) => Ok(stored),
                     Verdict::Refuse(error) => Err(error),
@@ -322,7 +362,7 @@ where
                 begin(),
                 |ctx, tx| async move {
                     let mut attempt = attempt;
-                    let slot = IdemTransaction::new(tx);
+                    let slot = IdempotencyTransaction::new(tx);
                     let response = attempt.call(ctx, Some(slot.clone())).await?;
                     let stored = match attempt.verdict(response) {
                         Verdict::Store(stored) => stored,
@@ -345,7 +385,7 @@ where
         outcome: Result<RunOutcome, RunError>,
         produced: &Produced,
         inner_error: &Arc<Mutex<Option<Inner::Error>>>,
-    ) -> Result<Response<IdemBody<ResBody>>, Inner::Error> {
+    ) -> Result<Response<ResponseBody<ResBody>>, Inner::Error> {
         let config = &self.config;
         let key = self.scope.key().redacted();
         let response = match outcome {
@@ -402,52 +442,12 @@ where
                 internal_error(config, &error.to_string())
             }
         };
-        Ok(response.map(Either::Right))
+        Ok(response.map(ResponseBody::buffered))
     }
 }
 
 fn take(produced: &Produced) -> Option<(response::Parts, Bytes)> {
     produced.lock().unwrap_or_else(|e| e.into_inner()).take()
-}
-
-/// A stored response as an HTTP response, marked as a replay.
-fn replay(stored: &StoredResponse, config: &Config) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::copy_from_slice(stored.body())));
-    *response.status_mut() =
-        StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    // A record written under another configuration (or by another writer)
-    // may hold fields this one never replays.
-    let hop_by_hop = connection_options(
-        stored
-            .headers()
-            .iter()
-            .filter(|(name, _)| name.eq_ignore_ascii_case(CONNECTION.as_str()))
-            .map(|(_, value)| value.as_slice()),
-    );
-    for (name, value) in stored.headers() {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) && config.is_replayed(&name, &hop_by_hop)
-        {
-            response.headers_mut().append(name, value);
-        }
-    }
-
-    response.headers_mut().insert(
-        config.replay_header.clone(),
-        HeaderValue::from_static("true"),
-    );
-    response
-}
-
-/// The fields a `Connection` header names: hop-by-hop, for this connection
-/// only (RFC 9110 §7.6.1). Its value is a comma-separated list of tokens.
-fn connection_options<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<HeaderName> {
-    values
-        .flat_map(|value| value.split(|&b| b == b','))
-        .filter_map(|option| HeaderName::from_bytes(option.trim_ascii()).ok())
-        .collect()
 }
 
 /// What to do with what the handler produced.
@@ -472,7 +472,7 @@ impl<Inner, E> Attempt<'_, Inner, E> {
     async fn call<S, T, ReqBody, ResBody>(
         &mut self,
         ctx: Context<S>,
-        tx: Option<IdemTransaction<T>>,
+        tx: Option<IdempotencyTransaction<T>>,
     ) -> Result<(response::Parts, Bytes), HandlerError>
     where
         S: ?Sized + Send + Sync + 'static,

@@ -10,7 +10,16 @@ use http::request::Parts;
 use idem_core::{InvalidInput, Tenant};
 
 /// Why no tenant could be found for a request: answered with `status`.
+///
+/// ```
+/// use http::StatusCode;
+/// use idem_http::TenantRejection;
+///
+/// let rejection = TenantRejection::new(StatusCode::FORBIDDEN, "no account for this key");
+/// assert_eq!(rejection.status, StatusCode::FORBIDDEN);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TenantRejection {
     /// The status of the refusal (400 for a missing header, 401 for a
     /// missing principal, ...).
@@ -46,11 +55,18 @@ impl fmt::Debug for TenantSource {
     }
 }
 
-fn rejection(status: StatusCode, detail: impl Into<String>) -> TenantRejection {
-    TenantRejection {
-        status,
-        detail: detail.into(),
+impl TenantRejection {
+    /// A refusal with `status` and `detail`, for [`TenantSource::with`].
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            detail: detail.into(),
+        }
     }
+}
+
+fn rejection(status: StatusCode, detail: impl Into<String>) -> TenantRejection {
+    TenantRejection::new(status, detail)
 }
 
 impl TenantSource {

@@ -13,33 +13,33 @@ use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 /// The transaction a route's handler writes through, from the request's
-/// extensions (with axum: `Extension<IdemTransaction<PgTransaction>>`).
+/// extensions (with axum: `Extension<IdempotencyTransaction<PgTransaction>>`).
 ///
 /// The layer takes it back when the handler returns, to complete and commit:
 /// hold the guard from [`lock`](Self::lock) only while writing.
 ///
 /// ```no_run
 /// use axum::Extension;
-/// use idem_http::IdemTransaction;
+/// use idem_http::IdempotencyTransaction;
 /// use idem_postgres::{PgTransaction, sqlx};
 ///
-/// async fn create_order(Extension(tx): Extension<IdemTransaction<PgTransaction>>) -> &'static str {
+/// async fn create_order(Extension(tx): Extension<IdempotencyTransaction<PgTransaction>>) -> &'static str {
 ///     let Ok(mut tx) = tx.lock().await else { return "no transaction" };
 ///     let _ = sqlx::query("INSERT INTO orders (id) VALUES (1)").execute(&mut **tx).await;
 ///     "placed"
 /// }
 /// ```
-pub struct IdemTransaction<T>(Arc<Mutex<Option<T>>>);
+pub struct IdempotencyTransaction<T>(Arc<Mutex<Option<T>>>);
 
-impl<T> Clone for IdemTransaction<T> {
+impl<T> Clone for IdempotencyTransaction<T> {
     fn clone(&self) -> Self {
         Self(Arc::clone(&self.0))
     }
 }
 
-impl<T> fmt::Debug for IdemTransaction<T> {
+impl<T> fmt::Debug for IdempotencyTransaction<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("IdemTransaction(..)")
+        f.write_str("IdempotencyTransaction(..)")
     }
 }
 
@@ -48,7 +48,7 @@ impl<T> fmt::Debug for IdemTransaction<T> {
 #[error("the idempotency transaction is no longer available to the handler")]
 pub struct TransactionTaken;
 
-impl<T> IdemTransaction<T> {
+impl<T> IdempotencyTransaction<T> {
     pub(crate) fn new(tx: T) -> Self {
         Self(Arc::new(Mutex::new(Some(tx))))
     }

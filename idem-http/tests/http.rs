@@ -871,13 +871,36 @@ for_store!(memory, memory);
 for_store!(postgres, postgres);
 for_store!(redis, redis);
 
+/// The service without the layer, as tower-http's services are built.
+#[tokio::test]
+async fn the_service_built_directly_replays_as_the_layer_does() {
+    use tower::ServiceExt;
+    let counters = Counters::default();
+    let route = Router::new()
+        .route("/payments", post(create_payment))
+        .with_state(counters.clone());
+    let idem = Idempotency::new(Arc::new(idem_memory::MemoryStore::new()));
+    let service = idem_http::IdempotencyService::new(route, idem);
+    let request = || {
+        axum::http::Request::post("/payments")
+            .header("idempotency-key", "\"direct\"")
+            .body(axum::body::Body::from("{}"))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let retry = service.oneshot(request()).await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(counters.orders.load(Ordering::SeqCst), 1);
+}
+
 /// The transactional mode on Postgres: the handler's rows and the stored
 /// response commit together; a response the policy does not store rolls
 /// the rows back and frees the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
     use axum::Extension;
-    use idem_http::IdemTransaction;
+    use idem_http::IdempotencyTransaction;
     use idem_postgres::sqlx::{self, AssertSqlSafe};
     use idem_postgres::{PgTransaction, PostgresStore};
 
@@ -899,7 +922,7 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
     .unwrap();
 
     let insert = format!("INSERT INTO {table} VALUES ($1)");
-    let handler = move |Extension(tx): Extension<IdemTransaction<PgTransaction>>,
+    let handler = move |Extension(tx): Extension<IdempotencyTransaction<PgTransaction>>,
                         Extension(ctx): Extension<idem_core::Context<dyn IdempotencyStore>>,
                         body: String| {
         let insert = insert.clone();
