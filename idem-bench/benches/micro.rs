@@ -136,7 +136,7 @@ fn replays(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("run", name), |b| {
             b.iter(|| {
                 ready(idem.run(scope.clone(), fingerprint, |_| async {
-                    unreachable!("a completed key never runs")
+                    unreachable!("a completed key never runs") as Result<StoredResponse, _>
                 }))
                 .unwrap()
             })

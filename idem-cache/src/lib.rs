@@ -37,7 +37,9 @@
 //! let (scope, fingerprint) = (Scope::parse("acme", "order-1")?, Fingerprint::of_bytes(b"order"));
 //! idem.run(scope.clone(), fingerprint, |_| async { Ok(StoredResponse::new(201, "placed")) }).await?;
 //! // The retry is answered from this process's cache.
-//! let retry = idem.run(scope, fingerprint, |_| async { unreachable!("ran twice") }).await?;
+//! let retry = idem
+//!     .run(scope, fingerprint, |_| async { unreachable!("ran twice") as Result<StoredResponse, _> })
+//!     .await?;
 //! assert_eq!(retry, RunOutcome::Replayed(StoredResponse::new(201, "placed")));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();

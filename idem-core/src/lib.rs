@@ -62,9 +62,9 @@ mod timeout;
 
 pub use error::{BoxError, InvalidInput, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, canonical_json};
-pub use outcome::{HandlerError, ResultExt, RunError, RunOutcome};
+pub use outcome::{HandlerError, IntoVerdict, ResultExt, RunError, RunOutcome, Storable, Verdict};
 pub use record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
-pub use runner::{Context, Idempotency};
+pub use runner::{Context, Idempotency, NoTransaction};
 pub use scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant};
 pub use sweeper::Sweeper;
 

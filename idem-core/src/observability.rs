@@ -168,7 +168,7 @@ pub(crate) fn run_span(store: &'static str, scope: &Scope, transactional: bool) 
 }
 
 /// Records a finished run's outcome on its span.
-pub(crate) fn finish_run(span: &Span, result: &Result<RunOutcome, RunError>) {
+pub(crate) fn finish_run<T>(span: &Span, result: &Result<RunOutcome<T>, RunError>) {
     let outcome = match result {
         Ok(RunOutcome::Executed(_)) => "executed",
         Ok(RunOutcome::Replayed(_)) => "replayed",

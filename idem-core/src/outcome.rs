@@ -1,18 +1,28 @@
 //! What a run produced, and why it produced nothing.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
 use crate::error::{BoxError, InvalidInput, StoreError};
 use crate::record::StoredResponse;
 
-/// What [`Idempotency::run`](crate::Idempotency::run) did.
+/// What [`Idempotency::run`](crate::Idempotency::run) did: the handler's own
+/// value when it ran, an earlier run's stored response when it did not.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOutcome {
-    /// The handler ran now and its response was stored.
-    Executed(StoredResponse),
+pub enum RunOutcome<T = StoredResponse> {
+    /// The handler ran now; its value, whose [`Verdict`] the runner carried
+    /// out (for a plain [`StoredResponse`]: stored).
+    Executed(T),
     /// An earlier run's stored response.
     Replayed(StoredResponse),
+}
+
+impl<T> RunOutcome<T> {
+    /// Whether this is a replay.
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Self::Replayed(_))
+    }
 }
 
 impl RunOutcome {
@@ -29,10 +39,97 @@ impl RunOutcome {
             Self::Executed(r) | Self::Replayed(r) => r,
         }
     }
+}
 
-    /// Whether this is a replay.
-    pub fn is_replay(&self) -> bool {
-        matches!(self, Self::Replayed(_))
+/// What becomes of what a handler produced: a handler returns its value
+/// with its verdict, and the runner carries it out and gives the value back
+/// as [`RunOutcome::Executed`].
+///
+/// A handler that returns a plain [`StoredResponse`] means `Store`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::{Fingerprint, Idempotency, RunOutcome, Scope, StoredResponse, Verdict};
+/// use idem_memory::MemoryStore;
+///
+/// /// A job queue's answer: what the job did, and the response kept for retries.
+/// #[derive(Debug, PartialEq)]
+/// enum Job { Sent { id: u32 }, Refused(&'static str) }
+///
+/// impl idem_core::Storable for Job {
+///     fn to_stored(&self) -> std::borrow::Cow<'_, StoredResponse> {
+///         match self {
+///             Job::Sent { id } => std::borrow::Cow::Owned(StoredResponse::new(200, id.to_string())),
+///             Job::Refused(why) => std::borrow::Cow::Owned(StoredResponse::new(400, *why)),
+///         }
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let idem = Idempotency::new(Arc::new(MemoryStore::new()));
+/// let (scope, fp) = (Scope::parse("queue", "job-1")?, Fingerprint::of_bytes(b"job"));
+/// // Refused before anything happened: release, so a retry runs at once.
+/// let first = idem.run(scope.clone(), fp, |_| async { Ok(Verdict::Release(Job::Refused("busy"))) }).await?;
+/// assert_eq!(first, RunOutcome::Executed(Job::Refused("busy")));
+/// let second = idem.run(scope.clone(), fp, |_| async { Ok(Verdict::Store(Job::Sent { id: 7 })) }).await?;
+/// assert_eq!(second, RunOutcome::Executed(Job::Sent { id: 7 }));
+/// let third = idem.run(scope, fp, |_| async { Ok(Verdict::Store(Job::Sent { id: 8 })) }).await?;
+/// assert_eq!(third, RunOutcome::Replayed(StoredResponse::new(200, "7")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict<T> {
+    /// Complete the record with the value's [`Storable::to_stored`]: every
+    /// retry replays it.
+    Store(T),
+    /// Store nothing and keep the key until its lease expires: the work may
+    /// have happened, so a retry gets "in progress" until then and takes the
+    /// key over after (with the checkpoint left).
+    Keep(T),
+    /// Store nothing and release the key: nothing happened, and a retry runs
+    /// at once. Under [`run_in`](crate::Idempotency::run_in) the transaction
+    /// is rolled back, as it is for `Keep`.
+    Release(T),
+}
+
+impl<T> Verdict<T> {
+    /// The value, whatever becomes of it.
+    pub fn into_value(self) -> T {
+        match self {
+            Self::Store(value) | Self::Keep(value) | Self::Release(value) => value,
+        }
+    }
+}
+
+/// A value whose verdict may be [`Verdict::Store`]: what is kept for replay.
+pub trait Storable {
+    /// The response every retry is answered with.
+    fn to_stored(&self) -> Cow<'_, StoredResponse>;
+}
+
+impl Storable for StoredResponse {
+    fn to_stored(&self) -> Cow<'_, StoredResponse> {
+        Cow::Borrowed(self)
+    }
+}
+
+/// What a handler may return: a [`Verdict`] on a value, or a
+/// [`StoredResponse`], which is stored.
+pub trait IntoVerdict<T> {
+    /// The verdict.
+    fn into_verdict(self) -> Verdict<T>;
+}
+
+impl IntoVerdict<StoredResponse> for StoredResponse {
+    fn into_verdict(self) -> Verdict<StoredResponse> {
+        Verdict::Store(self)
+    }
+}
+
+impl<T> IntoVerdict<T> for Verdict<T> {
+    fn into_verdict(self) -> Verdict<T> {
+        self
     }
 }
 

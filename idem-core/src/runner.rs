@@ -14,7 +14,7 @@ use crate::claim::{ClaimOutcome, ClaimRequest, validate_lease, validate_retentio
 use crate::error::{InvalidInput, Operation, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::observability::{finish_run, handler, lease_call, run_span, store_call};
-use crate::outcome::{HandlerError, RunError, RunOutcome};
+use crate::outcome::{HandlerError, IntoVerdict, RunError, RunOutcome, Storable, Verdict};
 use crate::record::{Checkpoint, Lease, StoredResponse};
 use crate::scope::{IdempotencyKey, Scope};
 
@@ -37,7 +37,9 @@ use crate::scope::{IdempotencyKey, Scope};
 ///
 /// // The retry never runs the handler: it gets the stored response.
 /// let retry = idem
-///     .run(scope, fingerprint, |_ctx| async { unreachable!("ran twice") })
+///     .run(scope, fingerprint, |_ctx| async {
+///         unreachable!("ran twice") as Result<StoredResponse, _>
+///     })
 ///     .await?;
 /// assert_eq!(retry, RunOutcome::Replayed(StoredResponse::new(201, "order 42")));
 /// # Ok::<(), RunError>(())
@@ -195,7 +197,9 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// let big = StoredResponse::new(200, vec![b'x'; 1000]);
     /// let first = idem.run(scope.clone(), fp, |_| async { Ok(big) }).await?;
     /// assert!(matches!(first, RunOutcome::Executed(r) if r.body().len() == 1000));
-    /// let retry = idem.run(scope, fp, |_| async { unreachable!("ran twice") }).await?;
+    /// let retry = idem
+    ///     .run(scope, fp, |_| async { unreachable!("ran twice") as Result<StoredResponse, _> })
+    ///     .await?;
     /// assert_eq!(retry, RunOutcome::Replayed(StoredResponse::new(200, "report ready: GET /reports/7")));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
@@ -240,16 +244,20 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
 
     /// Runs `handler` at most once per scope and fingerprint.
     ///
-    /// - A fresh key (or an expired lease: a takeover) runs the handler; its
-    ///   `Ok` response is completed under the lease and returned as
-    ///   [`RunOutcome::Executed`].
+    /// - A fresh key (or an expired lease: a takeover) runs the handler. It
+    ///   returns its value with a [`Verdict`] (a plain [`StoredResponse`]
+    ///   means [`Verdict::Store`]): stored, the key kept to its lease, or the
+    ///   key released; the value comes back as [`RunOutcome::Executed`].
     /// - A completed key returns the stored response as [`RunOutcome::Replayed`].
     /// - A key held by a valid lease is refused with [`RunError::InProgress`];
     ///   a key used with another fingerprint with [`RunError::Mismatch`].
     ///
     /// A handler error keeps the claim until its lease expires (the work may
     /// have started), unless it is [`HandlerError::not_started`], which
-    /// releases the claim so the client may retry at once.
+    /// releases the claim so the client may retry at once. While the handler
+    /// runs its lease is renewed (see [`with_max_run_time`](Self::with_max_run_time)),
+    /// and a response too large for the store is stored as its fallback
+    /// (see [`with_too_large_response`](Self::with_too_large_response)).
     ///
     /// # Errors
     ///
@@ -257,42 +265,23 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// carry the handler's error; [`RunError::LostLease`] when another owner
     /// took the key over before completion (the response was not stored);
     /// [`RunError::Store`] when the store fails.
-    pub async fn run<F, Fut>(
+    pub async fn run<T, H, F, Fut>(
         &self,
         scope: Scope,
         fingerprint: Fingerprint,
         handler: F,
-    ) -> Result<RunOutcome, RunError>
+    ) -> Result<RunOutcome<T>, RunError>
     where
+        T: Storable,
+        H: IntoVerdict<T>,
         F: FnOnce(Context<S>) -> Fut,
-        Fut: Future<Output = Result<StoredResponse, HandlerError>>,
+        Fut: Future<Output = Result<H, HandlerError>>,
     {
-        let span = run_span(self.store_name, &scope, false);
-        let result = async {
-            let ctx = match self.claim(scope, fingerprint).await? {
-                Claimed::Run(ctx) => ctx,
-                Claimed::Answered(outcome) => return Ok(outcome),
-            };
-            match self.drive(&ctx, handler(ctx.clone())).await {
-                Ok(response) => {
-                    let lease = ctx.lease();
-                    let stored = self.storable(&response);
-                    lease_call(
-                        self.store_name,
-                        Operation::Complete,
-                        &lease,
-                        self.store.complete(&lease, &stored),
-                    )
-                    .await?;
-                    Ok(RunOutcome::Executed(response))
-                }
-                Err(error) => Err(self.fail(&ctx, error, false).await),
-            }
-        }
-        .instrument(span.clone())
-        .await;
-        finish_run(&span, &result);
-        result
+        let no_transaction: Option<std::future::Ready<Result<NoTransaction, StoreError>>> = None;
+        self.execute(scope, fingerprint, no_transaction, |ctx, _| async move {
+            Ok((None, handler(ctx).await?))
+        })
+        .await
     }
 
     /// Runs `handler` at most once per scope and fingerprint, completing
@@ -360,52 +349,121 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     ///
     /// As [`run`](Self::run); the errors of `begin` and of the commit as
     /// [`RunError::Store`] (after which the claim has been released).
-    pub async fn run_in<T, B, F, Fut>(
+    pub async fn run_in<T, Tx, H, B, F, Fut>(
         &self,
         scope: Scope,
         fingerprint: Fingerprint,
         begin: B,
         handler: F,
-    ) -> Result<RunOutcome, RunError>
+    ) -> Result<RunOutcome<T>, RunError>
     where
-        T: Transaction,
-        B: Future<Output = Result<T, StoreError>>,
-        F: FnOnce(Context<S>, T) -> Fut,
-        Fut: Future<Output = Result<(T, StoredResponse), HandlerError>>,
+        T: Storable,
+        Tx: Transaction,
+        H: IntoVerdict<T>,
+        B: Future<Output = Result<Tx, StoreError>>,
+        F: FnOnce(Context<S>, Tx) -> Fut,
+        Fut: Future<Output = Result<(Tx, H), HandlerError>>,
     {
-        let span = run_span(self.store_name, &scope, true);
+        self.execute(scope, fingerprint, Some(begin), |ctx, tx| async move {
+            let Some(tx) = tx else {
+                return Err(HandlerError::not_started("no transaction was opened"));
+            };
+            let (tx, produced) = handler(ctx, tx).await?;
+            Ok((Some(tx), produced))
+        })
+        .await
+    }
+
+    /// The one body of both runners: claim, open the transaction if there is
+    /// one, run, and carry out the handler's verdict.
+    async fn execute<T, Tx, H, B, W, Fut>(
+        &self,
+        scope: Scope,
+        fingerprint: Fingerprint,
+        begin: Option<B>,
+        work: W,
+    ) -> Result<RunOutcome<T>, RunError>
+    where
+        T: Storable,
+        Tx: Transaction,
+        H: IntoVerdict<T>,
+        B: Future<Output = Result<Tx, StoreError>>,
+        W: FnOnce(Context<S>, Option<Tx>) -> Fut,
+        Fut: Future<Output = Result<(Option<Tx>, H), HandlerError>>,
+    {
+        let transactional = begin.is_some();
+        let span = run_span(self.store_name, &scope, transactional);
         let result = async {
             let ctx = match self.claim(scope, fingerprint).await? {
                 Claimed::Run(ctx) => ctx,
-                Claimed::Answered(outcome) => return Ok(outcome),
+                Claimed::Replay(response) => return Ok(RunOutcome::Replayed(response)),
             };
-            let lease = ctx.lease();
-            let tx = match lease_call(self.store_name, Operation::Transaction, &lease, begin).await
-            {
-                Ok(tx) => tx,
-                Err(error) => return Err(self.nothing_committed(&ctx, error).await),
+            let tx = match begin {
+                None => None,
+                Some(begin) => {
+                    let lease = ctx.lease();
+                    match lease_call(self.store_name, Operation::Transaction, &lease, begin).await {
+                        Ok(tx) => Some(tx),
+                        Err(error) => return Err(self.nothing_committed(&ctx, error).await),
+                    }
+                }
             };
-            let (mut tx, response) = match self.drive(&ctx, handler(ctx.clone(), tx)).await {
+            let (tx, produced) = match self.drive(&ctx, work(ctx.clone(), tx)).await {
                 Ok(done) => done,
-                Err(error) => return Err(self.fail(&ctx, error, true).await),
+                Err(error) => return Err(self.fail(&ctx, error, transactional).await),
+            };
+            let value = match produced.into_verdict() {
+                Verdict::Store(value) => value,
+                // Dropping the transaction rolls the handler's writes back.
+                Verdict::Keep(value) => return Ok(RunOutcome::Executed(value)),
+                Verdict::Release(value) => {
+                    drop(tx);
+                    self.release(&ctx).await;
+                    return Ok(RunOutcome::Executed(value));
+                }
             };
             let lease = ctx.lease();
-            let stored = self.storable(&response);
-            let completed = lease_call(
-                self.store_name,
-                Operation::Complete,
-                &lease,
-                tx.complete(&lease, &stored),
-            )
-            .await;
-            if let Err(error) = completed {
-                drop(tx);
-                return Err(self.nothing_committed(&ctx, error).await);
+            {
+                let response = value.to_stored();
+                let stored = self.storable(&response);
+                match tx {
+                    // The handler's work happened outside: a failed completion
+                    // keeps the key (fenced, its outcome may be unknown).
+                    None => {
+                        lease_call(
+                            self.store_name,
+                            Operation::Complete,
+                            &lease,
+                            self.store.complete(&lease, &stored),
+                        )
+                        .await?;
+                    }
+                    Some(mut tx) => {
+                        let completed = lease_call(
+                            self.store_name,
+                            Operation::Complete,
+                            &lease,
+                            tx.complete(&lease, &stored),
+                        )
+                        .await;
+                        if let Err(error) = completed {
+                            drop(tx);
+                            return Err(self.nothing_committed(&ctx, error).await);
+                        }
+                        let committed = lease_call(
+                            self.store_name,
+                            Operation::Transaction,
+                            &lease,
+                            tx.commit(),
+                        )
+                        .await;
+                        if let Err(error) = committed {
+                            return Err(self.nothing_committed(&ctx, error).await);
+                        }
+                    }
+                }
             }
-            match lease_call(self.store_name, Operation::Transaction, &lease, tx.commit()).await {
-                Ok(()) => Ok(RunOutcome::Executed(response)),
-                Err(error) => Err(self.nothing_committed(&ctx, error).await),
-            }
+            Ok(RunOutcome::Executed(value))
         }
         .instrument(span.clone())
         .await;
@@ -427,9 +485,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         .await?;
         let (lease, checkpoint) = match claimed {
             ClaimOutcome::Claimed { lease, checkpoint } => (lease, checkpoint),
-            ClaimOutcome::Completed(response) => {
-                return Ok(Claimed::Answered(RunOutcome::Replayed(response)));
-            }
+            ClaimOutcome::Completed(response) => return Ok(Claimed::Replay(response)),
             ClaimOutcome::InProgress { retry_after } => {
                 return Err(RunError::InProgress { retry_after });
             }
@@ -513,7 +569,27 @@ fn too_large_problem(response: &StoredResponse, max: usize) -> StoredResponse {
 
 enum Claimed<S: ?Sized> {
     Run(Context<S>),
-    Answered(RunOutcome),
+    Replay(StoredResponse),
+}
+
+/// The transaction of a run that opens none (as [`Idempotency::run`], or a
+/// layer without `in_transaction`): it has no values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoTransaction {}
+
+#[async_trait::async_trait]
+impl Transaction for NoTransaction {
+    async fn complete(&mut self, _: &Lease, _: &StoredResponse) -> Result<(), StoreError> {
+        match *self {}
+    }
+
+    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
+        match *self {}
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        match self {}
+    }
 }
 
 /// What a handler gets: its lease, its attempt, the checkpoint a previous

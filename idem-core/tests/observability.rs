@@ -351,14 +351,14 @@ fn a_handler_that_did_not_start_releases_and_one_that_failed_keeps_the_claim() {
         let idem = runner(&store);
         let rejected = idem
             .run(scope(), Fingerprint::of_bytes("a"), |_| async {
-                Err(HandlerError::not_started("invalid"))
+                Err::<StoredResponse, _>(HandlerError::not_started("invalid"))
             })
             .await;
         assert!(matches!(rejected, Err(RunError::NotStarted(_))));
         let failed = idem
             .run(scope(), Fingerprint::of_bytes("a"), |ctx| async move {
                 ctx.checkpoint("charged", &1).await?;
-                Err("crashed".into())
+                Err::<StoredResponse, _>("crashed".into())
             })
             .await;
         assert!(matches!(failed, Err(RunError::Failed(_))));

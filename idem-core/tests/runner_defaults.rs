@@ -105,7 +105,9 @@ async fn a_response_too_large_to_store_completes_with_its_fallback_in_both_runne
         "the caller gets it whole"
     );
     let retry = idem
-        .run(scope, fp, |_| async { panic!("ran twice") })
+        .run(scope, fp, |_| async {
+            panic!("ran twice") as Result<StoredResponse, _>
+        })
         .await
         .unwrap();
     let RunOutcome::Replayed(stored) = retry else {
@@ -138,7 +140,9 @@ async fn a_response_too_large_to_store_completes_with_its_fallback_in_both_runne
         .unwrap();
     assert_eq!(first, RunOutcome::Executed(big.clone()));
     let retry = idem
-        .run_in(scope, fp, begin(), |_, _| async { panic!("ran twice") })
+        .run_in(scope, fp, begin(), |_, _| async {
+            panic!("ran twice") as Result<(_, StoredResponse), _>
+        })
         .await
         .unwrap();
     assert!(
@@ -163,7 +167,9 @@ async fn a_fallback_too_large_itself_stores_the_status_alone() {
     .await
     .unwrap();
     let retry = idem
-        .run(scope, fp, |_| async { panic!("ran twice") })
+        .run(scope, fp, |_| async {
+            panic!("ran twice") as Result<StoredResponse, _>
+        })
         .await
         .unwrap();
     assert_eq!(retry, RunOutcome::Replayed(StoredResponse::new(200, "")));

@@ -105,7 +105,7 @@ async fn business_items_commit_with_the_completion_and_a_retry_replays() {
     );
     let retry = idem
         .run_in(scope, fp_a(), store.begin(), |_ctx, _tx| async move {
-            unreachable!("a completed key ran again")
+            unreachable!("a completed key ran again") as Result<(_, StoredResponse), _>
         })
         .await
         .unwrap();
@@ -197,7 +197,7 @@ async fn checkpoint_in_a_transaction_is_written_only_by_its_commit() {
             store.begin(),
             |ctx, mut tx: DynamoTransaction| async move {
                 ctx.checkpoint_in(&mut tx, "charged", &7).await?;
-                Err(HandlerError::started("the provider timed out"))
+                Err::<(_, StoredResponse), _>(HandlerError::started("the provider timed out"))
             },
         )
         .await;
@@ -249,6 +249,7 @@ async fn auto_renewal_keeps_the_key_through_a_slow_transactional_handler() {
     let duplicate = idem
         .run(scope, fp_a(), |_ctx| async move {
             unreachable!("a duplicate ran while the first run held the key")
+                as Result<StoredResponse, _>
         })
         .await;
     assert!(

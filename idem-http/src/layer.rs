@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::{Method, StatusCode};
-use idem_core::Idempotency;
 use idem_core::store::{IdempotencyStore, Transaction};
+use idem_core::{Idempotency, NoTransaction};
 use tower::Layer;
 
 use crate::config::{Config, StatusAction};
 use crate::service::IdempotencyService;
 use crate::tenant::TenantSource;
-use crate::transaction::{Begin, NoTransaction};
+use crate::transaction::Begin;
 
 /// A tower [`Layer`] giving routes the `Idempotency-Key` header's semantics
 /// over an idem store.
@@ -36,7 +36,7 @@ use crate::transaction::{Begin, NoTransaction};
 /// ```
 /// use std::sync::Arc;
 /// use axum::{Router, routing::post};
-/// use idem_core::Idempotency;
+/// use idem_core::{Idempotency, NoTransaction};
 /// use idem_core::store::IdempotencyStore;
 /// use idem_http::{IdempotencyLayer, TenantSource};
 ///
@@ -217,7 +217,7 @@ impl<S: ?Sized, T> IdempotencyLayer<S, T> {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use idem_core::Idempotency;
+    /// # use idem_core::{Idempotency, NoTransaction};
     /// # use idem_http::IdempotencyLayer;
     /// # let idem = Idempotency::new(Arc::new(idem_memory::MemoryStore::new()));
     /// // A key reused for another payload: 422 with

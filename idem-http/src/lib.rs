@@ -67,4 +67,4 @@ pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;
 pub use tenant::{TenantRejection, TenantSource};
-pub use transaction::{IdempotencyTransaction, NoTransaction, TransactionTaken};
+pub use transaction::{IdempotencyTransaction, TransactionTaken};

@@ -1,8 +1,9 @@
 //! The service: what happens to one request.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -14,8 +15,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use idem_core::store::{IdempotencyStore, Transaction};
 use idem_core::{
-    BoxError, Context, Fingerprint, HandlerError, Idempotency, RunError, RunOutcome, Scope,
-    StoredResponse,
+    BoxError, Context, Fingerprint, HandlerError, Idempotency, NoTransaction, RunError, RunOutcome,
+    Scope, Storable, StoredResponse, Verdict,
 };
 use tower::{Service, ServiceExt};
 
@@ -24,7 +25,7 @@ use crate::config::{Config, StatusAction, connection_options};
 use crate::future::ResponseFuture;
 use crate::problem::{self, Problem};
 use crate::replay::replay;
-use crate::transaction::{Begin, IdempotencyTransaction, NoTransaction};
+use crate::transaction::{Begin, IdempotencyTransaction};
 use crate::{key, tenant::TenantRejection};
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around a
@@ -207,29 +208,60 @@ fn too_large_body(config: &Config) -> Response<Full<Bytes>> {
     )
 }
 
-/// A response that is not stored: the client gets it, the record does not.
-#[derive(Debug)]
-struct Unstored(response::Parts, Bytes);
+/// What one call of the inner service produced.
+enum Produced<E> {
+    /// Its response, read whole.
+    Response(Answer),
+    /// Its error, for the caller; the key is kept (the call may have done
+    /// its work), nothing stored.
+    Failed(E),
+}
 
-impl fmt::Display for Unstored {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "a {} response that is not stored", self.0.status)
+/// An inner response, and the configuration that says what of it is kept.
+struct Answer {
+    parts: response::Parts,
+    body: Bytes,
+    config: Arc<Config>,
+}
+
+impl<E> Storable for Produced<E> {
+    fn to_stored(&self) -> Cow<'_, StoredResponse> {
+        let Produced::Response(answer) = self else {
+            // A failed call's verdict is always `Keep`: nothing is stored.
+            return Cow::Owned(StoredResponse::new(500, Vec::new()));
+        };
+        let (parts, config) = (&answer.parts, &answer.config);
+        let mut stored = StoredResponse::new(parts.status.as_u16(), answer.body.to_vec());
+        let hop_by_hop = connection_options(
+            parts
+                .headers
+                .get_all(CONNECTION)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        );
+        for (name, value) in &parts.headers {
+            if config.is_replayed(name, &hop_by_hop) {
+                stored = stored.with_header(name.as_str(), value.as_bytes());
+            }
+        }
+        Cow::Owned(stored)
     }
 }
 
-impl std::error::Error for Unstored {}
-
-/// The inner service failed; its error is kept aside for the caller.
-#[derive(Debug)]
-struct InnerFailed;
-
-impl fmt::Display for InnerFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the inner service failed")
+impl<E> Produced<E> {
+    /// What becomes of it, by the status policy.
+    fn verdict(self) -> Verdict<Self> {
+        let action = match &self {
+            Produced::Response(answer) => (answer.config.status_policy)(answer.parts.status),
+            Produced::Failed(_) => StatusAction::Keep,
+        };
+        match action {
+            StatusAction::Store => Verdict::Store(self),
+            StatusAction::Release => Verdict::Release(self),
+            StatusAction::Keep => Verdict::Keep(self),
+        }
     }
 }
-
-impl std::error::Error for InnerFailed {}
 
 /// One covered request, with everything it needs in its own task.
 struct Job<S: ?Sized, T, Inner, ReqBody> {
@@ -241,9 +273,6 @@ struct Job<S: ?Sized, T, Inner, ReqBody> {
     // service is Send, not Sync).
     service: PhantomData<fn(Inner, ReqBody)>,
 }
-
-/// What the handler produced, for the caller; the record gets a copy.
-type Produced = Arc<Mutex<Option<(response::Parts, Bytes)>>>;
 
 impl<S, T, Inner, ReqBody, ResBody> Job<S, T, Inner, ReqBody>
 where
@@ -265,10 +294,7 @@ where
         body: ReqBody,
     ) -> Result<Response<ResponseBody<ResBody>>, Inner::Error> {
         let config = Arc::clone(&self.config);
-        let bytes = match Limited::new(body, self.config.max_request_bytes)
-            .collect()
-            .await
-        {
+        let bytes = match Limited::new(body, config.max_request_bytes).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(error) => {
                 let too_large = error
@@ -286,22 +312,15 @@ where
                 return Ok(response.map(ResponseBody::buffered));
             }
         };
-        let fingerprint = self.config.fingerprint.fingerprint(&parts, &bytes);
-        let deadline = self
-            .config
-            .wait
-            .map(|wait| tokio::time::Instant::now() + wait);
-        let inner_error = Arc::new(Mutex::new(None));
+        let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+        let deadline = config.wait.map(|wait| tokio::time::Instant::now() + wait);
         let mut inner = Some(inner);
         loop {
-            let produced: Produced = Arc::new(Mutex::new(None));
             // The inner service is called at most once: a later lap only
             // happens after an in-progress answer, which did not use it.
             let attempt = Attempt {
-                config: Arc::clone(&self.config),
+                config: Arc::clone(&config),
                 inner: &mut inner,
-                produced: Arc::clone(&produced),
-                inner_error: Arc::clone(&inner_error),
                 parts: parts.clone(),
                 body: bytes.clone(),
             };
@@ -325,9 +344,7 @@ where
                         problem::retry_after(response, retry_after).map(ResponseBody::buffered)
                     );
                 }
-                outcome => {
-                    return self.respond(outcome, &produced, &inner_error);
-                }
+                outcome => return self.respond(outcome),
             }
         }
     }
@@ -335,16 +352,12 @@ where
     async fn standalone(
         &self,
         fingerprint: Fingerprint,
-        attempt: Attempt<'_, Inner, Inner::Error>,
-    ) -> Result<RunOutcome, RunError> {
+        mut attempt: Attempt<'_, Inner>,
+    ) -> Result<RunOutcome<Produced<Inner::Error>>, RunError> {
         self.idem
             .run(self.scope.clone(), fingerprint, |ctx| async move {
-                let mut attempt = attempt;
-                let response = attempt.call(ctx, None::<IdempotencyTransaction<T>>).await?;
-                match attempt.verdict(response) {
-                    Verdict::Store(stored) => Ok(stored),
-                    Verdict::Refuse(error) => Err(error),
-                }
+                let produced = attempt.call(ctx, None::<IdempotencyTransaction<T>>).await?;
+                Ok(produced.verdict())
             })
             .await
     }
@@ -353,28 +366,24 @@ where
         &self,
         fingerprint: Fingerprint,
         begin: &Begin<T>,
-        attempt: Attempt<'_, Inner, Inner::Error>,
-    ) -> Result<RunOutcome, RunError> {
+        mut attempt: Attempt<'_, Inner>,
+    ) -> Result<RunOutcome<Produced<Inner::Error>>, RunError> {
         self.idem
             .run_in(
                 self.scope.clone(),
                 fingerprint,
                 begin(),
                 |ctx, tx| async move {
-                    let mut attempt = attempt;
                     let slot = IdempotencyTransaction::new(tx);
-                    let response = attempt.call(ctx, Some(slot.clone())).await?;
-                    let stored = match attempt.verdict(response) {
-                        Verdict::Store(stored) => stored,
-                        // Dropping the transaction rolls the handler's writes back.
-                        Verdict::Refuse(error) => return Err(error),
-                    };
+                    let produced = attempt.call(ctx, Some(slot.clone())).await?;
+                    // Whatever the verdict, the runner gets the transaction
+                    // back: to commit, or to drop (a rollback).
                     let tx = slot.take().ok_or_else(|| {
                         HandlerError::not_started(
                             "the handler still held the idempotency transaction when it returned",
                         )
                     })?;
-                    Ok((tx, stored))
+                    Ok((tx, produced.verdict()))
                 },
             )
             .await
@@ -382,17 +391,15 @@ where
 
     fn respond(
         &self,
-        outcome: Result<RunOutcome, RunError>,
-        produced: &Produced,
-        inner_error: &Arc<Mutex<Option<Inner::Error>>>,
+        outcome: Result<RunOutcome<Produced<Inner::Error>>, RunError>,
     ) -> Result<Response<ResponseBody<ResBody>>, Inner::Error> {
         let config = &self.config;
         let key = self.scope.key().redacted();
         let response = match outcome {
-            Ok(RunOutcome::Executed(_)) => match take(produced) {
-                Some((parts, body)) => Response::from_parts(parts, Full::new(body)),
-                None => internal_error(config, "the executed response went missing"),
-            },
+            Ok(RunOutcome::Executed(Produced::Response(answer))) => {
+                Response::from_parts(answer.parts, Full::new(answer.body))
+            }
+            Ok(RunOutcome::Executed(Produced::Failed(error))) => return Err(error),
             Ok(RunOutcome::Replayed(stored)) => replay(&stored, config),
             Err(RunError::Mismatch) => config.problem(
                 Problem::KeyReused,
@@ -400,20 +407,8 @@ where
                 "This operation is idempotent and it requires correct usage of Idempotency Key. Idempotency Key MUST not be reused across different payloads of this operation.",
             ),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
-                match error.downcast::<Unstored>() {
-                    Ok(unstored) => Response::from_parts(unstored.0, Full::new(unstored.1)),
-                    Err(error) if error.is::<InnerFailed>() => {
-                        let taken = inner_error.lock().unwrap_or_else(|e| e.into_inner()).take();
-                        if let Some(inner) = taken {
-                            return Err(inner);
-                        }
-                        internal_error(config, "the inner service failed")
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, key, "idempotent request failed");
-                        internal_error(config, &error.to_string())
-                    }
-                }
+                tracing::warn!(%error, key, "idempotent request failed");
+                internal_error(config, &error.to_string())
             }
             Err(RunError::LostLease) => {
                 tracing::warn!(key, "idempotency lease lost before completion");
@@ -446,38 +441,26 @@ where
     }
 }
 
-fn take(produced: &Produced) -> Option<(response::Parts, Bytes)> {
-    produced.lock().unwrap_or_else(|e| e.into_inner()).take()
-}
-
-/// What to do with what the handler produced.
-enum Verdict {
-    Store(StoredResponse),
-    Refuse(HandlerError),
-}
-
-/// One call of the inner service within a claim; `E` is its error.
-struct Attempt<'a, Inner, E> {
+/// One call of the inner service within a claim.
+struct Attempt<'a, Inner> {
     config: Arc<Config>,
     inner: &'a mut Option<Inner>,
-    produced: Produced,
-    inner_error: Arc<Mutex<Option<E>>>,
     parts: Parts,
     body: Bytes,
 }
 
-impl<Inner, E> Attempt<'_, Inner, E> {
+impl<Inner> Attempt<'_, Inner> {
     /// Calls the inner service with the request, the run's context (and the
     /// transaction) in its extensions, and reads its whole response.
     async fn call<S, T, ReqBody, ResBody>(
         &mut self,
         ctx: Context<S>,
         tx: Option<IdempotencyTransaction<T>>,
-    ) -> Result<(response::Parts, Bytes), HandlerError>
+    ) -> Result<Produced<Inner::Error>, HandlerError>
     where
         S: ?Sized + Send + Sync + 'static,
         T: Send + 'static,
-        Inner: Service<Request<ReqBody>, Response = Response<ResBody>, Error = E>,
+        Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
         ReqBody: From<Bytes>,
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
@@ -494,10 +477,7 @@ impl<Inner, E> Attempt<'_, Inner, E> {
         }
         let response = match inner.oneshot(request).await {
             Ok(response) => response,
-            Err(error) => {
-                *self.inner_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-                return Err(HandlerError::started(InnerFailed));
-            }
+            Err(error) => return Ok(Produced::Failed(error)),
         };
         let (parts, body) = response.into_parts();
         let body = body
@@ -505,33 +485,10 @@ impl<Inner, E> Attempt<'_, Inner, E> {
             .await
             .map_err(|e| HandlerError::started(e.into()))?
             .to_bytes();
-        Ok((parts, body))
-    }
-
-    /// Keeps the response for the caller, and says whether the record
-    /// stores it, by the status policy. (One too large to store is the
-    /// runner's to replace with its fallback.)
-    fn verdict(&self, (parts, body): (response::Parts, Bytes)) -> Verdict {
-        let mut stored = StoredResponse::new(parts.status.as_u16(), body.to_vec());
-        let hop_by_hop = connection_options(
-            parts
-                .headers
-                .get_all(CONNECTION)
-                .iter()
-                .map(HeaderValue::as_bytes),
-        );
-        for (name, value) in &parts.headers {
-            if self.config.is_replayed(name, &hop_by_hop) {
-                stored = stored.with_header(name.as_str(), value.as_bytes());
-            }
-        }
-        let action = (self.config.status_policy)(parts.status);
-        let unstored = Unstored(parts.clone(), body.clone());
-        *self.produced.lock().unwrap_or_else(|e| e.into_inner()) = Some((parts, body));
-        match action {
-            StatusAction::Store => Verdict::Store(stored),
-            StatusAction::Release => Verdict::Refuse(HandlerError::not_started(unstored)),
-            StatusAction::Keep => Verdict::Refuse(HandlerError::started(unstored)),
-        }
+        Ok(Produced::Response(Answer {
+            parts,
+            body,
+            config: Arc::clone(&self.config),
+        }))
     }
 }

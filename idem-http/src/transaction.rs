@@ -8,8 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::store::{Lease, Transaction};
-use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
+use idem_core::StoreError;
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 /// The transaction a route's handler writes through, from the request's
@@ -66,25 +65,6 @@ impl<T> IdempotencyTransaction<T> {
     /// Takes the transaction back, if nobody holds its guard.
     pub(crate) fn take(&self) -> Option<T> {
         self.0.try_lock().ok().and_then(|mut slot| slot.take())
-    }
-}
-
-/// The completion mode of a layer without a transaction: it has no values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoTransaction {}
-
-#[async_trait]
-impl Transaction for NoTransaction {
-    async fn complete(&mut self, _: &Lease, _: &StoredResponse) -> Result<(), StoreError> {
-        match *self {}
-    }
-
-    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
-        match *self {}
-    }
-
-    async fn commit(self) -> Result<(), StoreError> {
-        match self {}
     }
 }
 

@@ -894,6 +894,38 @@ async fn the_service_built_directly_replays_as_the_layer_does() {
     assert_eq!(counters.orders.load(Ordering::SeqCst), 1);
 }
 
+/// The inner service's own error reaches the caller as itself (no 500, no
+/// downcast), and the key is kept: the call may have done its work.
+#[tokio::test]
+async fn an_inner_error_reaches_the_caller_as_itself_and_keeps_the_key() {
+    use tower::ServiceExt;
+
+    #[derive(Debug, PartialEq)]
+    struct Refused(&'static str);
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = tower::service_fn({
+        let calls = Arc::clone(&calls);
+        move |_: axum::http::Request<axum::body::Body>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<axum::http::Response<axum::body::Body>, _>(Refused("upstream down")) }
+        }
+    });
+    let idem = Idempotency::new(Arc::new(idem_memory::MemoryStore::new()));
+    let service = idem_http::IdempotencyService::new(inner, idem);
+    let request = || {
+        axum::http::Request::post("/payments")
+            .header("idempotency-key", "\"inner-error\"")
+            .body(axum::body::Body::from("{}"))
+            .unwrap()
+    };
+    let failed = service.clone().oneshot(request()).await;
+    assert_eq!(failed.unwrap_err(), Refused("upstream down"));
+    let retry = service.oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// The transactional mode on Postgres: the handler's rows and the stored
 /// response commit together; a response the policy does not store rolls
 /// the rows back and frees the key.

@@ -1246,7 +1246,7 @@ pub async fn runner_releases_the_claim_when_nothing_started<S: IdempotencyStore 
     let fp = idem_core::Fingerprint::of_bytes("a");
     let rejected: Outcome = idem
         .run(scope.clone(), fp, |_| async {
-            Err(HandlerError::not_started("invalid"))
+            Err::<StoredResponse, _>(HandlerError::not_started("invalid"))
         })
         .await;
     assert!(
@@ -1269,7 +1269,9 @@ pub async fn runner_keeps_the_claim_when_the_handler_failed<S: IdempotencyStore 
     let scope = fresh_scope();
     let fp = idem_core::Fingerprint::of_bytes("a");
     let failed: Outcome = idem
-        .run(scope.clone(), fp, |_| async { Err("boom".into()) })
+        .run(scope.clone(), fp, |_| async {
+            Err::<StoredResponse, _>("boom".into())
+        })
         .await;
     assert!(
         matches!(failed, Err(RunError::Failed(ref e)) if e.to_string() == "boom"),
@@ -1344,7 +1346,7 @@ pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
         .run(scope.clone(), fp, |ctx| async move {
             *seen.lock().unwrap() = Some(ctx.downstream_key("charge"));
             ctx.checkpoint("charged", &"ch_42").await.unwrap();
-            Err("crashed after charging".into())
+            Err::<StoredResponse, _>("crashed after charging".into())
         })
         .await;
     assert!(matches!(failed, Err(RunError::Failed(_))));
