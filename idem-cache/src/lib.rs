@@ -323,8 +323,8 @@ impl<S: IdempotencyStore + ?Sized> CachedStore<S> {
     ///
     /// # Errors
     ///
-    /// As [`CacheOptions::validate`].
-    pub fn with_options(inner: Arc<S>, options: CacheOptions) -> Result<Self, InvalidInput> {
+    /// [`StoreError::InvalidInput`] as [`CacheOptions::validate`] says.
+    pub fn with_options(inner: Arc<S>, options: CacheOptions) -> Result<Self, StoreError> {
         options.validate()?;
         Ok(Self::build(inner, options))
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use idem_cache::{CacheOptions, CachedStore};
 use idem_conformance::support::{claim, claim_and_complete, fresh_scope, must_claim, response};
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, ManualClock, Timestamp};
-use idem_core::{Fingerprint, InvalidInput, Scope, StoredResponse};
+use idem_core::{Fingerprint, InvalidInput, Scope, StoreError, StoredResponse};
 use idem_memory::{MemoryOptions, MemoryStore};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -25,9 +25,8 @@ fn on_manual_clock(
     options: CacheOptions,
 ) -> (ManualClock, Arc<MemoryStore>, CachedStore<MemoryStore>) {
     let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
-    let inner = Arc::new(MemoryStore::with_options(
-        MemoryOptions::default().clock(clock.clone()),
-    ));
+    let inner =
+        Arc::new(MemoryStore::with_options(MemoryOptions::default().clock(clock.clone())).unwrap());
     let cache = CachedStore::with_options(Arc::clone(&inner), options).unwrap();
     (clock, inner, cache)
 }
@@ -216,7 +215,9 @@ fn options_are_validated_once() {
         ),
     ] {
         match CachedStore::with_options(Arc::clone(&inner), options) {
-            Err(InvalidInput::OutOfRange { field: got, .. }) => assert_eq!(got, field),
+            Err(StoreError::InvalidInput(InvalidInput::OutOfRange { field: got, .. })) => {
+                assert_eq!(got, field)
+            }
             other => panic!("{field}: {other:?}"),
         }
     }

@@ -189,7 +189,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// use idem_memory::{MemoryOptions, MemoryStore};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(64));
+    /// let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(64))?;
     /// let idem = Idempotency::new(Arc::new(store)).with_too_large_response(|response, _max| {
     ///     StoredResponse::new(response.status(), "report ready: GET /reports/7")
     /// });

@@ -136,9 +136,9 @@ where
     subscriber::with_default(subscriber, || {
         metrics::with_local_recorder(&recorder, || {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
-            let store = Arc::new(MemoryStore::with_options(
-                MemoryOptions::default().clock(clock.clone()),
-            ));
+            let store = Arc::new(
+                MemoryStore::with_options(MemoryOptions::default().clock(clock.clone())).unwrap(),
+            );
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -90,7 +90,8 @@ impl Transaction for Ledger {
 
 #[tokio::test]
 async fn a_response_too_large_to_store_completes_with_its_fallback_in_both_runners() {
-    let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(1024));
+    let store =
+        MemoryStore::with_options(MemoryOptions::default().max_response_bytes(1024)).unwrap();
     let idem = Idempotency::new(Arc::new(store.clone()));
     let big = StoredResponse::new(201, vec![b'x'; 4096]).with_header("x-order", "7");
 
@@ -157,7 +158,7 @@ fn scope_in_tx() -> Scope {
 
 #[tokio::test]
 async fn a_fallback_too_large_itself_stores_the_status_alone() {
-    let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(16));
+    let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(16)).unwrap();
     let idem = Idempotency::new(Arc::new(store))
         .with_too_large_response(|_, _| StoredResponse::new(200, vec![b'y'; 100]));
     let (scope, fp) = (scope(), Fingerprint::of_bytes(b"big"));

@@ -15,9 +15,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
     Record, Timestamp, TransactionSharing, validate_lease,
 };
-use idem_core::{
-    Checkpoint, InvalidInput, Operation, Scope, StoreError, StoredResponse, async_trait,
-};
+use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 
 use crate::codec::{self, attr, key, n};
 use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
@@ -81,11 +79,11 @@ impl DynamoStore {
     ///
     /// # Errors
     ///
-    /// [`InvalidInput`] if the table name breaks DynamoDB's rules, the
-    /// response limit is outside 1 byte to
+    /// [`StoreError::InvalidInput`] if the table name breaks DynamoDB's
+    /// rules, the response limit is outside 1 byte to
     /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES), or
     /// the operation timeout is zero.
-    pub fn with_options(client: Client, options: DynamoOptions) -> Result<Self, InvalidInput> {
+    pub fn with_options(client: Client, options: DynamoOptions) -> Result<Self, StoreError> {
         Ok(Self {
             client,
             options: options.validate()?,
@@ -417,6 +415,7 @@ impl IdempotencyStore for DynamoStore {
 #[cfg(test)]
 mod tests {
     use aws_sdk_dynamodb::config::{Credentials, Region};
+    use idem_core::InvalidInput;
 
     use super::*;
 
@@ -430,13 +429,13 @@ mod tests {
             .build();
         let client = Client::from_conf(config);
         let zero = DynamoOptions::default().operation_timeout(Duration::ZERO);
-        assert_eq!(
-            DynamoStore::with_options(client.clone(), zero).err(),
-            Some(InvalidInput::OutOfRange {
+        assert!(matches!(
+            DynamoStore::with_options(client.clone(), zero),
+            Err(StoreError::InvalidInput(InvalidInput::OutOfRange {
                 field: "operation timeout",
                 reason: "must be more than zero",
-            })
-        );
+            }))
+        ));
         let store = DynamoStore::with_options(
             client.clone(),
             DynamoOptions::default().operation_timeout(Duration::from_millis(1)),

@@ -830,7 +830,7 @@ async fn memory(max: Option<usize>) -> Arc<dyn IdempotencyStore> {
     if let Some(max) = max {
         options = options.max_response_bytes(max);
     }
-    Arc::new(idem_memory::MemoryStore::with_options(options))
+    Arc::new(idem_memory::MemoryStore::with_options(options).unwrap())
 }
 
 async fn postgres(max: Option<usize>) -> Arc<dyn IdempotencyStore> {

@@ -39,7 +39,9 @@ use idem_core::store::{
     Lease, Record, RecordState, SystemClock, Timestamp, TransactionSharing, check_response_size,
     decide, validate_lease,
 };
-use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
+use idem_core::{
+    Checkpoint, InvalidInput, Operation, Scope, StoreError, StoredResponse, async_trait,
+};
 use moka::Expiry;
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
@@ -60,9 +62,11 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// let clock = ManualClock::new(Timestamp::from_unix_millis(0));
 /// let store = MemoryStore::with_options(
 ///     MemoryOptions::default().clock(clock.clone()).max_response_bytes(64 * 1024),
-/// );
+/// )?;
 /// clock.advance(Duration::from_secs(60)); // leases judged by this clock
 /// assert_eq!(store.capabilities().max_response_bytes, 64 * 1024);
+/// assert!(MemoryStore::with_options(MemoryOptions::default().max_response_bytes(0)).is_err());
+/// # Ok::<(), idem_core::StoreError>(())
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -160,11 +164,26 @@ impl fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// A store on the system clock with the default limit.
     pub fn new() -> Self {
-        Self::with_options(MemoryOptions::default())
+        Self::build(MemoryOptions::default())
     }
 
-    /// A store built from `options`.
-    pub fn with_options(options: MemoryOptions) -> Self {
+    /// A store built from `options`, as every store is.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] if the response limit is zero (use
+    /// `usize::MAX` for none).
+    pub fn with_options(options: MemoryOptions) -> Result<Self, StoreError> {
+        if options.max_response_bytes == 0 {
+            return Err(StoreError::InvalidInput(InvalidInput::OutOfRange {
+                field: "max response bytes",
+                reason: "must be at least 1",
+            }));
+        }
+        Ok(Self::build(options))
+    }
+
+    fn build(options: MemoryOptions) -> Self {
         let MemoryOptions {
             clock,
             max_response_bytes,
@@ -370,7 +389,8 @@ mod tests {
     fn manual_clock_drives_takeover_without_waiting() {
         runtime().block_on(async {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
-            let store = MemoryStore::with_options(MemoryOptions::default().clock(clock.clone()));
+            let store =
+                MemoryStore::with_options(MemoryOptions::default().clock(clock.clone())).unwrap();
             let req = request("k", Duration::from_secs(3600));
             assert!(matches!(
                 store.claim(&req).await.unwrap(),
@@ -393,7 +413,8 @@ mod tests {
     fn purge_counts_exactly_the_records_past_retention() {
         runtime().block_on(async {
             let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000));
-            let store = MemoryStore::with_options(MemoryOptions::default().clock(clock.clone()));
+            let store =
+                MemoryStore::with_options(MemoryOptions::default().clock(clock.clone())).unwrap();
             for key in ["a", "b", "c"] {
                 store
                     .claim(&request(key, Duration::from_secs(60)))
@@ -420,7 +441,8 @@ mod tests {
 
     #[test]
     fn response_limit_is_configurable_and_advertised() {
-        let store = MemoryStore::with_options(MemoryOptions::default().max_response_bytes(10));
+        let store =
+            MemoryStore::with_options(MemoryOptions::default().max_response_bytes(10)).unwrap();
         assert_eq!(store.capabilities().max_response_bytes, 10);
         assert_eq!(store.capabilities().clock, ClockSource::Caller);
         assert_eq!(store.capabilities().durability, Durability::Volatile);
