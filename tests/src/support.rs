@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease};
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Record, Timestamp};
 use idem_core::{
     Checkpoint, Fingerprint, Idempotency, IdempotencyKey, RunError, RunOutcome, Scope, StoreError,
     StoredResponse, Tenant,
@@ -146,6 +146,50 @@ pub async fn wait_until_absent<S: IdempotencyStore + ?Sized>(store: &S, scope: &
         }
     })
     .await;
+}
+
+/// Waits until the clock that judges `scope`'s record reads `at` or later:
+/// a case that needs a lease expired, or the store's time moved on, waits
+/// for exactly that, not for a guess of wall time.
+pub async fn wait_for_the_store_clock<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    at: Timestamp,
+) {
+    eventually("the store's clock to reach the moment awaited", || async {
+        let now = store.now(scope).await.expect("the store's clock");
+        (now >= at).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the clock that judges `scope`'s record has moved on by `by`
+/// from what it reads now: two deliveries this far apart are not in one
+/// millisecond, so a store that writes on the second one shows it.
+pub async fn let_the_store_clock_pass<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    by: Duration,
+) {
+    let from = store.now(scope).await.expect("the store's clock");
+    wait_for_the_store_clock(store, scope, from + by).await;
+}
+
+/// Fails the case unless `record` is retained for exactly `retention` from
+/// a moment within `around`: the store's clock read just before and just
+/// after the write that set its retention.
+pub fn assert_retained_from(
+    what: &str,
+    record: &Record,
+    around: (Timestamp, Timestamp),
+    retention: Duration,
+) {
+    let (before, after) = around;
+    let until = record.retained_until();
+    assert!(
+        until >= before + retention && until <= after + retention,
+        "{what}: retained until {until:?}, not {retention:?} from between {before:?} and {after:?}"
+    );
 }
 
 /// Sleeps until a lease claimed `lease` ago has certainly run out.
