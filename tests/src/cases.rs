@@ -171,7 +171,7 @@ pub async fn other_fingerprint_on_completed_record_is_mismatch<S: IdempotencySto
 /// A record past retention is claimed afresh, at attempt 1, with the same fingerprint.
 pub async fn record_past_retention_is_claimed_afresh<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let scope = fresh_scope();
-    let request = brief(short(&scope, "a"));
+    let request = brief(long(&scope, "a"));
     claim_and_complete(&*store, &request, &response("old")).await;
     wait_until_absent(&*store, &scope).await;
     let (lease, checkpoint) = must_claim(&*store, &request).await;
@@ -184,7 +184,7 @@ pub async fn record_past_retention_is_claimed_with_any_fingerprint<S: Idempotenc
     store: Arc<S>,
 ) {
     let scope = fresh_scope();
-    claim_and_complete(&*store, &brief(short(&scope, "a")), &response("old")).await;
+    claim_and_complete(&*store, &brief(long(&scope, "a")), &response("old")).await;
     wait_until_absent(&*store, &scope).await;
     let (lease, _) = must_claim(&*store, &long(&scope, "b")).await;
     assert_eq!(lease.attempt(), 1);
@@ -465,17 +465,19 @@ pub async fn renewal_keeps_the_later_of_retention_and_the_new_lease<
     );
     // A short retention: a long renewal stretches it to the new lease.
     let scope = fresh_scope();
-    let request = brief(short(&scope, "a"));
+    let request = short(&scope, "a")
+        .with_retention(Duration::from_secs(1))
+        .unwrap();
     let (lease, _) = must_claim(&*store, &request).await;
     let before = store.get(&scope).await.unwrap().expect("record");
-    let renewed = store.renew(&lease, Duration::from_secs(2)).await.unwrap();
+    let renewed = store.renew(&lease, Duration::from_secs(5)).await.unwrap();
     let after = store.get(&scope).await.unwrap().expect("record");
     assert_eq!(
         after.retained_until(),
         before.retained_until().max(renewed.expires_at())
     );
     // Past the old retention the renewed claim still holds the key.
-    outlive(SHORT_RETENTION).await;
+    wait_for_the_store_clock(&*store, &scope, before.retained_until()).await;
     assert!(
         matches!(
             claim(&*store, &request).await,
@@ -806,9 +808,8 @@ pub async fn completed_record_past_retention_counts_as_absent<S: IdempotencyStor
     store: Arc<S>,
 ) {
     let scope = fresh_scope();
-    let request = brief(short(&scope, "a"));
+    let request = brief(long(&scope, "a"));
     claim_and_complete(&*store, &request, &response("x")).await;
-    assert!(store.get(&scope).await.unwrap().is_some());
     wait_until_absent(&*store, &scope).await;
     assert!(matches!(
         claim(&*store, &request).await,
@@ -829,7 +830,7 @@ pub async fn purge_expired_removes_only_what_is_past_retention<S: IdempotencySto
     must_claim(&*store, &long(&live_flight, "a")).await;
     let old: Vec<Scope> = (0..3).map(|i| at(&format!("old-{i}"))).collect();
     for scope in &old {
-        claim_and_complete(&*store, &brief(short(scope, "a")), &response("old")).await;
+        claim_and_complete(&*store, &brief(long(scope, "a")), &response("old")).await;
     }
     let old_flight = at("old-in-flight");
     must_claim(&*store, &brief(short(&old_flight, "a"))).await;
@@ -855,21 +856,30 @@ pub async fn purge_expired_removes_only_what_is_past_retention<S: IdempotencySto
 }
 
 /// Completion retains the record for the retention again, counted from the
-/// completion: a record completed late in its claim's retention still
-/// replays after the claim's retention would have ended.
+/// completion: a record completed late in its claim's retention is kept
+/// past the moment the claim's retention would have ended.
 pub async fn completion_restarts_retention<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
-    let retention = Duration::from_millis(1_000);
+    let retention = Duration::from_secs(5);
     let scope = fresh_scope();
     let request = short(&scope, "a").with_retention(retention).unwrap();
     let (lease, _) = must_claim(&*store, &request).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let claimed = store.get(&scope).await.unwrap().expect("record");
+    // Well into the claim's retention, by the store's clock.
+    let late = claimed.retained_until() - (retention - Duration::from_secs(1));
+    wait_for_the_store_clock(&*store, &scope, late).await;
+    let before = store.now(&scope).await.unwrap();
     store.complete(&lease, &response("late")).await.unwrap();
-    // Past the claim's retention (1 s), well within the completion's (1.7 s).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        claim(&*store, &request).await,
-        ClaimOutcome::Completed(response("late")),
-        "a record completed late expired with its claim's retention"
+    let after = store.now(&scope).await.unwrap();
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_retained_from(
+        "a record completed late",
+        &record,
+        (before, after),
+        retention,
+    );
+    assert!(
+        record.retained_until() > claimed.retained_until(),
+        "a record completed late kept its claim's retention"
     );
 }
 
@@ -1103,7 +1113,7 @@ pub async fn delete_reports_whether_a_live_record_was_there<S: IdempotencyStore 
     assert!(store.delete(&scope).await.unwrap(), "a live record");
     assert!(!store.delete(&scope).await.unwrap(), "deleted already");
     let expired = fresh_scope();
-    claim_and_complete(&*store, &brief(short(&expired, "a")), &response("old")).await;
+    claim_and_complete(&*store, &brief(long(&expired, "a")), &response("old")).await;
     wait_until_absent(&*store, &expired).await;
     assert!(
         !store.delete(&expired).await.unwrap(),
@@ -1157,7 +1167,7 @@ pub async fn now_reads_the_clock_that_judges_retention<S: IdempotencyStore + ?Si
     );
     let brief_scope = fresh_scope();
     let before = store.now(&brief_scope).await.unwrap();
-    claim_and_complete(&*store, &brief(short(&brief_scope, "a")), &response("x")).await;
+    claim_and_complete(&*store, &brief(long(&brief_scope, "a")), &response("x")).await;
     wait_until_absent(&*store, &brief_scope).await;
     let after = store.now(&brief_scope).await.unwrap();
     assert!(
