@@ -80,8 +80,9 @@ pub enum Eviction {
 pub struct Capabilities {
     /// The store's name, as its errors, spans and metrics carry it
     /// (`"memory"`, `"postgres"`, `"redis"`, `"dynamodb"`): one short
-    /// lowercase word per backend, the same for every instance, so it can be
-    /// a metric label.
+    /// lowercase word per backend (ASCII lowercase letters and digits,
+    /// starting with a letter, at most 16 bytes), the same for every
+    /// instance, so it can be a metric label.
     pub store: &'static str,
     /// What the store can share with the caller's business writes.
     pub transactions: TransactionSharing,

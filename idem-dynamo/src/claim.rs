@@ -1,9 +1,9 @@
 //! The claim: one conditional `UpdateItem`, one round trip for every outcome.
 //!
 //! The update succeeds when the item is absent, past retention, or in flight
-//! with an expired lease and the same fingerprint (a takeover); it writes the
-//! new owner and lease, and `att = if_not_exists(att, 0) + 1` numbers the
-//! attempt. `ReturnValues = ALL_OLD` hands back the item it replaced, which
+//! with an expired lease, the same fingerprint and another owner (a
+//! takeover); it writes the new owner and lease, and
+//! `att = if_not_exists(att, 0) + 1` numbers the attempt. `ReturnValues = ALL_OLD` hands back the item it replaced, which
 //! tells a takeover (attempt and checkpoint carried) from a fresh claim.
 //! When the condition fails, `ReturnValuesOnConditionCheckFailure = ALL_OLD`
 //! hands back the item that stopped it; decoded into a record, the core's

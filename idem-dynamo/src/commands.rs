@@ -24,9 +24,11 @@ pub(crate) const CLAIM_UPDATE: &str = "SET fp = :fp, own = :own, st = :f, lease 
     REMOVE rs, rh, rb, datt";
 
 /// The claim's `ConditionExpression`: absent, past retention, or a takeover
-/// of an expired lease with the same fingerprint; `:now` is epoch ms.
+/// of an expired lease with the same fingerprint by another owner (the
+/// owner's own claim delivered again after its lease expired is still its
+/// claim, answered from the item without a write); `:now` is epoch ms.
 pub(crate) const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR #exp <= :now \
-    OR (st = :f AND lease <= :now AND fp = :fp)";
+    OR (st = :f AND lease <= :now AND fp = :fp AND own <> :own)";
 
 /// Resets a claim over an abandoned item past retention to attempt 1,
 /// without its checkpoint: `:one`, `:own` (the new owner).

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState};
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState, Timestamp,
+};
 use idem_core::{
     Checkpoint, Context, HandlerError, Idempotency, RunError, RunOutcome, Scope, StoredResponse,
     Tenant,
@@ -169,7 +171,7 @@ pub async fn other_fingerprint_on_completed_record_is_mismatch<S: IdempotencySto
 /// A record past retention is claimed afresh, at attempt 1, with the same fingerprint.
 pub async fn record_past_retention_is_claimed_afresh<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let scope = fresh_scope();
-    let request = brief(short(&scope, "a"));
+    let request = brief(long(&scope, "a"));
     claim_and_complete(&*store, &request, &response("old")).await;
     wait_until_absent(&*store, &scope).await;
     let (lease, checkpoint) = must_claim(&*store, &request).await;
@@ -182,7 +184,7 @@ pub async fn record_past_retention_is_claimed_with_any_fingerprint<S: Idempotenc
     store: Arc<S>,
 ) {
     let scope = fresh_scope();
-    claim_and_complete(&*store, &brief(short(&scope, "a")), &response("old")).await;
+    claim_and_complete(&*store, &brief(long(&scope, "a")), &response("old")).await;
     wait_until_absent(&*store, &scope).await;
     let (lease, _) = must_claim(&*store, &long(&scope, "b")).await;
     assert_eq!(lease.attempt(), 1);
@@ -253,6 +255,27 @@ pub async fn stale_owner_cannot_checkpoint_after_takeover<S: IdempotencyStore + 
     assert_eq!(record.checkpoint(), Some(&mine));
 }
 
+/// A stale owner never overwrites, even with exactly the response the new
+/// owner stored: that is another owner's completion, not its own delivered
+/// again, so it is `LostLease` and the record stays the new owner's.
+pub async fn stale_owner_cannot_complete_even_with_the_new_owners_response<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let (scope, stale, fresh) = taken_over(&*store).await;
+    let same = response("the same response");
+    store.complete(&fresh, &same).await.unwrap();
+    assert_lost(
+        "stale complete with the new owner's response",
+        store.complete(&stale, &same).await,
+    );
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.owner(), fresh.owner());
+    assert_eq!(record.attempt(), fresh.attempt());
+    assert_eq!(record.response(), Some(&same));
+}
+
 /// An owner whose lease expired, but which nobody took over, still completes.
 pub async fn owner_with_expired_lease_can_still_complete<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
@@ -266,6 +289,52 @@ pub async fn owner_with_expired_lease_can_still_complete<S: IdempotencyStore + ?
         claim(&*store, &request).await,
         ClaimOutcome::Completed(response("late"))
     );
+}
+
+/// An expired lease that nobody has taken over still owns for every fenced
+/// operation, not only completion: its owner renews, checkpoints and
+/// releases after the expiry.
+pub async fn owner_with_expired_lease_can_still_renew_checkpoint_and_release<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let tenant = fresh_tenant();
+    let kept = Scope::new(tenant.clone(), key("kept"));
+    let freed = Scope::new(tenant, key("freed"));
+    let (lease, _) = must_claim(&*store, &short(&kept, "a")).await;
+    let (to_free, _) = must_claim(&*store, &short(&freed, "a")).await;
+    wait_for_the_store_clock(&*store, &kept, lease.expires_at()).await;
+    wait_for_the_store_clock(&*store, &freed, to_free.expires_at()).await;
+
+    let point = Checkpoint::new("late", &1).unwrap();
+    store
+        .checkpoint(&lease, &point)
+        .await
+        .expect("a checkpoint by the owner of an expired lease nobody took over");
+    let renewed = store
+        .renew(&lease, LONG_LEASE)
+        .await
+        .expect("a renewal by the owner of an expired lease nobody took over");
+    let record = store.get(&kept).await.unwrap().expect("record");
+    assert_eq!(record.checkpoint(), Some(&point));
+    assert_eq!(record.lease_expires_at(), Some(renewed.expires_at()));
+    assert!(matches!(
+        claim(&*store, &short(&kept, "a")).await,
+        ClaimOutcome::InProgress { .. }
+    ));
+
+    store
+        .release(&to_free)
+        .await
+        .expect("a release by the owner of an expired lease nobody took over");
+    assert_eq!(
+        store.get(&freed).await.unwrap(),
+        None,
+        "the release left the record"
+    );
+    let (next, carried) = must_claim(&*store, &long(&freed, "a")).await;
+    assert_eq!((next.attempt(), carried), (1, None));
 }
 
 /// A completed record cannot be completed again, even by its owner.
@@ -396,17 +465,19 @@ pub async fn renewal_keeps_the_later_of_retention_and_the_new_lease<
     );
     // A short retention: a long renewal stretches it to the new lease.
     let scope = fresh_scope();
-    let request = brief(short(&scope, "a"));
+    let request = short(&scope, "a")
+        .with_retention(Duration::from_secs(1))
+        .unwrap();
     let (lease, _) = must_claim(&*store, &request).await;
     let before = store.get(&scope).await.unwrap().expect("record");
-    let renewed = store.renew(&lease, Duration::from_secs(2)).await.unwrap();
+    let renewed = store.renew(&lease, Duration::from_secs(5)).await.unwrap();
     let after = store.get(&scope).await.unwrap().expect("record");
     assert_eq!(
         after.retained_until(),
         before.retained_until().max(renewed.expires_at())
     );
     // Past the old retention the renewed claim still holds the key.
-    outlive(SHORT_RETENTION).await;
+    wait_for_the_store_clock(&*store, &scope, before.retained_until()).await;
     assert!(
         matches!(
             claim(&*store, &request).await,
@@ -451,6 +522,23 @@ pub async fn checkpoint_after_completion_is_a_lost_lease<S: IdempotencyStore + ?
     assert_eq!(
         claim(&*store, &request).await,
         ClaimOutcome::Completed(response("done"))
+    );
+}
+
+/// A completed record has no checkpoint: the recovery point belongs to
+/// in-flight work, and completion drops it.
+pub async fn completion_drops_the_checkpoint<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    let point = Checkpoint::new("charged", &"ch_3").unwrap();
+    store.checkpoint(&lease, &point).await.unwrap();
+    store.complete(&lease, &response("done")).await.unwrap();
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.response(), Some(&response("done")));
+    assert_eq!(
+        record.checkpoint(),
+        None,
+        "a completed record kept its checkpoint"
     );
 }
 
@@ -537,6 +625,62 @@ pub async fn claim_delivered_twice_gets_the_same_lease<S: IdempotencyStore + ?Si
     store.complete(&again, &response("once")).await.unwrap();
 }
 
+/// A claim delivered again later, not in the same millisecond, writes
+/// nothing: it answers the lease the first delivery made, and neither the
+/// lease's expiry nor the record's retention moves.
+pub async fn claim_delivered_again_later_writes_nothing<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let ClaimOutcome::Claimed { lease: first, .. } = store.claim(&request).await.unwrap() else {
+        panic!("the first delivery of a claim was not claimed");
+    };
+    let before = store.get(&scope).await.unwrap().expect("claimed record");
+    // Far enough apart that a store restarting the lease would move it.
+    let_the_store_clock_pass(&*store, &scope, Duration::from_millis(20)).await;
+    let ClaimOutcome::Claimed { lease: again, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a claim delivered again was not answered as claimed");
+    };
+    assert_eq!(
+        again.expires_at(),
+        first.expires_at(),
+        "a claim delivered again moved the lease's expiry"
+    );
+    assert_eq!(again.attempt(), first.attempt());
+    let after = store.get(&scope).await.unwrap().expect("claimed record");
+    assert_eq!(after, before, "a claim delivered again wrote the record");
+}
+
+/// The owner's own claim delivered again after its lease expired, with
+/// nobody having taken over, is still its own claim: the same attempt and
+/// the lease it holds, not a takeover.
+pub async fn own_claim_delivered_after_its_lease_expired_is_not_a_takeover<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let ClaimOutcome::Claimed { lease: first, .. } = store.claim(&request).await.unwrap() else {
+        panic!("the first delivery of a claim was not claimed");
+    };
+    wait_for_the_store_clock(&*store, &scope, first.expires_at()).await;
+    match store.claim(&request).await.unwrap() {
+        ClaimOutcome::Claimed { lease, .. } => {
+            assert_eq!(lease.owner(), request.owner());
+            assert_eq!(lease.attempt(), 1, "its own claim was taken as a takeover");
+            assert_eq!(lease.expires_at(), first.expires_at());
+        }
+        other => panic!("the owner's claim delivered after its lease expired got {other:?}"),
+    }
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!((record.owner(), record.attempt()), (request.owner(), 1));
+    assert_eq!(record.lease_expires_at(), Some(first.expires_at()));
+    let (next, _) = must_claim(&*store, &request).await;
+    assert_eq!(next.attempt(), 2, "another caller's claim is the takeover");
+}
+
 /// A takeover delivered twice is one takeover: the same attempt and the
 /// checkpoint it carried.
 pub async fn takeover_delivered_twice_gets_the_same_attempt_and_checkpoint<
@@ -604,6 +748,43 @@ pub async fn renewal_and_checkpoint_delivered_twice_succeed<S: IdempotencyStore 
     store.complete(&lease, &response("done")).await.unwrap();
 }
 
+/// A renewal and a checkpoint delivered again after the lease's expiry moved
+/// simply apply again: the lease they name fences by its owner, not by the
+/// expiry it had, and the renewal counts from now once more.
+pub async fn renewal_and_checkpoint_delivered_after_the_expiry_moved_apply_again<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let (lease, _) = must_claim(&*store, &long(&scope, "a")).await;
+    // Half the lease: the expiry certainly moves from the one `lease` names.
+    let extend = LONG_LEASE / 2;
+    let first = store.renew(&lease, extend).await.unwrap();
+    assert_ne!(first.expires_at(), lease.expires_at());
+    let_the_store_clock_pass(&*store, &scope, Duration::from_millis(20)).await;
+    let again = store
+        .renew(&lease, extend)
+        .await
+        .expect("a renewal delivered again after the expiry moved");
+    assert!(
+        again.expires_at() > first.expires_at(),
+        "a renewal delivered again did not count from now: {:?}, then {:?}",
+        first.expires_at(),
+        again.expires_at()
+    );
+    let point = Checkpoint::new("step", &1).unwrap();
+    for _ in 0..2 {
+        store
+            .checkpoint(&lease, &point)
+            .await
+            .expect("a checkpoint naming the lease before its expiry moved");
+    }
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(record.lease_expires_at(), Some(again.expires_at()));
+    assert_eq!(record.checkpoint(), Some(&point));
+}
+
 /// A release delivered twice succeeds both times; once another owner holds
 /// the key, the old lease's release is `LostLease` and changes nothing.
 pub async fn release_delivered_twice_succeeds<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
@@ -627,9 +808,8 @@ pub async fn completed_record_past_retention_counts_as_absent<S: IdempotencyStor
     store: Arc<S>,
 ) {
     let scope = fresh_scope();
-    let request = brief(short(&scope, "a"));
+    let request = brief(long(&scope, "a"));
     claim_and_complete(&*store, &request, &response("x")).await;
-    assert!(store.get(&scope).await.unwrap().is_some());
     wait_until_absent(&*store, &scope).await;
     assert!(matches!(
         claim(&*store, &request).await,
@@ -650,7 +830,7 @@ pub async fn purge_expired_removes_only_what_is_past_retention<S: IdempotencySto
     must_claim(&*store, &long(&live_flight, "a")).await;
     let old: Vec<Scope> = (0..3).map(|i| at(&format!("old-{i}"))).collect();
     for scope in &old {
-        claim_and_complete(&*store, &brief(short(scope, "a")), &response("old")).await;
+        claim_and_complete(&*store, &brief(long(scope, "a")), &response("old")).await;
     }
     let old_flight = at("old-in-flight");
     must_claim(&*store, &brief(short(&old_flight, "a"))).await;
@@ -676,22 +856,91 @@ pub async fn purge_expired_removes_only_what_is_past_retention<S: IdempotencySto
 }
 
 /// Completion retains the record for the retention again, counted from the
-/// completion: a record completed late in its claim's retention still
-/// replays after the claim's retention would have ended.
+/// completion: a record completed late in its claim's retention is kept
+/// past the moment the claim's retention would have ended.
 pub async fn completion_restarts_retention<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
-    let retention = Duration::from_millis(1_000);
+    let retention = Duration::from_secs(5);
     let scope = fresh_scope();
     let request = short(&scope, "a").with_retention(retention).unwrap();
     let (lease, _) = must_claim(&*store, &request).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let claimed = store.get(&scope).await.unwrap().expect("record");
+    // Well into the claim's retention, by the store's clock.
+    let late = claimed.retained_until() - (retention - Duration::from_secs(1));
+    wait_for_the_store_clock(&*store, &scope, late).await;
+    let before = store.now(&scope).await.unwrap();
     store.complete(&lease, &response("late")).await.unwrap();
-    // Past the claim's retention (1 s), well within the completion's (1.7 s).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        claim(&*store, &request).await,
-        ClaimOutcome::Completed(response("late")),
-        "a record completed late expired with its claim's retention"
+    let after = store.now(&scope).await.unwrap();
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_retained_from(
+        "a record completed late",
+        &record,
+        (before, after),
+        retention,
     );
+    assert!(
+        record.retained_until() > claimed.retained_until(),
+        "a record completed late kept its claim's retention"
+    );
+}
+
+/// Completion retains the record for the retention from the moment of
+/// completion, and for no longer: not the later of that and the claim's
+/// retention, which a lease longer than the retention stretched.
+pub async fn completion_retains_for_the_retention_from_completion_alone<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let retention = Duration::from_secs(10);
+    let scope = fresh_scope();
+    // The lease outlasts the retention: the claim retains for the lease.
+    let request = long(&scope, "a").with_retention(retention).unwrap();
+    let (lease, _) = must_claim(&*store, &request).await;
+    let before = store.now(&scope).await.unwrap();
+    store.complete(&lease, &response("done")).await.unwrap();
+    let after = store.now(&scope).await.unwrap();
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_retained_from("the completed record", &record, (before, after), retention);
+}
+
+/// A claim retains the record for its retention, or for its lease where
+/// that is longer; a takeover is a claim, its retention counted from the
+/// takeover, not from the claim it took over.
+pub async fn claims_and_takeovers_retain_the_record_from_their_own_moment<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    async fn claimed<S: IdempotencyStore + ?Sized>(
+        store: &S,
+        request: &ClaimRequest,
+    ) -> (Lease, (Timestamp, Timestamp)) {
+        let before = store.now(request.scope()).await.unwrap();
+        let (lease, _) = must_claim(store, request).await;
+        let after = store.now(request.scope()).await.unwrap();
+        (lease, (before, after))
+    }
+    let retention = Duration::from_secs(30);
+    // The retention outlasts the lease.
+    let scope = fresh_scope();
+    let request = short(&scope, "a").with_retention(retention).unwrap();
+    let (first, around) = claimed(&*store, &request).await;
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_retained_from("a claim", &record, around, retention);
+    // The lease outlasts the retention.
+    let longer = fresh_scope();
+    let request_longer = long(&longer, "a")
+        .with_retention(Duration::from_secs(10))
+        .unwrap();
+    let (_, around) = claimed(&*store, &request_longer).await;
+    let record = store.get(&longer).await.unwrap().expect("record");
+    assert_retained_from("a claim with a longer lease", &record, around, LONG_LEASE);
+    // A takeover, at least the short lease after the first claim.
+    wait_for_the_store_clock(&*store, &scope, first.expires_at()).await;
+    let (taken, around) = claimed(&*store, &request).await;
+    assert_eq!(taken.attempt(), 2);
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_retained_from("a takeover", &record, around, retention);
 }
 
 /// A sweep keeps a record within retention even when its lease expired: its
@@ -864,7 +1113,7 @@ pub async fn delete_reports_whether_a_live_record_was_there<S: IdempotencyStore 
     assert!(store.delete(&scope).await.unwrap(), "a live record");
     assert!(!store.delete(&scope).await.unwrap(), "deleted already");
     let expired = fresh_scope();
-    claim_and_complete(&*store, &brief(short(&expired, "a")), &response("old")).await;
+    claim_and_complete(&*store, &brief(long(&expired, "a")), &response("old")).await;
     wait_until_absent(&*store, &expired).await;
     assert!(
         !store.delete(&expired).await.unwrap(),
@@ -872,17 +1121,23 @@ pub async fn delete_reports_whether_a_live_record_was_there<S: IdempotencyStore 
     );
 }
 
-/// `delete` removes one scope: the same key in another tenant and another
-/// key in the same tenant still replay.
+/// `delete` removes one scope: the same key in another tenant, another key
+/// in the same tenant and a key that extends the deleted one (`key-1`,
+/// `key-10`) still replay.
 pub async fn delete_leaves_every_other_scope_alone<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let scope = fresh_scope();
     let same_tenant = Scope::new(scope.tenant().clone(), key("key-2"));
+    let extending = Scope::new(
+        scope.tenant().clone(),
+        key(&format!("{}0", scope.key().as_str())),
+    );
     let same_key = Scope::new(fresh_tenant(), scope.key().clone());
-    for each in [&scope, &same_tenant, &same_key] {
+    let others = [&same_tenant, &extending, &same_key];
+    for each in others.iter().chain([&&scope]) {
         claim_and_complete(&*store, &long(each, "a"), &response("kept")).await;
     }
     assert!(store.delete(&scope).await.unwrap());
-    for other in [&same_tenant, &same_key] {
+    for other in others {
         assert!(
             store.get(other).await.unwrap().is_some(),
             "{other:?} deleted"
@@ -912,12 +1167,27 @@ pub async fn now_reads_the_clock_that_judges_retention<S: IdempotencyStore + ?Si
     );
     let brief_scope = fresh_scope();
     let before = store.now(&brief_scope).await.unwrap();
-    claim_and_complete(&*store, &brief(short(&brief_scope, "a")), &response("x")).await;
+    claim_and_complete(&*store, &brief(long(&brief_scope, "a")), &response("x")).await;
     wait_until_absent(&*store, &brief_scope).await;
     let after = store.now(&brief_scope).await.unwrap();
     assert!(
         after >= before + SHORT_RETENTION,
         "the record counted as absent at {after:?}, before its retention from {before:?}"
+    );
+}
+
+/// `Capabilities::store` is one short lowercase word, fit for a metric
+/// label: ASCII lowercase letters and digits, starting with a letter, at
+/// most 16 bytes.
+pub async fn store_name_is_one_short_lowercase_word<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let name = store.capabilities().store;
+    assert!(
+        name.len() <= 16
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+        "the store's name {name:?} is not one short lowercase word"
     );
 }
 
@@ -960,37 +1230,49 @@ pub async fn concurrent_claims_of_one_key_have_one_winner<S: IdempotencyStore + 
     }
 }
 
-/// 32 concurrent takeovers of one expired lease: exactly one wins.
+/// Concurrent takeovers of one expired lease: exactly one wins, the rest
+/// are in progress.
 pub async fn concurrent_takeovers_of_an_expired_lease_have_one_winner<
     S: IdempotencyStore + ?Sized,
 >(
     store: Arc<S>,
 ) {
-    let scope = fresh_scope();
-    let request = short(&scope, "a");
-    must_claim(&*store, &request).await;
-    outlive(SHORT_LEASE).await;
-    let takeover = long(&scope, "a");
-    let outcomes = concurrently(&store, 32, |store| {
-        let request = takeover.clone().with_new_owner();
-        async move { store.claim(&request).await }
-    })
-    .await;
-    let winners: Vec<u32> = outcomes
-        .iter()
-        .filter_map(|o| match o {
-            Ok(ClaimOutcome::Claimed { lease, .. }) => Some(lease.attempt()),
-            _ => None,
+    // A round per key, as for fresh claims: a takeover that checks and then
+    // writes loses the race only now and then. Every key's lease runs out
+    // at once, so the rounds cost one wait.
+    let tenant = fresh_tenant();
+    let mut expired = Vec::new();
+    for round in 0..MIN_RACE_ROUNDS {
+        let scope = Scope::new(tenant.clone(), key(&format!("takeover-{round}")));
+        let (lease, _) = must_claim(&*store, &short(&scope, "a")).await;
+        expired.push((scope, lease));
+    }
+    for (scope, lease) in &expired {
+        wait_for_the_store_clock(&*store, scope, lease.expires_at()).await;
+    }
+    for (round, (scope, _)) in expired.iter().enumerate() {
+        let takeover = long(scope, "a");
+        let outcomes = concurrently(&store, RACERS, |store| {
+            let request = takeover.clone().with_new_owner();
+            async move { store.claim(&request).await }
         })
-        .collect();
-    assert_eq!(winners, vec![2], "takeovers: {outcomes:?}");
-    assert!(
-        outcomes.iter().all(|o| matches!(
-            o,
-            Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::InProgress { .. })
-        )),
-        "{outcomes:?}"
-    );
+        .await;
+        let winners: Vec<u32> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Ok(ClaimOutcome::Claimed { lease, .. }) => Some(lease.attempt()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(winners, vec![2], "round {round}: takeovers: {outcomes:?}");
+        assert!(
+            outcomes.iter().all(|o| matches!(
+                o,
+                Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::InProgress { .. })
+            )),
+            "round {round}: {outcomes:?}"
+        );
+    }
 }
 
 /// Concurrent retries of a completed key all replay the same response.

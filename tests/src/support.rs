@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease};
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Record, Timestamp};
 use idem_core::{
     Checkpoint, Fingerprint, Idempotency, IdempotencyKey, RunError, RunOutcome, Scope, StoreError,
     StoredResponse, Tenant,
@@ -61,7 +61,10 @@ pub fn short(scope: &Scope, body: &str) -> ClaimRequest {
     request(scope, body, SHORT_LEASE)
 }
 
-/// The same claim with a short retention.
+/// The same claim with a short retention. (A claim of a long lease
+/// retains for the lease, and its completion for the short retention from
+/// completion: a case that completes waits out only the latter, however
+/// slow the store.)
 pub fn brief(request: ClaimRequest) -> ClaimRequest {
     request
         .with_retention(SHORT_RETENTION)
@@ -146,6 +149,50 @@ pub async fn wait_until_absent<S: IdempotencyStore + ?Sized>(store: &S, scope: &
         }
     })
     .await;
+}
+
+/// Waits until the clock that judges `scope`'s record reads `at` or later:
+/// a case that needs a lease expired, or the store's time moved on, waits
+/// for exactly that, not for a guess of wall time.
+pub async fn wait_for_the_store_clock<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    at: Timestamp,
+) {
+    eventually("the store's clock to reach the moment awaited", || async {
+        let now = store.now(scope).await.expect("the store's clock");
+        (now >= at).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the clock that judges `scope`'s record has moved on by `by`
+/// from what it reads now: two deliveries this far apart are not in one
+/// millisecond, so a store that writes on the second one shows it.
+pub async fn let_the_store_clock_pass<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    scope: &Scope,
+    by: Duration,
+) {
+    let from = store.now(scope).await.expect("the store's clock");
+    wait_for_the_store_clock(store, scope, from + by).await;
+}
+
+/// Fails the case unless `record` is retained for exactly `retention` from
+/// a moment within `around`: the store's clock read just before and just
+/// after the write that set its retention.
+pub fn assert_retained_from(
+    what: &str,
+    record: &Record,
+    around: (Timestamp, Timestamp),
+    retention: Duration,
+) {
+    let (before, after) = around;
+    let until = record.retained_until();
+    assert!(
+        until >= before + retention && until <= after + retention,
+        "{what}: retained until {until:?}, not {retention:?} from between {before:?} and {after:?}"
+    );
 }
 
 /// Sleeps until a lease claimed `lease` ago has certainly run out.
@@ -247,20 +294,19 @@ where
                 value
             }};
         }
-        let quick = Duration::from_millis(150);
+        // A long lease, so the duplicates meet it valid however slow the
+        // server; the renewal then ends it, so the takeover finds it
+        // expired, both by construction rather than by timing.
         let scope = fresh_scope();
         let (first, _) = cost!(
             "claim: claimed",
-            must_claim(store, &request(&scope, "a", quick)).await
+            must_claim(store, &long(&scope, "a")).await
         );
-        let busy = cost!(
-            "claim: in progress",
-            claim(store, &request(&scope, "a", quick)).await
-        );
+        let busy = cost!("claim: in progress", claim(store, &long(&scope, "a")).await);
         assert!(matches!(busy, ClaimOutcome::InProgress { .. }), "{busy:?}");
         let other = cost!(
             "claim: mismatch in flight",
-            claim(store, &request(&scope, "b", quick)).await
+            claim(store, &long(&scope, "b")).await
         );
         assert_eq!(other, ClaimOutcome::Mismatch);
         let point = Checkpoint::new("p", &1).expect("valid checkpoint");
@@ -268,7 +314,14 @@ where
             "checkpoint",
             store.checkpoint(&first, &point).await.expect("checkpoint")
         );
-        outlive(quick).await;
+        let ending = cost!(
+            "renew",
+            store
+                .renew(&first, Duration::from_millis(1))
+                .await
+                .expect("renew")
+        );
+        wait_for_the_store_clock(store, &scope, ending.expires_at()).await;
         let (second, carried) = cost!(
             "claim: takeover",
             must_claim(store, &long(&scope, "a")).await
@@ -279,10 +332,6 @@ where
             store.complete(&first, &response("stale")).await
         );
         assert_lost("stale complete", stale);
-        let second = cost!(
-            "renew",
-            store.renew(&second, LONG_LEASE).await.expect("renew")
-        );
         cost!(
             "complete",
             store
@@ -307,7 +356,7 @@ where
         cost!("release", store.release(&lease).await.expect("release"));
 
         let retained = fresh_scope();
-        claim_and_complete(store, &brief(short(&retained, "a")), &response("old")).await;
+        claim_and_complete(store, &brief(long(&retained, "a")), &response("old")).await;
         wait_until_absent(store, &retained).await;
         let (lease, _) = cost!(
             "claim: past retention",

@@ -274,3 +274,97 @@ fn a_clock_other_than_the_one_that_judges_records_fails_the_now_case() {
         &["now_reads_the_clock_that_judges_retention"],
     );
 }
+
+#[test]
+fn a_claim_delivered_again_that_restarts_the_lease_fails_the_writes_nothing_case() {
+    assert_caught(
+        Defect::ClaimRedeliveryRestartsLease,
+        &["claim_delivered_again_later_writes_nothing"],
+    );
+}
+
+#[test]
+fn a_claim_delivered_again_after_expiry_taken_as_a_takeover_fails_its_case() {
+    assert_caught(
+        Defect::ClaimRedeliveryAfterExpiryTakesOver,
+        &["own_claim_delivered_after_its_lease_expired_is_not_a_takeover"],
+    );
+}
+
+#[test]
+fn fencing_that_needs_a_valid_lease_fails_the_expired_owner_case() {
+    assert_caught(
+        Defect::FencingNeedsAValidLease,
+        &["owner_with_expired_lease_can_still_renew_checkpoint_and_release"],
+    );
+}
+
+#[test]
+fn a_completion_delivered_again_whoever_the_owner_fails_the_stale_owner_case() {
+    assert_caught(
+        Defect::CompleteRedeliveryIgnoresOwner,
+        &["stale_owner_cannot_complete_even_with_the_new_owners_response"],
+    );
+}
+
+#[test]
+fn fencing_on_the_lease_expiry_fails_the_moved_expiry_redelivery_case() {
+    assert_caught(
+        Defect::FencesOnLeaseExpiry,
+        &["renewal_and_checkpoint_delivered_after_the_expiry_moved_apply_again"],
+    );
+}
+
+#[test]
+fn completion_keeping_the_later_retention_fails_the_from_completion_case() {
+    assert_caught(
+        Defect::CompletionKeepsTheLaterRetention,
+        &["completion_retains_for_the_retention_from_completion_alone"],
+    );
+}
+
+#[test]
+fn a_takeover_keeping_the_old_retention_fails_the_claim_retention_case() {
+    assert_caught(
+        Defect::TakeoverKeepsRetention,
+        &["claims_and_takeovers_retain_the_record_from_their_own_moment"],
+    );
+}
+
+#[test]
+fn a_completion_keeping_the_checkpoint_fails_its_case() {
+    assert_caught(
+        Defect::CompletionKeepsCheckpoint,
+        &["completion_drops_the_checkpoint"],
+    );
+}
+
+#[test]
+fn a_delete_by_key_prefix_fails_the_isolation_case() {
+    assert_caught(
+        Defect::DeleteByKeyPrefix,
+        &["delete_leaves_every_other_scope_alone"],
+    );
+}
+
+#[test]
+fn check_then_insert_on_takeovers_alone_fails_the_takeover_race_case_every_run() {
+    let failed = failing(Defect::TakeoverCheckThenInsert);
+    assert!(
+        failed.contains(&"concurrent_takeovers_of_an_expired_lease_have_one_winner"),
+        "{failed:?}"
+    );
+    // Fresh claims are atomic: the escape is the takeover path alone.
+    assert!(
+        !failed.contains(&"concurrent_claims_of_one_key_have_one_winner"),
+        "{failed:?}"
+    );
+}
+
+#[test]
+fn a_store_named_after_its_type_fails_the_name_case() {
+    assert_caught(
+        Defect::StoreNamedAfterItsType,
+        &["store_name_is_one_short_lowercase_word"],
+    );
+}

@@ -94,8 +94,20 @@ pub async fn own_store(prefix: &str) -> DynamoStore {
 /// near 290 KB of body; the tests advertise a limit that moto can honour.
 pub const MOTO_MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
+/// The operation timeout of the tests' stores where no timeout is under
+/// test: moto, one Python process, queues the requests of every test at
+/// once, and on a loaded machine one can wait seconds behind a race storm's
+/// (below the client's 30 s, so the store's limit is still what fires).
+pub const GENEROUS_OPERATION_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A store on `table`, with [`GENEROUS_OPERATION_TIMEOUT`].
 pub async fn store_on(table: &str) -> DynamoStore {
-    store_with(DynamoOptions::default().table(table)).await
+    store_with(
+        DynamoOptions::default()
+            .table(table)
+            .operation_timeout(GENEROUS_OPERATION_TIMEOUT),
+    )
+    .await
 }
 
 /// A store with `options` (the moto response limit added), its table created.

@@ -54,8 +54,14 @@ pub enum Defect {
     CheckpointAfterCompletion,
     /// Tells duplicates to wait the whole lease, not what remains of it.
     RetryAfterFullLease,
-    /// Reads and writes a claim under two acquisitions of the lock.
+    /// Reads and writes a claim under two acquisitions of the lock. (A hook
+    /// holds each claim between the two until a rival has read as well, so
+    /// the race happens whenever two claims meet, not now and then.)
     CheckThenInsert,
+    /// Decides takeovers of an expired lease under one acquisition of the
+    /// lock and writes them under another (fresh claims are atomic), held
+    /// between the two by the same hook.
+    TakeoverCheckThenInsert,
     /// Answers its own claim, delivered again, as another caller's: in progress.
     ClaimRedeliveryIsInProgress,
     /// Answers its own completion, delivered again, as a lost lease.
@@ -74,6 +80,99 @@ pub enum Defect {
     DeleteIgnoresTenant,
     /// Answers `now` from a clock an hour behind the one that judges records.
     NowFromAnotherClock,
+    /// Restarts the lease when its owner's claim is delivered again.
+    ClaimRedeliveryRestartsLease,
+    /// Takes its owner's claim, delivered again after the lease expired, as a
+    /// takeover at the next attempt.
+    ClaimRedeliveryAfterExpiryTakesOver,
+    /// Lets only a valid lease renew, checkpoint or release: an expired lease
+    /// nobody took over is refused (completion alone still goes through).
+    FencingNeedsAValidLease,
+    /// Answers a completion with the stored response as delivered again,
+    /// whoever the owner: a stale owner's completion succeeds.
+    CompleteRedeliveryIgnoresOwner,
+    /// Fences renewals and checkpoints on the lease's expiry as well as its
+    /// owner, so one delivered again after the expiry moved is refused.
+    FencesOnLeaseExpiry,
+    /// Retains a completed record for the later of the retention from
+    /// completion and the claim's retention.
+    CompletionKeepsTheLaterRetention,
+    /// Keeps the retention of the claim a takeover took over (stretched to
+    /// the new lease) instead of counting it from the takeover.
+    TakeoverKeepsRetention,
+    /// Keeps the checkpoint on a completed record.
+    CompletionKeepsCheckpoint,
+    /// Deletes every key of the tenant that begins with the key deleted.
+    DeleteByKeyPrefix,
+    /// Names itself by its Rust type, not by one short lowercase word.
+    StoreNamedAfterItsType,
+}
+
+/// How long a claim of a racy defect waits between its read and its write
+/// for a rival claim of the same scope to read as well.
+const RIVAL_WAIT: Duration = Duration::from_millis(250);
+
+/// The hook of the racy defects: claims of a scope between their read and
+/// their write.
+#[derive(Debug, Default)]
+struct Rivals {
+    reading: Mutex<HashMap<Scope, usize>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl Rivals {
+    fn reading(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, usize>> {
+        self.reading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a claim of `scope` as read and waits, up to [`RIVAL_WAIT`],
+    /// until another claim of it has read too; the claim counts as reading
+    /// until the returned guard drops, after its write.
+    async fn meet(&self, scope: &Scope) -> Reading<'_> {
+        let deadline = tokio::time::Instant::now() + RIVAL_WAIT;
+        *self.reading().entry(scope.clone()).or_default() += 1;
+        self.arrived.notify_waiters();
+        loop {
+            let mut arrival = std::pin::pin!(self.arrived.notified());
+            arrival.as_mut().enable();
+            if self.reading().get(scope).is_some_and(|n| *n >= 2) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, arrival).await.is_err() {
+                break;
+            }
+        }
+        Reading {
+            rivals: self,
+            scope: scope.clone(),
+        }
+    }
+}
+
+/// A claim between its read and its write, as [`Rivals::meet`] counts it.
+struct Reading<'a> {
+    rivals: &'a Rivals,
+    scope: Scope,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let mut reading = self.rivals.reading();
+        if let Some(n) = reading.get_mut(&self.scope) {
+            *n -= 1;
+            if *n == 0 {
+                reading.remove(&self.scope);
+            }
+        }
+    }
+}
+
+/// Which fenced write [`OwnStore::fenced`] performs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fenced<'a> {
+    Complete(&'a StoredResponse),
+    Renew,
+    Checkpoint,
 }
 
 /// A store of one's own: a `Mutex<HashMap>` written from the
@@ -81,6 +180,7 @@ pub enum Defect {
 #[derive(Debug)]
 pub struct OwnStore {
     records: Mutex<HashMap<Scope, Record>>,
+    rivals: Rivals,
     defect: Defect,
     max_response_bytes: usize,
 }
@@ -101,6 +201,7 @@ impl OwnStore {
     pub fn with_defect(defect: Defect) -> Self {
         Self {
             records: Mutex::new(HashMap::new()),
+            rivals: Rivals::default(),
             defect,
             max_response_bytes: 64 * 1024,
         }
@@ -126,58 +227,96 @@ impl OwnStore {
         }
     }
 
+    /// Whether [`Defect::FencingNeedsAValidLease`] refuses an owner whose
+    /// lease on `record` has expired.
+    fn refuses_expired(&self, record: &Record, now: Timestamp) -> bool {
+        self.defect == Defect::FencingNeedsAValidLease
+            && record.lease_expires_at().is_some_and(|at| at <= now)
+    }
+
     fn fenced(
         &self,
         lease: &Lease,
-        ignore_owner: bool,
-        complete_again: Option<&StoredResponse>,
+        write: Fenced<'_>,
         change: impl FnOnce(Record, Timestamp) -> Record,
     ) -> Result<(), StoreError> {
         let now = self.now();
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let ignore_retention = self.defect == Defect::FencedWritesIgnoreRetention;
-        match records.get(lease.scope()) {
-            Some(record)
-                if record.is_held_by(lease, now)
-                    || (ignore_owner && record.is_live(now))
-                    || (ignore_retention
-                        && record.is_in_flight()
-                        && record.owner() == lease.owner()) =>
-            {
-                let changed = change(record.clone(), now);
-                records.insert(lease.scope().clone(), changed);
-                Ok(())
-            }
-            Some(record)
-                if self.defect != Defect::CompleteRedeliveryIsLost
-                    && complete_again.is_some_and(|response| {
-                        record.is_live(now) && record.is_completed_by(lease, response)
-                    }) =>
-            {
-                Ok(())
-            }
-            _ => Err(StoreError::LostLease),
+        let defect = self.defect;
+        let Some(record) = records.get(lease.scope()) else {
+            return Err(StoreError::LostLease);
+        };
+        let not_completing = !matches!(write, Fenced::Complete(_));
+        let held = record.is_held_by(lease, now)
+            && !(not_completing && self.refuses_expired(record, now))
+            && !(not_completing
+                && defect == Defect::FencesOnLeaseExpiry
+                && record.lease_expires_at() != Some(lease.expires_at()));
+        let ignore_owner = record.is_live(now)
+            && match write {
+                Fenced::Complete(_) => defect == Defect::CompleteIgnoresOwner,
+                Fenced::Renew => defect == Defect::RenewIgnoresOwner,
+                Fenced::Checkpoint => false,
+            };
+        let ignore_retention = defect == Defect::FencedWritesIgnoreRetention
+            && record.is_in_flight()
+            && record.owner() == lease.owner();
+        if held || ignore_owner || ignore_retention {
+            let changed = change(record.clone(), now);
+            records.insert(lease.scope().clone(), changed);
+            return Ok(());
         }
+        if let Fenced::Complete(response) = write
+            && record.is_live(now)
+        {
+            let again = match defect {
+                Defect::CompleteRedeliveryIsLost => false,
+                Defect::CompleteRedeliveryIgnoresOwner => record.response() == Some(response),
+                _ => record.is_completed_by(lease, response),
+            };
+            if again {
+                return Ok(());
+            }
+        }
+        Err(StoreError::LostLease)
     }
+}
+
+/// Whether `request` would take over `record` at `now`: another owner's
+/// claim of the same request on an expired lease.
+fn is_takeover(record: &Record, request: &ClaimRequest, now: Timestamp) -> bool {
+    record.owner() != request.owner()
+        && record.fingerprint() == request.fingerprint()
+        && record.lease_expires_at().is_some_and(|at| at <= now)
 }
 
 #[async_trait]
 impl IdempotencyStore for OwnStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.now();
-        let existing = {
+        let read = {
             let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
             self.live(records.get(request.scope()), now)
         };
-        if self.defect == Defect::NonAtomicClaim {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let racy = match self.defect {
+            Defect::NonAtomicClaim => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                true
+            }
+            Defect::CheckThenInsert => true,
+            Defect::TakeoverCheckThenInsert => read
+                .as_ref()
+                .is_some_and(|record| is_takeover(record, request, now)),
+            _ => false,
+        };
+        let _reading = if racy && self.defect != Defect::NonAtomicClaim {
+            Some(self.rivals.meet(request.scope()).await)
+        } else {
+            None
+        };
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let existing = if matches!(
-            self.defect,
-            Defect::NonAtomicClaim | Defect::CheckThenInsert
-        ) {
-            existing
+        let existing = if racy {
+            read
         } else {
             self.live(records.get(request.scope()), now)
         };
@@ -198,7 +337,49 @@ impl IdempotencyStore for OwnStore {
                 retry_after: retry_after(lease_expires_at, now),
             });
         }
+        if let Some(record) = existing.as_ref()
+            && record.owner() == request.owner()
+            && record.fingerprint() == request.fingerprint()
+            && let Some(lease_expires_at) = record.lease_expires_at()
+        {
+            let attempt = match self.defect {
+                Defect::ClaimRedeliveryRestartsLease => Some(record.attempt()),
+                Defect::ClaimRedeliveryAfterExpiryTakesOver if lease_expires_at <= now => {
+                    Some(record.attempt() + 1)
+                }
+                _ => None,
+            };
+            if let Some(attempt) = attempt {
+                let lease_expires_at = now + request.lease();
+                let checkpoint = record.checkpoint().cloned();
+                let written = Record::in_flight(
+                    request.scope().clone(),
+                    request.fingerprint(),
+                    request.owner(),
+                    attempt,
+                    lease_expires_at,
+                    record.retained_until().max(now + request.claim_retention()),
+                )
+                .with_checkpoint(checkpoint.clone());
+                records.insert(request.scope().clone(), written);
+                let lease = Lease::issued(
+                    request.scope().clone(),
+                    request.owner(),
+                    attempt,
+                    lease_expires_at,
+                    request.retention(),
+                );
+                return Ok(ClaimOutcome::Claimed { lease, checkpoint });
+            }
+        }
         let mut decision = decide(existing.as_ref(), &request, now);
+        if self.defect == Defect::TakeoverKeepsRetention
+            && let Some(old) = existing.as_ref().filter(|r| is_takeover(r, &request, now))
+            && let Some(written) = decision.write.take()
+        {
+            let retained_until = old.retained_until().max(now + request.lease());
+            decision.write = Some(written.with_retained_until(retained_until));
+        }
         if self.defect == Defect::CheckpointNotCarried
             && let ClaimOutcome::Claimed { checkpoint, .. } = &mut decision.outcome
         {
@@ -232,21 +413,23 @@ impl IdempotencyStore for OwnStore {
             }
             response = lossy;
         }
-        let ignore_owner = self.defect == Defect::CompleteIgnoresOwner;
-        let keep = self.defect == Defect::CompletionKeepsClaimRetention;
-        self.fenced(
-            lease,
-            ignore_owner,
-            Some(&response.clone()),
-            |record, now| {
-                let retained_until = if keep {
-                    record.retained_until()
-                } else {
-                    now + lease.retention()
-                };
-                record.completed(response, retained_until)
-            },
-        )
+        let defect = self.defect;
+        self.fenced(lease, Fenced::Complete(&response.clone()), |record, now| {
+            let retained_until = match defect {
+                Defect::CompletionKeepsClaimRetention => record.retained_until(),
+                Defect::CompletionKeepsTheLaterRetention => {
+                    record.retained_until().max(now + lease.retention())
+                }
+                _ => now + lease.retention(),
+            };
+            let checkpoint = record.checkpoint().cloned();
+            let completed = record.completed(response, retained_until);
+            if defect == Defect::CompletionKeepsCheckpoint {
+                completed.with_checkpoint(checkpoint)
+            } else {
+                completed
+            }
+        })
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
@@ -255,14 +438,13 @@ impl IdempotencyStore for OwnStore {
         } else {
             validate_lease(extend)?
         };
-        let ignore_owner = self.defect == Defect::RenewIgnoresOwner;
         let until = if self.defect == Defect::RenewFromOldExpiry {
             lease.expires_at() + extend
         } else {
             self.now() + extend
         };
         let stretch = self.defect != Defect::RenewKeepsRetention;
-        self.fenced(lease, ignore_owner, None, |record, _| {
+        self.fenced(lease, Fenced::Renew, |record, _| {
             let retained_until = if stretch {
                 record.retained_until().max(until)
             } else {
@@ -281,7 +463,7 @@ impl IdempotencyStore for OwnStore {
         let now = self.now();
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         match records.get(lease.scope()) {
-            Some(record) if record.is_held_by(lease, now) => {
+            Some(record) if record.is_held_by(lease, now) && !self.refuses_expired(record, now) => {
                 records.remove(lease.scope());
                 Ok(())
             }
@@ -309,7 +491,7 @@ impl IdempotencyStore for OwnStore {
                 _ => Err(StoreError::LostLease),
             };
         }
-        self.fenced(lease, false, None, |record, _| {
+        self.fenced(lease, Fenced::Checkpoint, |record, _| {
             record.with_checkpoint(Some(checkpoint.clone()))
         })
     }
@@ -351,6 +533,16 @@ impl IdempotencyStore for OwnStore {
                 });
                 Ok(deleted)
             }
+            Defect::DeleteByKeyPrefix => {
+                let mut deleted = false;
+                records.retain(|other, record| {
+                    let hit = other.tenant() == scope.tenant()
+                        && other.key().as_str().starts_with(scope.key().as_str());
+                    deleted |= hit && other == scope && live(record);
+                    !hit
+                });
+                Ok(deleted)
+            }
             Defect::DeleteOnlyInFlight if records.get(scope).is_some_and(|r| !r.is_in_flight()) => {
                 Ok(false)
             }
@@ -378,8 +570,13 @@ impl IdempotencyStore for OwnStore {
     }
 
     fn capabilities(&self) -> Capabilities {
+        let name = if self.defect == Defect::StoreNamedAfterItsType {
+            std::any::type_name::<Self>()
+        } else {
+            "own"
+        };
         Capabilities::new(
-            "own-store",
+            name,
             TransactionSharing::None,
             Durability::Volatile,
             ClockSource::Caller,
