@@ -6,7 +6,7 @@
 //! Two audiences, two namespaces:
 //!
 //! - **Service authors** use the crate root: the runner [`Idempotency`] and
-//!   its [`Context`], outcomes and errors, validated names ([`Scope`],
+//!   its [`RunContext`], outcomes and errors, validated names ([`Scope`],
 //!   [`Tenant`], [`IdempotencyKey`]), request [`Fingerprint`]s (exact
 //!   canonical JSON), the [`StoredResponse`] kept for replay, and a
 //!   [`Sweeper`] for stores that want one.
@@ -64,7 +64,7 @@ pub use error::{BoxError, InvalidInput, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, canonical_json};
 pub use outcome::{HandlerError, IntoVerdict, ResultExt, RunError, RunOutcome, Storable, Verdict};
 pub use record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
-pub use runner::{Context, Idempotency, NoTransaction};
+pub use runner::{Idempotency, NoTransaction, RunContext};
 pub use scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant};
 pub use sweeper::Sweeper;
 

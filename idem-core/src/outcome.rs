@@ -310,7 +310,7 @@ pub enum RunError {
     Mismatch,
     /// Another owner took the key over before this run completed: the
     /// response was not stored. Roll back what the handler did, or make it
-    /// idempotent downstream (with [`Context::downstream_key`](crate::Context::downstream_key)).
+    /// idempotent downstream (with [`RunContext::downstream_key`](crate::RunContext::downstream_key)).
     /// Under [`Idempotency::run_in`](crate::Idempotency::run_in) the
     /// transaction was already rolled back.
     #[error("the lease was lost before completion: the response was not stored")]

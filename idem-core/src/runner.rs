@@ -164,7 +164,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// second time** while the first still runs; the first then cannot
     /// store its response ([`RunError::LostLease`]). Choose it only for
     /// handlers that always finish well within the lease, or that renew
-    /// themselves with [`Context::renew`]; it saves one store call per third
+    /// themselves with [`RunContext::renew`]; it saves one store call per third
     /// of a lease of run time.
     #[must_use]
     pub fn without_auto_renew(mut self) -> Self {
@@ -274,7 +274,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     where
         T: Storable,
         H: IntoVerdict<T>,
-        F: FnOnce(Context<S>) -> Fut,
+        F: FnOnce(RunContext<S>) -> Fut,
         Fut: Future<Output = Result<H, HandlerError>>,
     {
         let no_transaction: Option<std::future::Ready<Result<NoTransaction, StoreError>>> = None;
@@ -288,12 +288,12 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// inside the transaction `begin` opens: the handler's writes and the
     /// stored response commit together, or neither does.
     ///
-    /// The same as [`run`](Self::run) (settings, [`Context`], auto-renewal,
+    /// The same as [`run`](Self::run) (settings, [`RunContext`], auto-renewal,
     /// outcomes) except where the completion lands. The claim commits on its
     /// own first, so a concurrent duplicate sees it; only then is `begin`
     /// awaited. The handler gets the transaction, writes through it, and
     /// hands it back with the response; the runner completes inside it and
-    /// commits. [`Context::checkpoint_in`] writes a recovery point inside a
+    /// commits. [`RunContext::checkpoint_in`] writes a recovery point inside a
     /// transaction, so a phase's writes and its checkpoint commit together.
     ///
     /// When nothing committed, nothing happened: a handler error (the
@@ -361,7 +361,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         Tx: Transaction,
         H: IntoVerdict<T>,
         B: Future<Output = Result<Tx, StoreError>>,
-        F: FnOnce(Context<S>, Tx) -> Fut,
+        F: FnOnce(RunContext<S>, Tx) -> Fut,
         Fut: Future<Output = Result<(Tx, H), HandlerError>>,
     {
         self.execute(scope, fingerprint, Some(begin), |ctx, tx| async move {
@@ -388,7 +388,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         Tx: Transaction,
         H: IntoVerdict<T>,
         B: Future<Output = Result<Tx, StoreError>>,
-        W: FnOnce(Context<S>, Option<Tx>) -> Fut,
+        W: FnOnce(RunContext<S>, Option<Tx>) -> Fut,
         Fut: Future<Output = Result<(Option<Tx>, H), HandlerError>>,
     {
         let transactional = begin.is_some();
@@ -493,7 +493,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         };
         // The run's span: a claim is made inside it.
         Span::current().record("attempt", lease.attempt());
-        Ok(Claimed::Run(Context {
+        Ok(Claimed::Run(RunContext {
             store: Arc::clone(&self.store),
             store_name: self.store_name,
             lease: Arc::new(Mutex::new(lease)),
@@ -503,7 +503,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     }
 
     /// Awaits the handler's work, renewing the lease meanwhile if asked to.
-    async fn drive<T>(&self, ctx: &Context<S>, work: impl Future<Output = T>) -> T {
+    async fn drive<T>(&self, ctx: &RunContext<S>, work: impl Future<Output = T>) -> T {
         let work = handler(self.store_name, work);
         let Some(max) = self.max_run_time else {
             return work.await;
@@ -518,7 +518,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         }
     }
 
-    async fn fail(&self, ctx: &Context<S>, error: HandlerError, rolled_back: bool) -> RunError {
+    async fn fail(&self, ctx: &RunContext<S>, error: HandlerError, rolled_back: bool) -> RunError {
         if error.releases(rolled_back) {
             self.release(ctx).await;
             RunError::NotStarted(error.into_inner())
@@ -530,14 +530,14 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// A transactional run wrote nothing: free the key unless another owner
     /// has it. Release is fenced, so after a commit whose outcome is unknown
     /// it changes nothing if the commit did land.
-    async fn nothing_committed(&self, ctx: &Context<S>, error: StoreError) -> RunError {
+    async fn nothing_committed(&self, ctx: &RunContext<S>, error: StoreError) -> RunError {
         if !error.is_lost_lease() {
             self.release(ctx).await;
         }
         error.into()
     }
 
-    async fn release(&self, ctx: &Context<S>) {
+    async fn release(&self, ctx: &RunContext<S>) {
         let lease = ctx.lease();
         let released = lease_call(
             self.store_name,
@@ -568,7 +568,7 @@ fn too_large_problem(response: &StoredResponse, max: usize) -> StoredResponse {
 }
 
 enum Claimed<S: ?Sized> {
-    Run(Context<S>),
+    Run(RunContext<S>),
     Replay(StoredResponse),
 }
 
@@ -594,7 +594,7 @@ impl Transaction for NoTransaction {
 
 /// What a handler gets: its lease, its attempt, the checkpoint a previous
 /// owner left, and fenced operations on its record.
-pub struct Context<S: ?Sized> {
+pub struct RunContext<S: ?Sized> {
     store: Arc<S>,
     store_name: &'static str,
     lease: Arc<Mutex<Lease>>,
@@ -602,7 +602,7 @@ pub struct Context<S: ?Sized> {
     lease_duration: Duration,
 }
 
-impl<S: ?Sized> Clone for Context<S> {
+impl<S: ?Sized> Clone for RunContext<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
@@ -614,16 +614,16 @@ impl<S: ?Sized> Clone for Context<S> {
     }
 }
 
-impl<S: ?Sized> fmt::Debug for Context<S> {
+impl<S: ?Sized> fmt::Debug for RunContext<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context")
+        f.debug_struct("RunContext")
             .field("lease", &*self.locked())
             .field("checkpoint", &self.checkpoint)
             .finish_non_exhaustive()
     }
 }
 
-impl<S: ?Sized> Context<S> {
+impl<S: ?Sized> RunContext<S> {
     fn locked(&self) -> MutexGuard<'_, Lease> {
         // A panic elsewhere cannot leave a Lease half-written: keep using it.
         self.lease.lock().unwrap_or_else(|e| e.into_inner())
@@ -657,7 +657,7 @@ impl<S: ?Sized> Context<S> {
     }
 }
 
-impl<S: IdempotencyStore + ?Sized> Context<S> {
+impl<S: IdempotencyStore + ?Sized> RunContext<S> {
     /// Records a recovery point that a takeover will receive.
     ///
     /// # Errors

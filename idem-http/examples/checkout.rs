@@ -17,13 +17,13 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Extension, Router};
 use idem_core::store::IdempotencyStore;
-use idem_core::{Context, Idempotency};
+use idem_core::{Idempotency, RunContext};
 use idem_http::IdempotencyLayer;
 
 /// Charges the card once per key and answers with an order number.
 async fn checkout(
     State(charges): State<Arc<AtomicU32>>,
-    Extension(ctx): Extension<Context<dyn IdempotencyStore>>,
+    Extension(ctx): Extension<RunContext<dyn IdempotencyStore>>,
     body: String,
 ) -> (StatusCode, String) {
     // The payment provider gets a key that is the same on every attempt.

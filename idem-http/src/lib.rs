@@ -41,8 +41,8 @@
 //! JSON bodies, or only chosen JSON pointers), so the same key sent to
 //! another route is a mismatch, never a replay.
 //!
-//! Handlers find the run's [`Context`](idem_core::Context) in their
-//! request's extensions (with axum, `Extension<Context<dyn IdempotencyStore>>`)
+//! Handlers find the run's [`RunContext`](idem_core::RunContext) in their
+//! request's extensions (with axum, `Extension<RunContext<dyn IdempotencyStore>>`)
 //! for downstream keys and checkpoints; in the transactional mode
 //! ([`IdempotencyLayer::in_transaction`]) also an [`IdempotencyTransaction`] to write
 //! through.

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,8 +15,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use idem_core::store::{IdempotencyStore, Transaction};
 use idem_core::{
-    BoxError, Context, Fingerprint, HandlerError, Idempotency, NoTransaction, RunError, RunOutcome,
-    Scope, Storable, StoredResponse, Verdict,
+    BoxError, Fingerprint, HandlerError, Idempotency, NoTransaction, RunContext, RunError,
+    RunOutcome, Scope, Storable, StoredResponse, Verdict,
 };
 use tower::{Service, ServiceExt};
 
@@ -99,7 +99,7 @@ where
     type Error = Inner::Error;
     type Future = ResponseFuture<ResBody, Inner::Error>;
 
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
@@ -454,7 +454,7 @@ impl<Inner> Attempt<'_, Inner> {
     /// transaction) in its extensions, and reads its whole response.
     async fn call<S, T, ReqBody, ResBody>(
         &mut self,
-        ctx: Context<S>,
+        ctx: RunContext<S>,
         tx: Option<IdempotencyTransaction<T>>,
     ) -> Result<Produced<Inner::Error>, HandlerError>
     where

@@ -955,7 +955,7 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
 
     let insert = format!("INSERT INTO {table} VALUES ($1)");
     let handler = move |Extension(tx): Extension<IdempotencyTransaction<PgTransaction>>,
-                        Extension(ctx): Extension<idem_core::Context<dyn IdempotencyStore>>,
+                        Extension(ctx): Extension<idem_core::RunContext<dyn IdempotencyStore>>,
                         body: String| {
         let insert = insert.clone();
         async move {

@@ -215,7 +215,7 @@ impl PostgresStore {
     /// Opens a transaction on the store's database for
     /// [`Idempotency::run_in`](idem_core::Idempotency::run_in): the handler
     /// writes through it, and the completion (and any
-    /// [`checkpoint_in`](idem_core::Context::checkpoint_in)) commits with
+    /// [`checkpoint_in`](idem_core::RunContext::checkpoint_in)) commits with
     /// those writes or not at all.
     ///
     /// ```no_run

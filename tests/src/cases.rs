@@ -8,7 +8,7 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState, Timestamp,
 };
 use idem_core::{
-    Checkpoint, Context, HandlerError, Idempotency, RunError, RunOutcome, Scope, StoredResponse,
+    Checkpoint, HandlerError, Idempotency, RunContext, RunError, RunOutcome, Scope, StoredResponse,
     Tenant,
 };
 
@@ -1422,7 +1422,7 @@ async fn run_once_the_lease_expires<S, F, Fut>(
 ) -> Outcome
 where
     S: IdempotencyStore + ?Sized,
-    F: Fn(Context<S>) -> Fut,
+    F: Fn(RunContext<S>) -> Fut,
     Fut: std::future::Future<Output = Result<StoredResponse, HandlerError>>,
 {
     eventually("takeover after the lease expires", || async {
