@@ -41,6 +41,7 @@ mod claim;
 mod codec;
 mod commands;
 mod error;
+mod fenced;
 mod options;
 mod store;
 mod transaction;

@@ -1,5 +1,5 @@
-//! `PostgresStore`: the trait implementation and the fenced statements,
-//! which also run inside the caller's transaction.
+//! `PostgresStore`: the trait implementation over the pool (its fenced
+//! writes, shared with `PgTransaction`, are in `fenced.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
-    Record, Timestamp, TransactionSharing, check_response_size, checkpoint_json, millis,
-    validate_lease, with_timeout,
+    Record, Timestamp, TransactionSharing, millis, validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
-use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
 use crate::claim;
-use crate::codec::{bind_response, record};
+use crate::codec::record;
 use crate::commands::Statements;
 use crate::error::{STORE, classify};
+use crate::fenced::{Fenced, held};
 use crate::options::{PostgresOptions, TableName};
 use crate::transaction::PgTransaction;
 
@@ -54,10 +54,8 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 pub struct PostgresStore {
     pool: PgPool,
     table: TableName,
-    sql: Arc<Statements>,
-    max_response_bytes: usize,
+    fenced: Fenced,
     purge_batch: u32,
-    operation_timeout: Duration,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -65,22 +63,10 @@ impl fmt::Debug for PostgresStore {
         f.debug_struct("PostgresStore")
             .field("table", &self.table)
             .field("pool_size", &self.pool.size())
-            .field("max_response_bytes", &self.max_response_bytes)
+            .field("max_response_bytes", &self.fenced.max_response_bytes())
             .field("purge_batch", &self.purge_batch)
-            .field("operation_timeout", &self.operation_timeout)
+            .field("operation_timeout", &self.fenced.operation_timeout())
             .finish_non_exhaustive()
-    }
-}
-
-fn rows_to_lease(affected: u64) -> Result<(), StoreError> {
-    held(affected == 1)
-}
-
-fn held(done: bool) -> Result<(), StoreError> {
-    if done {
-        Ok(())
-    } else {
-        Err(StoreError::LostLease)
     }
 }
 
@@ -90,14 +76,7 @@ impl PostgresStore {
     pub fn new(pool: PgPool) -> Self {
         let table = TableName::default();
         let defaults = PostgresOptions::default();
-        Self {
-            sql: Arc::new(Statements::new(&table)),
-            pool,
-            table,
-            max_response_bytes: defaults.max_response_bytes,
-            purge_batch: defaults.purge_batch,
-            operation_timeout: defaults.operation_timeout,
-        }
+        Self::from_parts(pool, table, &defaults)
     }
 
     /// A store built from `options`.
@@ -109,14 +88,20 @@ impl PostgresStore {
     /// or the operation timeout is zero.
     pub fn with_options(pool: PgPool, options: PostgresOptions) -> Result<Self, StoreError> {
         let table = options.validate()?;
-        Ok(Self {
-            sql: Arc::new(Statements::new(&table)),
+        Ok(Self::from_parts(pool, table, &options))
+    }
+
+    fn from_parts(pool: PgPool, table: TableName, options: &PostgresOptions) -> Self {
+        Self {
+            fenced: Fenced::new(
+                Arc::new(Statements::new(&table)),
+                options.max_response_bytes,
+                options.operation_timeout,
+            ),
             pool,
             table,
-            max_response_bytes: options.max_response_bytes,
             purge_batch: options.purge_batch,
-            operation_timeout: options.operation_timeout,
-        })
+        }
     }
 
     /// The table.
@@ -132,17 +117,7 @@ impl PostgresStore {
     /// The time limit of each operation; see
     /// [`PostgresOptions::operation_timeout`].
     pub fn operation_timeout(&self) -> Duration {
-        self.operation_timeout
-    }
-
-    /// Runs `operation` within the operation timeout: the one place every
-    /// call to the database is bounded.
-    pub(crate) async fn timed<T>(
-        &self,
-        operation: Operation,
-        future: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        with_timeout(STORE, operation, self.operation_timeout, future).await
+        self.fenced.operation_timeout()
     }
 
     /// The exact statement a claim sends: `SELECT * FROM <table>_claim($1..$6)`
@@ -150,7 +125,7 @@ impl PostgresStore {
     /// For the benchmarks only; not part of the API.
     #[cfg(feature = "bench")]
     pub fn claim_sql(&self) -> &str {
-        &self.sql.claim
+        &self.fenced.sql.claim
     }
 
     /// The exact statement a completion sends: tenant, key, owner, retention
@@ -158,7 +133,7 @@ impl PostgresStore {
     /// only; not part of the API.
     #[cfg(feature = "bench")]
     pub fn complete_sql(&self) -> &str {
-        &self.sql.complete
+        &self.fenced.sql.complete
     }
 
     /// The SQL that [`migrate`](Self::migrate) runs, for your own migration tool.
@@ -205,11 +180,12 @@ impl PostgresStore {
         conn: &mut PgConnection,
         request: &ClaimRequest,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.timed(
-            Operation::Claim,
-            claim::claim(&self.sql.claim, conn, request),
-        )
-        .await
+        self.fenced
+            .timed(
+                Operation::Claim,
+                claim::claim(&self.fenced.sql.claim, conn, request),
+            )
+            .await
     }
 
     /// Opens a transaction on the store's database for
@@ -247,6 +223,7 @@ impl PostgresStore {
         let store = self.clone();
         async move {
             let tx = store
+                .fenced
                 .timed(Operation::Transaction, async {
                     store
                         .pool
@@ -255,59 +232,21 @@ impl PostgresStore {
                         .map_err(|e| classify(Operation::Transaction, e))
                 })
                 .await?;
-            Ok(PgTransaction::new(store.clone(), tx))
+            Ok(PgTransaction::new(
+                store.fenced.clone(),
+                store.table.clone(),
+                tx,
+            ))
         }
-    }
-
-    /// Completes the lease's record on `executor` (the pool, or a
-    /// transaction), within the operation timeout.
-    pub(crate) async fn complete_on<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        check_response_size(response, self.max_response_bytes)?;
-        let query = Self::fenced(&self.sql.complete, lease).bind(millis(lease.retention()));
-        let done = self
-            .timed(Operation::Complete, async {
-                bind_response(query, response)
-                    .fetch_one(executor)
-                    .await
-                    .and_then(|row| row.try_get(0))
-                    .map_err(|e| classify(Operation::Complete, e))
-            })
-            .await?;
-        held(done)
-    }
-
-    /// Writes a checkpoint on the lease's record on `executor`, within the
-    /// operation timeout.
-    pub(crate) async fn checkpoint_on<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-        lease: &Lease,
-        checkpoint: &Checkpoint,
-    ) -> Result<(), StoreError> {
-        let done = self
-            .timed(Operation::Checkpoint, async {
-                Self::fenced(&self.sql.checkpoint, lease)
-                    .bind(checkpoint.name())
-                    .bind(checkpoint_json(checkpoint))
-                    .execute(executor)
-                    .await
-                    .map_err(|e| classify(Operation::Checkpoint, e))
-            })
-            .await?;
-        rows_to_lease(done.rows_affected())
     }
 
     /// Deletes one batch of rows past retention, within the operation
     /// timeout; returns how many.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
         let done = self
+            .fenced
             .timed(Operation::Purge, async {
-                sqlx::query(AssertSqlSafe(self.sql.purge_batch.clone()))
+                sqlx::query(AssertSqlSafe(self.fenced.sql.purge_batch.clone()))
                     .bind(i64::from(self.purge_batch))
                     .execute(&self.pool)
                     .await
@@ -316,37 +255,29 @@ impl PostgresStore {
             .await?;
         Ok(done.rows_affected())
     }
-
-    fn fenced<'q>(
-        sql: &Arc<str>,
-        lease: &'q Lease,
-    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(lease.scope().tenant().as_str())
-            .bind(lease.scope().key().as_str())
-            .bind(lease.owner().as_uuid())
-    }
 }
 
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.timed(
-            Operation::Claim,
-            claim::claim(&self.sql.claim, &self.pool, request),
-        )
-        .await
+        self.fenced
+            .timed(
+                Operation::Claim,
+                claim::claim(&self.fenced.sql.claim, &self.pool, request),
+            )
+            .await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        self.complete_on(&self.pool, lease, response).await
+        self.fenced.complete_on(&self.pool, lease, response).await
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
         let until: Option<i64> = self
+            .fenced
             .timed(Operation::Renew, async {
-                Self::fenced(&self.sql.renew, lease)
+                Fenced::query(&self.fenced.sql.renew, lease)
                     .bind(millis(extend))
                     .fetch_optional(&self.pool)
                     .await
@@ -360,8 +291,9 @@ impl IdempotencyStore for PostgresStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let done = self
+            .fenced
             .timed(Operation::Release, async {
-                Self::fenced(&self.sql.release, lease)
+                Fenced::query(&self.fenced.sql.release, lease)
                     .fetch_one(&self.pool)
                     .await
                     .and_then(|row| row.try_get(0))
@@ -372,13 +304,16 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        self.checkpoint_on(&self.pool, lease, checkpoint).await
+        self.fenced
+            .checkpoint_on(&self.pool, lease, checkpoint)
+            .await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let row = self
+            .fenced
             .timed(Operation::Get, async {
-                sqlx::query(AssertSqlSafe(self.sql.get.clone()))
+                sqlx::query(AssertSqlSafe(self.fenced.sql.get.clone()))
                     .bind(scope.tenant().as_str())
                     .bind(scope.key().as_str())
                     .fetch_optional(&self.pool)
@@ -403,8 +338,9 @@ impl IdempotencyStore for PostgresStore {
 
     async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
         let live: Option<bool> = self
+            .fenced
             .timed(Operation::Delete, async {
-                sqlx::query(AssertSqlSafe(self.sql.delete.clone()))
+                sqlx::query(AssertSqlSafe(self.fenced.sql.delete.clone()))
                     .bind(scope.tenant().as_str())
                     .bind(scope.key().as_str())
                     .fetch_optional(&self.pool)
@@ -418,8 +354,9 @@ impl IdempotencyStore for PostgresStore {
 
     async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
         let millis: i64 = self
+            .fenced
             .timed(Operation::Now, async {
-                sqlx::query(AssertSqlSafe(self.sql.now.clone()))
+                sqlx::query(AssertSqlSafe(self.fenced.sql.now.clone()))
                     .fetch_one(&self.pool)
                     .await
                     .and_then(|row| row.try_get(0))
@@ -435,7 +372,7 @@ impl IdempotencyStore for PostgresStore {
             TransactionSharing::SameDatabase,
             Durability::Durable,
             ClockSource::Server,
-            self.max_response_bytes,
+            self.fenced.max_response_bytes(),
         )
     }
 }

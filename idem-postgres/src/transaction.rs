@@ -9,9 +9,10 @@ use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 use sqlx::{PgConnection, Postgres};
 
 use crate::error::classify_commit;
-use crate::store::PostgresStore;
+use crate::fenced::Fenced;
+use crate::options::TableName;
 
-/// A transaction on the store's database, from [`PostgresStore::begin`].
+/// A transaction on the store's database, from [`PostgresStore::begin`](crate::PostgresStore::begin).
 ///
 /// Write your business rows through it (`&mut *tx` is a `PgConnection`);
 /// the runner completes the record inside it and commits, so the rows and
@@ -22,20 +23,25 @@ use crate::store::PostgresStore;
 /// commit that times out has an unknown outcome, as any `Unavailable`.
 /// Your own statements through it are yours to bound.
 pub struct PgTransaction {
-    store: PostgresStore,
+    fenced: Fenced,
+    table: TableName,
     tx: sqlx::Transaction<'static, Postgres>,
 }
 
 impl PgTransaction {
-    pub(crate) fn new(store: PostgresStore, tx: sqlx::Transaction<'static, Postgres>) -> Self {
-        Self { store, tx }
+    pub(crate) fn new(
+        fenced: Fenced,
+        table: TableName,
+        tx: sqlx::Transaction<'static, Postgres>,
+    ) -> Self {
+        Self { fenced, table, tx }
     }
 }
 
 impl fmt::Debug for PgTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgTransaction")
-            .field("table", self.store.table())
+            .field("table", &self.table)
             .finish_non_exhaustive()
     }
 }
@@ -61,7 +67,9 @@ impl Transaction for PgTransaction {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        self.store.complete_on(&mut *self.tx, lease, response).await
+        self.fenced
+            .complete_on(&mut *self.tx, lease, response)
+            .await
     }
 
     async fn checkpoint(
@@ -69,14 +77,14 @@ impl Transaction for PgTransaction {
         lease: &Lease,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
-        self.store
+        self.fenced
             .checkpoint_on(&mut *self.tx, lease, checkpoint)
             .await
     }
 
     async fn commit(self) -> Result<(), StoreError> {
-        let Self { store, tx } = self;
-        store
+        let Self { fenced, tx, .. } = self;
+        fenced
             .timed(Operation::Transaction, async {
                 tx.commit().await.map_err(classify_commit)
             })
