@@ -200,6 +200,17 @@ async fn post_order(
         .unwrap()
 }
 
+/// `keyed` sent from a task of its own, to race with what the test does next.
+fn in_background(
+    client: &Client,
+    base: &str,
+    path: &str,
+    tenant: &str,
+    key: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    tokio::spawn(keyed(client, base, path, tenant, key).send())
+}
+
 async fn problem_json(response: reqwest::Response) -> serde_json::Value {
     assert_eq!(
         response.headers()["content-type"],
@@ -394,16 +405,7 @@ async fn a_required_key_that_is_missing_is_400_as_the_draft_says(store: Arc<dyn 
 async fn a_duplicate_in_flight_is_409_with_retry_after(store: Arc<dyn IdempotencyStore>) {
     let (base, counters) = serve(store, |l| l).await;
     let (client, tenant) = (client(), tenant());
-    let slow = {
-        let (client, base, tenant) = (client.clone(), base.clone(), tenant.clone());
-        tokio::spawn(async move {
-            keyed(&client, &base, "/orders?gated=true", &tenant, "in-flight")
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let slow = in_background(&client, &base, "/orders?gated=true", &tenant, "in-flight");
     counters.handler_started().await;
     let duplicate = keyed(&client, &base, "/orders?gated=true", &tenant, "in-flight")
         .send()
@@ -422,42 +424,24 @@ async fn a_duplicate_in_flight_is_409_with_retry_after(store: Arc<dyn Idempotenc
         json["title"],
         "A request is outstanding for this Idempotency-Key"
     );
-    assert_eq!(slow.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::CREATED);
 }
 
 async fn a_duplicate_can_wait_for_the_result_instead(store: Arc<dyn IdempotencyStore>) {
     let (base, counters) = serve(store, |l| l.wait_for_result(Duration::from_secs(20))).await;
     let (client, tenant) = (client(), tenant());
-    let first = {
-        let (client, base, tenant) = (client.clone(), base.clone(), tenant.clone());
-        tokio::spawn(async move {
-            keyed(&client, &base, "/orders?gated=true", &tenant, "waits")
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        })
-    };
+    let first = in_background(&client, &base, "/orders?gated=true", &tenant, "waits");
     counters.handler_started().await;
-    let waiting = {
-        let (client, base, tenant) = (client.clone(), base.clone(), tenant.clone());
-        tokio::spawn(async move {
-            keyed(&client, &base, "/orders?gated=true", &tenant, "waits")
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let waiting = in_background(&client, &base, "/orders?gated=true", &tenant, "waits");
     // The duplicate is waiting (it cannot have run: the gate holds the key's
     // only run) when the first finishes.
     tokio::time::sleep(Duration::from_millis(100)).await;
     counters.open_gate();
-    let waiting = waiting.await.unwrap();
+    let waiting = waiting.await.unwrap().unwrap();
     assert_eq!(waiting.status(), StatusCode::CREATED);
     assert_eq!(waiting.headers()["idempotent-replayed"], "true");
-    assert_eq!(waiting.text().await.unwrap(), first.await.unwrap());
+    let first = first.await.unwrap().unwrap().text().await.unwrap();
+    assert_eq!(waiting.text().await.unwrap(), first);
     assert_eq!(counters.orders.load(Ordering::SeqCst), 1);
 }
 
@@ -466,14 +450,7 @@ async fn a_client_that_hangs_up_mid_handler_still_gets_its_replay(
 ) {
     let (base, counters) = serve(store, |l| l).await;
     let (client, tenant) = (client(), tenant());
-    let gone = {
-        let (client, base, tenant) = (client.clone(), base.clone(), tenant.clone());
-        tokio::spawn(async move {
-            keyed(&client, &base, "/orders?gated=true", &tenant, "hang-up")
-                .send()
-                .await
-        })
-    };
+    let gone = in_background(&client, &base, "/orders?gated=true", &tenant, "hang-up");
     counters.handler_started().await;
     // The client hangs up mid-handler: its connection closes.
     gone.abort();
@@ -570,17 +547,7 @@ async fn a_handler_that_outlives_its_lease_runs_once_and_its_client_gets_its_own
     let idem = Idempotency::new(store).with_lease(lease).unwrap();
     let (base, counters) = serve_runner(idem, |l| l).await;
     let (client, tenant) = (client(), tenant());
-    let first = {
-        let (client, base, tenant) = (client.clone(), base.clone(), tenant.clone());
-        tokio::spawn(async move {
-            let response = keyed(&client, &base, "/orders?gated=true", &tenant, "outlives")
-                .send()
-                .await
-                .unwrap();
-            let replayed = response.headers().contains_key("idempotent-replayed");
-            (response.status(), replayed, response.bytes().await.unwrap())
-        })
-    };
+    let first = in_background(&client, &base, "/orders?gated=true", &tenant, "outlives");
     counters.handler_started().await;
     // Past the lease the handler was claimed with: only renewal holds it.
     tokio::time::sleep(lease + lease / 4).await;
@@ -594,13 +561,14 @@ async fn a_handler_that_outlives_its_lease_runs_once_and_its_client_gets_its_own
         "a retry took over a running handler"
     );
     counters.open_gate();
-    let (status, replayed, body) = first.await.unwrap();
+    let first = first.await.unwrap().unwrap();
     assert_eq!(
-        status,
+        first.status(),
         StatusCode::CREATED,
         "the first client lost its response"
     );
-    assert!(!replayed);
+    assert!(!first.headers().contains_key("idempotent-replayed"));
+    let body = first.bytes().await.unwrap();
     let after = keyed(&client, &base, "/orders?gated=true", &tenant, "outlives")
         .send()
         .await
