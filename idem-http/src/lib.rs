@@ -32,14 +32,19 @@
 //! | a duplicate while the first runs | 409, `Retry-After`; or, with [`IdempotencyLayer::wait_for_result`], the replay once it is stored |
 //! | the key reused for another request | 422 |
 //! | no key where required, an invalid or repeated key | 400 |
-//! | a body over the limit | 413, before anything is claimed |
+//! | a body over the limit | 413, before anything is claimed (a declared `Content-Length` over it before any of the body is read) |
+//! | a response too large for the store | the response; retries replay the small answer stored in its place |
 //!
-//! Refusals are `application/problem+json` (RFC 9457) with the draft's
-//! titles. The key must be one RFC 9651 sf-string (`Idempotency-Key:
-//! "8e03978e-40d5"`), parsed with `sfv`. Requests are fingerprinted by
-//! method, path and query, chosen headers and the body (canonical JSON for
-//! JSON bodies, or only chosen JSON pointers), so the same key sent to
-//! another route is a mismatch, never a replay.
+//! Refusals are `application/problem+json` (RFC 9457): `about:blank` with
+//! the status phrase as title, or, with
+//! [`IdempotencyLayer::problem_documentation`], a type URI per problem under
+//! your link with the draft's titles. The key must be one RFC 9651 sf-string
+//! (`Idempotency-Key: "8e03978e-40d5"`), parsed with `sfv`. Requests are
+//! fingerprinted by method, path and query, chosen headers and the body
+//! (canonical JSON for JSON bodies, numbers by exact decimal value, or only
+//! chosen JSON pointers), so the same key sent to another route is a
+//! mismatch, never a replay. The handler's lease is renewed while it runs
+//! (the runner's default).
 //!
 //! Handlers find the run's [`RunContext`](idem_core::RunContext) in their
 //! request's extensions (with axum, `Extension<RunContext<dyn IdempotencyStore>>`)
