@@ -200,6 +200,17 @@ async fn post_order(
         .unwrap()
 }
 
+/// A request to `/orders` with a tenant and no key.
+async fn unkeyed(client: &Client, base: &str, tenant: &str) -> reqwest::Response {
+    client
+        .post(format!("{base}/orders"))
+        .header("x-tenant", tenant)
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+}
+
 /// `keyed` sent from a task of its own, to race with what the test does next.
 fn in_background(
     client: &Client,
@@ -368,13 +379,7 @@ async fn bad_keys_are_400_and_a_missing_optional_key_passes_through(
     assert_eq!(counters.orders.load(Ordering::SeqCst), 0);
     // No key, and the key is optional: the handler runs as if there were no layer.
     for _ in 0..2 {
-        let plain = client
-            .post(format!("{base}/orders"))
-            .header("x-tenant", &tenant)
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let plain = unkeyed(&client, &base, &tenant).await;
         assert_eq!(plain.status(), StatusCode::CREATED);
     }
     assert_eq!(counters.orders.load(Ordering::SeqCst), 2);
@@ -385,13 +390,7 @@ async fn bad_keys_are_400_and_a_missing_optional_key_passes_through(
 
 async fn a_required_key_that_is_missing_is_400_as_the_draft_says(store: Arc<dyn IdempotencyStore>) {
     let (base, counters) = serve(store, |l| l.require_key()).await;
-    let response = client()
-        .post(format!("{base}/orders"))
-        .header("x-tenant", tenant())
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let response = unkeyed(&client(), &base, &tenant()).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(response.headers()["content-language"], "en");
     let json = problem_json(response).await;
@@ -587,13 +586,7 @@ async fn problems_default_to_about_blank_titled_with_the_status_phrase(
 ) {
     let (base, _) = serve_runner(Idempotency::new(store), |l| l.require_key()).await;
     let (client, tenant) = (client(), tenant());
-    let missing = client
-        .post(format!("{base}/orders"))
-        .header("x-tenant", &tenant)
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let missing = unkeyed(&client, &base, &tenant).await;
     let json = problem_json(missing).await;
     assert_eq!(json["type"], "about:blank");
     assert_eq!(json["title"], "Bad Request");
