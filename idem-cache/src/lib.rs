@@ -73,7 +73,7 @@
 //! - **On every hit**, the deadline is checked: on the monotonic clock for a
 //!   server-clock store, on the store's clock for a caller-clock store (no
 //!   I/O: its clock is this process's), so a test's
-//!   [`ManualClock`](idem_core::store::ManualClock) that jumps past retention
+//!   [`ManualClock`](idem_core::ManualClock) that jumps past retention
 //!   empties the cache too. moka's per-entry expiry removes entries at the
 //!   same deadline.
 //!
@@ -101,13 +101,12 @@ use std::time::{Duration, Instant};
 
 use idem_core::observability::record_cache_lookup;
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, IdempotencyStore, Lease, OwnerToken,
-    Record, Timestamp,
+    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, ExpireAfter, IdempotencyStore, Lease,
+    OwnerToken, Record, Timestamp,
 };
 use idem_core::{
     Checkpoint, Fingerprint, InvalidInput, Scope, StoreError, StoredResponse, async_trait,
 };
-use moka::Expiry;
 use moka::sync::Cache;
 
 /// The default [`CacheOptions::max_entries`]: 100,000 records.
@@ -237,42 +236,6 @@ struct Pending {
     evict_at: Instant,
 }
 
-/// Values that know when moka should drop them.
-trait EvictAt {
-    fn evict_at(&self) -> Instant;
-}
-
-impl EvictAt for Replay {
-    fn evict_at(&self) -> Instant {
-        self.evict_at
-    }
-}
-
-impl EvictAt for Pending {
-    fn evict_at(&self) -> Instant {
-        self.evict_at
-    }
-}
-
-/// Per-entry expiry at each value's own moment.
-struct AtEvictAt;
-
-impl<K, V: EvictAt> Expiry<K, Arc<V>> for AtEvictAt {
-    fn expire_after_create(&self, _: &K, value: &Arc<V>, created_at: Instant) -> Option<Duration> {
-        Some(value.evict_at().saturating_duration_since(created_at))
-    }
-
-    fn expire_after_update(
-        &self,
-        _: &K,
-        value: &Arc<V>,
-        updated_at: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(value.evict_at().saturating_duration_since(updated_at))
-    }
-}
-
 /// A replay cache in front of the store `S`; see the [crate docs](crate).
 /// Cloning is cheap and shares the cache.
 pub struct CachedStore<S: ?Sized> {
@@ -339,11 +302,15 @@ impl<S: IdempotencyStore + ?Sized> CachedStore<S> {
             .weigher(move |scope: &Scope, replay: &Arc<Replay>| {
                 u32::try_from(weight(scope, &replay.response).max(slot)).unwrap_or(u32::MAX)
             })
-            .expire_after(AtEvictAt)
+            .expire_after(ExpireAfter::new(|replay: &Arc<Replay>| {
+                replay.evict_at.saturating_duration_since(Instant::now())
+            }))
             .build();
         let pending = Cache::builder()
             .max_capacity(options.max_entries)
-            .expire_after(AtEvictAt)
+            .expire_after(ExpireAfter::new(|pending: &Arc<Pending>| {
+                pending.evict_at.saturating_duration_since(Instant::now())
+            }))
             .build();
         let capabilities = inner.capabilities();
         Self {

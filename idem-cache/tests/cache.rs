@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use idem_cache::{CacheOptions, CachedStore};
 use idem_conformance::support::{claim, claim_and_complete, fresh_scope, must_claim, response};
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, ManualClock, Timestamp};
+use idem_core::ManualClock;
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Timestamp};
 use idem_core::{Fingerprint, InvalidInput, Scope, StoreError, StoredResponse};
 use idem_memory::{MemoryOptions, MemoryStore};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

@@ -111,7 +111,8 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::store::{Clock, ManualClock, Timestamp};
+/// use idem_core::store::{Clock, Timestamp};
+/// use idem_core::ManualClock;
 ///
 /// let clock = ManualClock::new(Timestamp::from_unix_millis(0));
 /// let seen_by_store = clock.clone();

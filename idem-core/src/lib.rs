@@ -51,17 +51,22 @@ mod clock;
 mod codec;
 mod decision;
 mod error;
+#[cfg(feature = "moka")]
+mod expiry;
 mod fingerprint;
+mod layer;
+mod options;
 mod outcome;
 mod record;
 mod runner;
 mod scope;
 mod serialize;
 mod sweeper;
-mod timeout;
 
+pub use clock::ManualClock;
 pub use error::{BoxError, InvalidInput, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, canonical_json};
+pub use options::StoreOptions;
 pub use outcome::{HandlerError, IntoVerdict, ResultExt, RunError, RunOutcome, Storable, Verdict};
 pub use record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
 pub use runner::{Idempotency, NoTransaction, RunContext};

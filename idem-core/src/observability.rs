@@ -12,7 +12,7 @@
 //! | span | level | fields |
 //! |---|---|---|
 //! | `idem.run` ([`RUN_SPAN`]): one [`Idempotency::run`](crate::Idempotency::run) or [`run_in`](crate::Idempotency::run_in) | INFO | `store`, `tenant`, `key_hash`, `transactional`, `attempt` (once claimed), `outcome` |
-//! | `idem.store` ([`STORE_SPAN`]): each store operation the runner makes, inside its run | DEBUG | `operation`, `store`, `tenant`, `key_hash`, `attempt`, `outcome`, `error` (on failure) |
+//! | `idem.store` ([`STORE_SPAN`]): each store operation, whoever calls it (inside the run when the runner does) | DEBUG | `operation`, `store`, `tenant` and `key_hash` (for an operation on one scope), `attempt`, `outcome`, `error` (on failure) |
 //!
 //! A run's `outcome` is `executed`, `replayed`, `in_progress`, `mismatch`,
 //! `lost_lease`, `not_started`, `failed` (the handler failed after its work
@@ -20,24 +20,27 @@
 //! (attempt 1), `takeover` (a later attempt), `replayed`, `in_progress`,
 //! `mismatch` or `error`; every other operation's `ok`, `lost_lease` or
 //! `error`. `operation` is [`Operation::as_str`](crate::Operation::as_str):
-//! `claim`, `complete`, `renew`, `release`, `checkpoint`, or `transaction`
-//! (opening and committing the transaction of `run_in`). `store` is
+//! `claim`, `complete`, `renew`, `release`, `checkpoint`, `get`, `delete`,
+//! `now`, `purge`, or `transaction` (opening and committing a transaction).
+//! Every store of the idem crates reports them through its
+//! [`OperationLayer`](crate::store::OperationLayer); a store of your own gets
+//! them by wrapping itself in [`Layered`](crate::store::Layered). `store` is
 //! [`Capabilities::store`](crate::store::Capabilities::store): `memory`,
 //! `postgres`, `redis`, `dynamodb`.
 //!
 //! # Metrics
 //!
-//! With the `metrics` feature, the runner (and the replay cache of
-//! `idem-cache`) record these through whatever recorder the service
+//! With the `metrics` feature, the stores' layers, the runner and the replay
+//! cache of `idem-cache` record these through whatever recorder the service
 //! installed (a Prometheus exporter, say); [`describe_metrics`] registers
 //! their descriptions and units. Durations are histograms in seconds.
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `idem_claims_total` ([`CLAIMS`]) | counter | `outcome`, `store` | claims the runner made, by outcome as on the claim's span (a takeover is `outcome="takeover"`) |
+//! | `idem_claims_total` ([`CLAIMS`]) | counter | `outcome`, `store` | claims made, by outcome as on the claim's span (a takeover is `outcome="takeover"`) |
 //! | `idem_lost_leases_total` ([`LOST_LEASES`]) | counter | `operation`, `store` | fenced operations answered `LostLease`: another owner took the key over |
-//! | `idem_releases_total` ([`RELEASES`]) | counter | `store` | claims released because nothing started (or a transaction rolled back) |
-//! | `idem_store_operation_duration_seconds` ([`STORE_OPERATION_DURATION`]) | histogram | `operation`, `store` | each store operation the runner made, whatever its answer |
+//! | `idem_releases_total` ([`RELEASES`]) | counter | `store` | claims released (by the runner: nothing started, or a transaction rolled back) |
+//! | `idem_store_operation_duration_seconds` ([`STORE_OPERATION_DURATION`]) | histogram | `operation`, `store` | each store operation, whatever its answer |
 //! | `idem_handler_duration_seconds` ([`HANDLER_DURATION`]) | histogram | `store` | each handler the runner ran, to its response or error |
 //! | `idem_cache_hits_total` ([`CACHE_HITS`]) | counter | `store` | claims a replay cache answered with no round trip |
 //! | `idem_cache_misses_total` ([`CACHE_MISSES`]) | counter | `store` | claims a replay cache sent on to its store |
@@ -56,15 +59,13 @@ use std::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::claim::ClaimOutcome;
 use crate::error::{Operation, StoreError};
 use crate::outcome::{RunError, RunOutcome};
-use crate::record::Lease;
 use crate::scope::{IdempotencyKey, Scope};
 
 /// The span of one run.
 pub const RUN_SPAN: &str = "idem.run";
-/// The span of one store operation the runner makes.
+/// The span of one store operation.
 pub const STORE_SPAN: &str = "idem.store";
 
 /// Counter: claims, by `outcome` and `store`.
@@ -96,7 +97,7 @@ fn describe() {
     describe_counter!(
         CLAIMS,
         Unit::Count,
-        "Claims made by the idempotency runner, by outcome"
+        "Claims made on an idempotency store, by outcome"
     );
     describe_counter!(
         LOST_LEASES,
@@ -111,7 +112,7 @@ fn describe() {
     describe_histogram!(
         STORE_OPERATION_DURATION,
         Unit::Seconds,
-        "Duration of each store operation the idempotency runner made"
+        "Duration of each idempotency store operation"
     );
     describe_histogram!(
         HANDLER_DURATION,
@@ -182,63 +183,23 @@ pub(crate) fn finish_run<T>(span: &Span, result: &Result<RunOutcome<T>, RunError
     span.record("outcome", outcome);
 }
 
-/// What a store operation's answer reports on its span.
-pub(crate) trait Answer {
-    /// The span's `outcome` for this answer.
-    fn outcome(&self) -> &'static str {
-        "ok"
-    }
-
-    /// The attempt the answer names, if it names one.
-    fn attempt(&self) -> Option<u32> {
-        None
-    }
-}
-
-impl Answer for () {}
-
-impl Answer for Lease {
-    fn attempt(&self) -> Option<u32> {
-        Some(self.attempt())
-    }
-}
-
-impl<T: crate::store::Transaction> Answer for T {}
-
-impl Answer for ClaimOutcome {
-    fn outcome(&self) -> &'static str {
-        match self {
-            Self::Claimed { lease, .. } if lease.attempt() > 1 => "takeover",
-            Self::Claimed { .. } => "claimed",
-            Self::Completed(_) => "replayed",
-            Self::InProgress { .. } => "in_progress",
-            Self::Mismatch => "mismatch",
-        }
-    }
-
-    fn attempt(&self) -> Option<u32> {
-        match self {
-            Self::Claimed { lease, .. } => Some(lease.attempt()),
-            _ => None,
-        }
-    }
-}
-
-/// One store operation the runner makes: its span, its duration and its
-/// counters. `attempt` is the lease's, for operations under one.
-pub(crate) async fn store_call<T: Answer>(
+/// One store operation: its span, its duration and its counters. `attempt`
+/// is the lease's, for operations under one; `answer` reads the span's
+/// outcome (and the attempt, for a claim) from a success.
+pub(crate) async fn store_call<T>(
     operation: Operation,
     store: &'static str,
-    scope: &Scope,
+    scope: Option<&Scope>,
     attempt: Option<u32>,
+    answer: impl FnOnce(&T) -> (&'static str, Option<u32>),
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let span = tracing::debug_span!(
         STORE_SPAN,
         operation = operation.as_str(),
         store,
-        tenant = %scope.tenant(),
-        key_hash = %KeyHash(scope.key()),
+        tenant = scope.map(|s| tracing::field::display(s.tenant())),
+        key_hash = scope.map(|s| tracing::field::display(KeyHash(s.key()))),
         attempt,
         outcome = Empty,
         error = Empty,
@@ -247,11 +208,12 @@ pub(crate) async fn store_call<T: Answer>(
     let started = Instant::now();
     let result = call.instrument(span.clone()).await;
     let outcome = match &result {
-        Ok(answer) => {
-            if let Some(attempt) = answer.attempt() {
+        Ok(value) => {
+            let (outcome, attempt) = answer(value);
+            if let Some(attempt) = attempt {
                 span.record("attempt", attempt);
             }
-            answer.outcome()
+            outcome
         }
         Err(StoreError::LostLease) => "lost_lease",
         Err(error) => {
@@ -278,16 +240,6 @@ pub(crate) async fn store_call<T: Answer>(
         }
     }
     result
-}
-
-/// [`store_call`] for an operation under `lease`.
-pub(crate) async fn lease_call<T: Answer>(
-    store: &'static str,
-    operation: Operation,
-    lease: &Lease,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    store_call(operation, store, lease.scope(), Some(lease.attempt()), call).await
 }
 
 /// Runs a handler's work, measuring it.

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::clock::Timestamp;
 use crate::error::InvalidInput;
 use crate::fingerprint::Fingerprint;
-use crate::scope::{Scope, validate_name};
+use crate::scope::{Scope, check_name};
 
 /// The fencing token of one claim: a fresh random UUID per claim or takeover.
 ///
@@ -281,7 +281,7 @@ impl Checkpoint {
     /// over [`MAX_CHECKPOINT_BYTES`].
     pub fn new(name: impl Into<String>, data: &impl Serialize) -> Result<Self, InvalidInput> {
         let name = name.into();
-        validate_name("checkpoint name", &name)?;
+        check_name("checkpoint name", &name)?;
         let data = serde_json::to_value(data).map_err(|e| InvalidInput::Malformed {
             field: "checkpoint data",
             reason: e.to_string(),

@@ -11,11 +11,11 @@ use tracing::{Instrument, Span};
 
 use crate::backend::{IdempotencyStore, Transaction};
 use crate::claim::{ClaimOutcome, ClaimRequest, validate_lease, validate_retention};
-use crate::error::{InvalidInput, Operation, StoreError};
+use crate::error::{InvalidInput, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::observability::{finish_run, handler, lease_call, run_span, store_call};
+use crate::observability::{finish_run, handler, run_span};
 use crate::outcome::{HandlerError, IntoVerdict, RunError, RunOutcome, Storable, Verdict};
-use crate::record::{Checkpoint, Lease, StoredResponse};
+use crate::record::{Checkpoint, Lease, Record, StoredResponse};
 use crate::scope::{IdempotencyKey, Scope};
 
 /// Makes handlers idempotent over a store.
@@ -45,7 +45,7 @@ use crate::scope::{IdempotencyKey, Scope};
 /// # Ok::<(), RunError>(())
 /// # }).unwrap();
 /// ```
-pub struct Idempotency<S: ?Sized> {
+pub struct Idempotency<S: ?Sized = dyn IdempotencyStore> {
     store: Arc<S>,
     /// The store's name in spans and metrics, read once.
     store_name: &'static str,
@@ -96,9 +96,10 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// the lease while a handler runs, for up to
     /// [`DEFAULT_MAX_RUN_TIME`](Self::DEFAULT_MAX_RUN_TIME) (15 minutes).
     ///
-    /// Every run is a `tracing` span, and every store operation it makes one
-    /// inside it; with the `metrics` feature it records metrics too: see
-    /// [`observability`](crate::observability) for their names and fields.
+    /// Every run is a `tracing` span, and the store's operations it makes
+    /// are spans inside it; with the `metrics` feature it records metrics
+    /// too: see [`observability`](crate::observability) for their names and
+    /// fields.
     pub fn new(store: Arc<S>) -> Self {
         let capabilities = store.capabilities();
         Self {
@@ -240,6 +241,52 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// The store.
     pub fn store(&self) -> &Arc<S> {
         &self.store
+    }
+
+    /// The record of `scope`, or `None` if absent or past retention: for an
+    /// admin route that shows a key's state (a [`Record`] serialises with
+    /// serde).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse};
+    /// use idem_memory::MemoryStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let idem: Idempotency = Idempotency::new(Arc::new(MemoryStore::new()));
+    /// let scope = Scope::parse("acme", "order-1")?;
+    /// idem.run(scope.clone(), Fingerprint::of_bytes(b"r"), |_| async {
+    ///     Ok(StoredResponse::new(201, "placed"))
+    /// })
+    /// .await?;
+    /// let record = idem.get(&scope).await?.expect("stored");
+    /// assert!(serde_json::to_string(&record)?.contains("completed"));
+    /// assert!(idem.delete(&scope).await?); // the next claim starts afresh
+    /// assert!(idem.get(&scope).await?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::get`].
+    ///
+    /// [`Record`]: crate::store::Record
+    pub async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        self.store.get(scope).await
+    }
+
+    /// Deletes the record of `scope`, whatever its state, and answers
+    /// whether a live record was there: for a stuck key, or a client that
+    /// must retry now. Outside the fencing protocol, as
+    /// [`IdempotencyStore::delete`] says: the old owner's later fenced
+    /// writes are `LostLease`, and the next claim starts afresh at attempt 1.
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::delete`].
+    pub async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
+        self.store.delete(scope).await
     }
 
     /// Runs `handler` at most once per scope and fingerprint.
@@ -400,13 +447,10 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
             };
             let tx = match begin {
                 None => None,
-                Some(begin) => {
-                    let lease = ctx.lease();
-                    match lease_call(self.store_name, Operation::Transaction, &lease, begin).await {
-                        Ok(tx) => Some(tx),
-                        Err(error) => return Err(self.nothing_committed(&ctx, error).await),
-                    }
-                }
+                Some(begin) => match begin.await {
+                    Ok(tx) => Some(tx),
+                    Err(error) => return Err(self.nothing_committed(&ctx, error).await),
+                },
             };
             let (tx, produced) = match self.drive(&ctx, work(ctx.clone(), tx)).await {
                 Ok(done) => done,
@@ -430,34 +474,14 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
                     // The handler's work happened outside: a failed completion
                     // keeps the key (fenced, its outcome may be unknown).
                     None => {
-                        lease_call(
-                            self.store_name,
-                            Operation::Complete,
-                            &lease,
-                            self.store.complete(&lease, &stored),
-                        )
-                        .await?;
+                        self.store.complete(&lease, &stored).await?;
                     }
                     Some(mut tx) => {
-                        let completed = lease_call(
-                            self.store_name,
-                            Operation::Complete,
-                            &lease,
-                            tx.complete(&lease, &stored),
-                        )
-                        .await;
-                        if let Err(error) = completed {
+                        if let Err(error) = tx.complete(&lease, &stored).await {
                             drop(tx);
                             return Err(self.nothing_committed(&ctx, error).await);
                         }
-                        let committed = lease_call(
-                            self.store_name,
-                            Operation::Transaction,
-                            &lease,
-                            tx.commit(),
-                        )
-                        .await;
-                        if let Err(error) = committed {
+                        if let Err(error) = tx.commit().await {
                             return Err(self.nothing_committed(&ctx, error).await);
                         }
                     }
@@ -475,14 +499,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         let request = ClaimRequest::new(scope, fingerprint)
             .with_lease(self.lease)?
             .with_retention(self.retention)?;
-        let claimed = store_call(
-            Operation::Claim,
-            self.store_name,
-            request.scope(),
-            None,
-            self.store.claim(&request),
-        )
-        .await?;
+        let claimed = self.store.claim(&request).await?;
         let (lease, checkpoint) = match claimed {
             ClaimOutcome::Claimed { lease, checkpoint } => (lease, checkpoint),
             ClaimOutcome::Completed(response) => return Ok(Claimed::Replay(response)),
@@ -495,7 +512,6 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
         Span::current().record("attempt", lease.attempt());
         Ok(Claimed::Run(RunContext {
             store: Arc::clone(&self.store),
-            store_name: self.store_name,
             lease: Arc::new(Mutex::new(lease)),
             checkpoint,
             lease_duration: self.lease,
@@ -539,13 +555,7 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
 
     async fn release(&self, ctx: &RunContext<S>) {
         let lease = ctx.lease();
-        let released = lease_call(
-            self.store_name,
-            Operation::Release,
-            &lease,
-            self.store.release(&lease),
-        )
-        .await;
+        let released = self.store.release(&lease).await;
         if let Err(error) = released {
             tracing::warn!(%error, "could not release a claim; it will expire with its lease");
         }
@@ -596,7 +606,6 @@ impl Transaction for NoTransaction {
 /// owner left, and fenced operations on its record.
 pub struct RunContext<S: ?Sized> {
     store: Arc<S>,
-    store_name: &'static str,
     lease: Arc<Mutex<Lease>>,
     checkpoint: Option<Checkpoint>,
     lease_duration: Duration,
@@ -606,7 +615,6 @@ impl<S: ?Sized> Clone for RunContext<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
-            store_name: self.store_name,
             lease: Arc::clone(&self.lease),
             checkpoint: self.checkpoint.clone(),
             lease_duration: self.lease_duration,
@@ -667,13 +675,7 @@ impl<S: IdempotencyStore + ?Sized> RunContext<S> {
     pub async fn checkpoint(&self, name: &str, data: &impl Serialize) -> Result<(), StoreError> {
         let point = Checkpoint::new(name, data)?;
         let lease = self.lease();
-        lease_call(
-            self.store_name,
-            Operation::Checkpoint,
-            &lease,
-            self.store.checkpoint(&lease, &point),
-        )
-        .await
+        self.store.checkpoint(&lease, &point).await
     }
 
     /// Records a recovery point inside the caller's transaction `tx`, so that
@@ -692,13 +694,7 @@ impl<S: IdempotencyStore + ?Sized> RunContext<S> {
     ) -> Result<(), StoreError> {
         let point = Checkpoint::new(name, data)?;
         let lease = self.lease();
-        lease_call(
-            self.store_name,
-            Operation::Checkpoint,
-            &lease,
-            tx.checkpoint(&lease, &point),
-        )
-        .await
+        tx.checkpoint(&lease, &point).await
     }
 
     /// Extends the lease to `extend` from now.
@@ -710,13 +706,7 @@ impl<S: IdempotencyStore + ?Sized> RunContext<S> {
     pub async fn renew(&self, extend: Duration) -> Result<(), StoreError> {
         let extend = validate_lease(extend)?;
         let lease = self.lease();
-        let renewed = lease_call(
-            self.store_name,
-            Operation::Renew,
-            &lease,
-            self.store.renew(&lease, extend),
-        )
-        .await?;
+        let renewed = self.store.renew(&lease, extend).await?;
         *self.locked() = renewed;
         Ok(())
     }

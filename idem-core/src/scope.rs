@@ -12,21 +12,8 @@ use crate::error::InvalidInput;
 pub const MAX_NAME_BYTES: usize = 255;
 
 /// Checks the rules shared by tenants, keys and checkpoint names.
-pub(crate) fn validate_name(field: &'static str, value: &str) -> Result<(), InvalidInput> {
-    if value.is_empty() {
-        return Err(InvalidInput::Empty { field });
-    }
-    if value.len() > MAX_NAME_BYTES {
-        return Err(InvalidInput::TooLong {
-            field,
-            len: value.len(),
-            max: MAX_NAME_BYTES,
-        });
-    }
-    if let Some((position, _)) = value.char_indices().find(|(_, c)| c.is_control()) {
-        return Err(InvalidInput::ControlCharacter { field, position });
-    }
-    Ok(())
+pub(crate) fn check_name(field: &'static str, value: &str) -> Result<(), InvalidInput> {
+    crate::options::validate_name(field, value, MAX_NAME_BYTES, |_| true, "")
 }
 
 macro_rules! name_type {
@@ -45,7 +32,7 @@ macro_rules! name_type {
             /// [`InvalidInput`] naming the rule that broke.
             pub fn new(value: impl Into<String>) -> Result<Self, InvalidInput> {
                 let value = value.into();
-                validate_name($field, &value)?;
+                check_name($field, &value)?;
                 Ok(Self(value.into()))
             }
 

@@ -1,4 +1,7 @@
 #![doc = include_str!("../CONTRACT.md")]
+/// Implements [`IdempotencyStore`] for a type by forwarding every operation
+/// to a field that is a store; see [`Layered`].
+pub use crate::__forward_store as forward_store;
 pub use crate::backend::{
     Capabilities, ClockSource, Durability, Eviction, IdempotencyStore, Transaction,
     TransactionSharing,
@@ -7,12 +10,15 @@ pub use crate::claim::{
     ClaimOutcome, ClaimRequest, MAX_LEASE, MAX_RETENTION, MIN_DURATION, validate_lease,
     validate_retention,
 };
-pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use crate::clock::{Clock, SystemClock, Timestamp};
 pub use crate::codec::{
     check_response_size, checkpoint_json, decode_checkpoint, decode_response,
     decode_response_parts, encode_headers, millis, retry_after, retry_after_millis, storage_key,
     storage_key_escaped,
 };
 pub use crate::decision::{Decision, decide};
+#[cfg(feature = "moka")]
+pub use crate::expiry::ExpireAfter;
+pub use crate::layer::{Layered, OperationLayer};
+pub use crate::options::validate_name;
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};
-pub use crate::timeout::{validate_operation_timeout, with_timeout};

@@ -9,11 +9,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_core::ManualClock;
 use idem_core::observability::{
     CLAIMS, HANDLER_DURATION, LOST_LEASES, RELEASES, RUN_SPAN, STORE_OPERATION_DURATION, STORE_SPAN,
 };
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, IdempotencyStore, ManualClock, Timestamp, Transaction,
+    ClaimOutcome, ClaimRequest, IdempotencyStore, OperationLayer, Timestamp, Transaction,
 };
 use idem_core::{
     Checkpoint, Fingerprint, HandlerError, Idempotency, Operation, RunError, Scope, StoreError,
@@ -106,6 +107,15 @@ impl Reported {
         self.spans
             .iter()
             .filter(|s| s.name == STORE_SPAN && s.field("operation") == Some(operation.as_str()))
+            .collect()
+    }
+
+    /// The store spans of `operation` made inside a run (directly or by
+    /// its handler), in the order they closed.
+    fn in_runs(&self, operation: Operation) -> Vec<&Seen> {
+        self.operations(operation)
+            .into_iter()
+            .filter(|s| s.parent == Some(RUN_SPAN))
             .collect()
     }
 
@@ -256,7 +266,7 @@ fn a_replay_a_duplicate_and_a_reused_key_report_their_outcomes() {
         ]
     );
     let claims: Vec<_> = reported
-        .operations(Operation::Claim)
+        .in_runs(Operation::Claim)
         .iter()
         .map(|c| c.field("outcome"))
         .collect();
@@ -269,14 +279,24 @@ fn a_replay_a_duplicate_and_a_reused_key_report_their_outcomes() {
             Some("in_progress")
         ]
     );
+    // The claim made on the store directly has its span too, outside any run.
+    let all = reported.operations(Operation::Claim);
+    assert_eq!(all.len(), 5);
+    assert_eq!(all[3].parent, None);
+    assert_eq!(all[3].field("outcome"), Some("claimed"));
     // Refused runs name no attempt: nobody holds a lease for them.
     assert_eq!(reported.runs()[1].field("attempt"), None);
-    for outcome in ["claimed", "replayed", "mismatch", "in_progress"] {
+    for (outcome, count) in [
+        ("claimed", 2),
+        ("replayed", 1),
+        ("mismatch", 1),
+        ("in_progress", 1),
+    ] {
         let labels = [("outcome", outcome), ("store", "memory")];
-        assert_eq!(reported.metric(CLAIMS, &labels), 1, "{outcome}");
+        assert_eq!(reported.metric(CLAIMS, &labels), count, "{outcome}");
     }
     let claims = [("operation", "claim"), ("store", "memory")];
-    assert_eq!(reported.metric(STORE_OPERATION_DURATION, &claims), 4);
+    assert_eq!(reported.metric(STORE_OPERATION_DURATION, &claims), 5);
 }
 
 #[test]
@@ -301,7 +321,7 @@ fn a_takeover_reports_its_attempt_and_is_counted() {
     };
     assert_eq!(run.field("attempt"), Some("2"));
     assert_eq!(run.field("outcome"), Some("executed"));
-    let [claim] = reported.operations(Operation::Claim)[..] else {
+    let [claim] = reported.in_runs(Operation::Claim)[..] else {
         panic!("{:?}", reported.spans)
     };
     assert_eq!(claim.field("outcome"), Some("takeover"));
@@ -336,9 +356,12 @@ fn a_lost_lease_is_reported_on_the_completion_and_the_run_and_counted() {
         panic!("{:?}", reported.spans)
     };
     assert_eq!(run.field("outcome"), Some("lost_lease"));
-    let [complete] = reported.operations(Operation::Complete)[..] else {
+    // The other owner's completion (made inside the handler), then the run's.
+    let [theirs, complete] = reported.in_runs(Operation::Complete)[..] else {
         panic!("{:?}", reported.spans)
     };
+    assert_eq!(theirs.field("outcome"), Some("ok"));
+    assert_eq!(theirs.field("attempt"), Some("2"));
     assert_eq!(complete.field("outcome"), Some("lost_lease"));
     assert_eq!(complete.field("attempt"), Some("1"));
     let lost = [("operation", "complete"), ("store", "memory")];
@@ -378,8 +401,9 @@ fn a_handler_that_did_not_start_releases_and_one_that_failed_keeps_the_claim() {
     assert_eq!(reported.metric(HANDLER_DURATION, &[("store", "memory")]), 2);
 }
 
-/// A transaction whose store cannot be reached.
-struct Unreachable;
+/// A transaction whose store cannot be reached, reporting through its
+/// layer as a backend's transaction does.
+struct Unreachable(OperationLayer);
 
 #[idem_core::async_trait]
 impl Transaction for Unreachable {
@@ -400,11 +424,14 @@ impl Transaction for Unreachable {
     }
 
     async fn commit(self) -> Result<(), StoreError> {
-        Err(StoreError::unavailable(
-            "memory",
-            Operation::Transaction,
-            "connection reset",
-        ))
+        let refused = async {
+            Err(StoreError::unavailable(
+                "memory",
+                Operation::Transaction,
+                "connection reset",
+            ))
+        };
+        self.0.call(Operation::Transaction, None, refused).await
     }
 }
 
@@ -415,7 +442,11 @@ fn a_transactional_run_whose_commit_fails_reports_an_error_and_releases() {
             .run_in(
                 scope(),
                 Fingerprint::of_bytes("a"),
-                async { Ok(Unreachable) },
+                async {
+                    let layer = OperationLayer::unlimited("memory");
+                    let opened = layer.call(Operation::Transaction, None, async { Ok(()) });
+                    opened.await.map(|()| Unreachable(layer))
+                },
                 |_, tx| async move { Ok((tx, StoredResponse::new(201, "placed"))) },
             )
             .await;

@@ -3,10 +3,8 @@
 
 use std::error::Error as StdError;
 use std::fmt::Debug;
-use std::time::Duration;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use idem_core::store::with_timeout;
 use idem_core::{Operation, StoreError};
 
 /// The store's name in every [`StoreError`] it returns.
@@ -53,16 +51,6 @@ where
         _ => false,
     };
     StoreError::from_driver(retryable, STORE, operation, error)
-}
-
-/// Runs `operation` within `limit` (the store's operation timeout): the one
-/// place every request to DynamoDB is bounded.
-pub(crate) async fn timed<T>(
-    operation: Operation,
-    limit: Duration,
-    future: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    with_timeout(STORE, operation, limit, future).await
 }
 
 /// A fenced write's error: a refused condition is a lost lease, the rest is

@@ -2,10 +2,11 @@
 //! [`DynamoStore::with_options`](crate::DynamoStore::with_options).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use idem_core::InvalidInput;
-use idem_core::store::{Clock, SystemClock, validate_operation_timeout};
+use idem_core::store::{Clock, OperationLayer, SystemClock, validate_name};
+use idem_core::{InvalidInput, StoreOptions};
+
+use crate::error::STORE;
 
 /// DynamoDB's item size limit, in bytes.
 pub const ITEM_LIMIT: usize = 400 * 1024;
@@ -28,23 +29,38 @@ pub const DEFAULT_TABLE: &str = "idem-records";
 /// The setters never fail: [`DynamoStore::with_options`](crate::DynamoStore::with_options)
 /// checks the whole set once.
 ///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+/// [`IdempotencyStore`](idem_core::store::IdempotencyStore) operation as a
+/// whole, the SDK's retries included (a claim or a renewal that takes two
+/// requests gets one limit; `purge_expired` gets one per request, each scan
+/// page and each delete), and the commit of a
+/// [`DynamoTransaction`](crate::DynamoTransaction); not
+/// [`create_table`](crate::DynamoStore::create_table), which waits for the
+/// table to become active. The SDK's own limits apply inside it, and the
+/// shorter fires first: its `TimeoutConfig` (`operation_timeout`, unset by
+/// default, bounds the same span; `operation_attempt_timeout`, unset by
+/// default, bounds each attempt, so set it below this limit for the SDK to
+/// retry a stalled attempt within it) and its `RetryConfig` (3 attempts with
+/// back-off by default).
+///
 /// ```
 /// use std::time::Duration;
+/// use idem_core::StoreOptions;
 /// use idem_dynamo::DynamoOptions;
 ///
-/// let options = DynamoOptions::default()
-///     .table("orders-idempotency")
-///     .max_response_bytes(64 * 1024)
-///     .operation_timeout(Duration::from_secs(2));
+/// let options = DynamoOptions::default().table("orders-idempotency").store_options(
+///     StoreOptions::default()
+///         .with_max_response_bytes(64 * 1024)
+///         .with_operation_timeout(Duration::from_secs(2)),
+/// );
 /// # let _ = options;
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DynamoOptions {
-    pub(crate) table: String,
-    pub(crate) max_response_bytes: usize,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) operation_timeout: Duration,
+    table: String,
+    clock: Arc<dyn Clock>,
+    store: StoreOptions,
 }
 
 impl Default for DynamoOptions {
@@ -53,23 +69,33 @@ impl Default for DynamoOptions {
     fn default() -> Self {
         Self {
             table: DEFAULT_TABLE.to_string(),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             clock: Arc::new(SystemClock),
-            operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+/// What a store and its transactions work with, once checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) table: String,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) layer: OperationLayer,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_TABLE.to_string(),
+            clock: Arc::new(SystemClock),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            layer: OperationLayer::new(STORE, StoreOptions::DEFAULT_OPERATION_TIMEOUT),
         }
     }
 }
 
 impl DynamoOptions {
-    /// The default [`operation_timeout`](Self::operation_timeout): 5 s.
-    ///
-    /// A healthy request takes milliseconds; 5 s leaves room for the SDK's
-    /// own retries of a throttled or failed attempt (3 attempts with
-    /// back-off by default), yet fails a stalled call long before HTTP
-    /// clients and load balancers give up on the request (30 to 60 s). The
-    /// SDK sets no operation timeout of its own by default.
-    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
-
     /// The table holding the records: 3 to 255 characters of `[A-Za-z0-9_.-]`.
     #[must_use]
     pub fn table(mut self, name: &str) -> Self {
@@ -77,88 +103,55 @@ impl DynamoOptions {
         self
     }
 
-    /// The largest response accepted, as
-    /// [`StoredResponse::size`](idem_core::StoredResponse::size) counts it:
-    /// 1 byte to [`DEFAULT_MAX_RESPONSE_BYTES`] (the default, what an item holds).
-    #[must_use]
-    pub fn max_response_bytes(mut self, max: usize) -> Self {
-        self.max_response_bytes = max;
-        self
-    }
-
     /// The clock that judges leases and retention (DynamoDB has none to
-    /// ask); tests inject a [`ManualClock`](idem_core::store::ManualClock).
+    /// ask); tests inject a [`ManualClock`](idem_core::ManualClock).
     #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
 
-    /// The time limit of each operation (default
-    /// [`DEFAULT_OPERATION_TIMEOUT`](Self::DEFAULT_OPERATION_TIMEOUT), 5 s;
-    /// more than zero; [`Duration::MAX`] for none).
-    ///
-    /// It bounds every [`IdempotencyStore`](idem_core::store::IdempotencyStore)
-    /// operation as a whole, the SDK's retries included (a claim or a renewal
-    /// that takes two requests gets one limit; `purge_expired` gets one per
-    /// request, each scan page and each delete), and the commit of a
-    /// [`DynamoTransaction`](crate::DynamoTransaction); not
-    /// [`create_table`](crate::DynamoStore::create_table), which waits for
-    /// the table to become active. Past it the operation ends in
-    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable),
-    /// "timed out": it may or may not have happened, and a retry with the
-    /// same request or lease gets the true answer.
-    ///
-    /// The client's own limits apply inside it, and the shorter fires first,
-    /// both as `Unavailable`: the SDK's `TimeoutConfig` (its
-    /// `operation_timeout`, unset by default, bounds the same span as this;
-    /// `operation_attempt_timeout`, unset by default, bounds each attempt, so
-    /// set it below this limit for the SDK to retry a stalled attempt within
-    /// it) and its `RetryConfig`.
+    /// The operation timeout and the response limit, as
+    /// [`StoredResponse::size`](idem_core::StoredResponse::size) counts it:
+    /// 1 byte to [`DEFAULT_MAX_RESPONSE_BYTES`] (the default, what an item
+    /// holds).
     #[must_use]
-    pub fn operation_timeout(mut self, limit: Duration) -> Self {
-        self.operation_timeout = limit;
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
         self
     }
 
     /// Checks every setting against DynamoDB's rules.
-    pub(crate) fn validate(self) -> Result<Self, InvalidInput> {
-        validate_operation_timeout(self.operation_timeout)?;
+    pub(crate) fn validate(self) -> Result<Settings, InvalidInput> {
+        let max_response_bytes = self.store.checked(
+            DEFAULT_MAX_RESPONSE_BYTES,
+            DEFAULT_MAX_RESPONSE_BYTES,
+            "must fit a 400 KB DynamoDB item beside the record's own attributes",
+        )?;
         validate_table(&self.table)?;
-        if self.max_response_bytes == 0 || self.max_response_bytes > DEFAULT_MAX_RESPONSE_BYTES {
-            return Err(InvalidInput::OutOfRange {
-                field: "max response bytes",
-                reason: "must be at least 1 byte and fit a 400 KB DynamoDB item beside the \
-                         record's own attributes",
-            });
-        }
-        Ok(self)
+        Ok(Settings {
+            table: self.table,
+            clock: self.clock,
+            max_response_bytes,
+            layer: OperationLayer::new(STORE, self.store.operation_timeout()),
+        })
     }
 }
 
 /// DynamoDB's table name rules: 3 to 255 characters of `[A-Za-z0-9_.-]`.
 fn validate_table(name: &str) -> Result<(), InvalidInput> {
     let field = "table name";
+    validate_name(
+        field,
+        name,
+        255,
+        |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'),
+        "holds a character outside [A-Za-z0-9_.-]",
+    )?;
     if name.len() < 3 {
         return Err(InvalidInput::OutOfRange {
             field,
             reason: "DynamoDB table names are 3 to 255 characters",
-        });
-    }
-    if name.len() > 255 {
-        return Err(InvalidInput::TooLong {
-            field,
-            len: name.len(),
-            max: 255,
-        });
-    }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    {
-        return Err(InvalidInput::Malformed {
-            field,
-            reason: format!("{name:?} holds a character outside [A-Za-z0-9_.-]"),
         });
     }
     Ok(())
@@ -179,7 +172,11 @@ mod tests {
 
     #[test]
     fn response_limit_must_fit_an_item() {
-        let with = |max| DynamoOptions::default().max_response_bytes(max).validate();
+        let with = |max| {
+            DynamoOptions::default()
+                .store_options(StoreOptions::default().with_max_response_bytes(max))
+                .validate()
+        };
         assert!(with(1).is_ok());
         assert!(with(DEFAULT_MAX_RESPONSE_BYTES).is_ok());
         assert!(with(0).is_err());

@@ -12,15 +12,15 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
-    Record, Timestamp, TransactionSharing, validate_lease,
+    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Layered,
+    Lease, Record, Timestamp, TransactionSharing, forward_store, validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 
 use crate::codec::{self, attr, key, n};
 use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
-use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure, timed};
-use crate::options::DynamoOptions;
+use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
+use crate::options::{DynamoOptions, Settings};
 use crate::transaction::DynamoTransaction;
 
 /// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
@@ -34,9 +34,12 @@ use crate::transaction::DynamoTransaction;
 /// (skew of milliseconds) and leases of seconds, that margin is ample; keep
 /// leases at least 100 times the skew you expect.
 ///
-/// Every operation is bounded by [`DynamoOptions::operation_timeout`] (5 s by
-/// default), the SDK's retries included, and ends in a retryable
-/// [`StoreError::Unavailable`] past it.
+/// Every operation goes through the store's
+/// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
+/// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
+/// by default), the SDK's retries included, ends in a retryable
+/// [`StoreError::Unavailable`] past it, and gets its span and metrics
+/// whoever calls it.
 ///
 /// ```no_run
 /// use idem_dynamo::{aws_sdk_dynamodb, DynamoOptions, DynamoStore};
@@ -47,19 +50,27 @@ use crate::transaction::DynamoTransaction;
 /// store.create_table().await?; // tests and quick starts
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct DynamoStore {
-    client: Client,
-    options: DynamoOptions,
+    records: Layered<Records>,
 }
 
-impl fmt::Debug for DynamoStore {
+forward_store!(DynamoStore => records);
+
+/// The client and the settings, inside the store's layer.
+#[derive(Clone)]
+struct Records {
+    client: Client,
+    settings: Settings,
+}
+
+impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynamoStore")
-            .field("table", &self.options.table)
-            .field("clock", &self.options.clock)
-            .field("max_response_bytes", &self.options.max_response_bytes)
-            .field("operation_timeout", &self.options.operation_timeout)
+            .field("table", &self.settings.table)
+            .field("clock", &self.settings.clock)
+            .field("max_response_bytes", &self.settings.max_response_bytes)
+            .field("operation_timeout", &self.settings.layer.timeout())
             .finish_non_exhaustive()
     }
 }
@@ -69,10 +80,7 @@ impl DynamoStore {
     /// (`idem-records`), with the default response limit and operation
     /// timeout, on the system clock.
     pub fn new(client: Client) -> Self {
-        Self {
-            client,
-            options: DynamoOptions::default(),
-        }
+        Self::from_settings(client, Settings::default())
     }
 
     /// A store with `options`.
@@ -84,26 +92,28 @@ impl DynamoStore {
     /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES), or
     /// the operation timeout is zero.
     pub fn with_options(client: Client, options: DynamoOptions) -> Result<Self, StoreError> {
-        Ok(Self {
-            client,
-            options: options.validate()?,
-        })
+        Ok(Self::from_settings(client, options.validate()?))
+    }
+
+    fn from_settings(client: Client, settings: Settings) -> Self {
+        let layer = settings.layer;
+        Self {
+            records: Layered::with_layer(Records { client, settings }, layer),
+        }
+    }
+
+    fn parts(&self) -> &Records {
+        self.records.get_ref()
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.options.table
+        self.parts().table()
     }
 
     /// The client.
     pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// The time limit of each operation; see
-    /// [`DynamoOptions::operation_timeout`].
-    pub fn operation_timeout(&self) -> Duration {
-        self.options.operation_timeout
+        &self.parts().client
     }
 
     /// Opens a transaction that the completion (and checkpoints) of a run
@@ -119,14 +129,8 @@ impl DynamoStore {
         &self,
     ) -> impl Future<Output = Result<DynamoTransaction, StoreError>> + Send + use<> {
         // Owned, so `move || store.begin()` can open one per request.
-        std::future::ready(Ok(DynamoTransaction::new(
-            self.client.clone(),
-            self.options.clone(),
-        )))
-    }
-
-    fn now(&self) -> Timestamp {
-        self.options.clock.now()
+        let Records { client, settings } = self.parts().clone();
+        std::future::ready(Ok(DynamoTransaction::new(client, settings)))
     }
 
     /// Creates the table if it does not exist, and enables TTL on it.
@@ -147,7 +151,7 @@ impl DynamoStore {
     pub async fn create_table(&self) -> Result<(), StoreError> {
         const OP: Operation = Operation::Setup;
         let created = self
-            .client
+            .client()
             .create_table()
             .table_name(self.table())
             .attribute_definitions(
@@ -174,7 +178,7 @@ impl DynamoStore {
             };
         }
         self.wait_until_active().await?;
-        self.client
+        self.client()
             .update_time_to_live()
             .table_name(self.table())
             .time_to_live_specification(
@@ -193,7 +197,7 @@ impl DynamoStore {
     async fn wait_until_active(&self) -> Result<(), StoreError> {
         for _ in 0..600 {
             let described = self
-                .client
+                .client()
                 .describe_table()
                 .table_name(self.table())
                 .send()
@@ -212,18 +216,26 @@ impl DynamoStore {
     }
 }
 
+impl Records {
+    fn table(&self) -> &str {
+        &self.settings.table
+    }
+
+    fn now(&self) -> Timestamp {
+        self.settings.clock.now()
+    }
+}
+
 #[async_trait]
-impl IdempotencyStore for DynamoStore {
+impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let limit = self.options.operation_timeout;
-        let claim = crate::claim::claim(&self.client, self.table(), request, self.now());
-        timed(Operation::Claim, limit, claim).await
+        crate::claim::claim(&self.client, self.table(), request, self.now()).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
         let now = self.now();
-        let update = commands::complete(lease, response, now, self.options.max_response_bytes)?;
-        timed(Operation::Complete, self.options.operation_timeout, async {
+        let update = commands::complete(lease, response, now, self.settings.max_response_bytes)?;
+        async {
             let sent = update
                 .request(&self.client, self.table())
                 .return_values_on_condition_check_failure(
@@ -247,7 +259,7 @@ impl IdempotencyStore for DynamoStore {
                 return Ok(());
             }
             Err(fenced(Operation::Complete, error))
-        })
+        }
         .await
     }
 
@@ -255,7 +267,7 @@ impl IdempotencyStore for DynamoStore {
         let extend = validate_lease(extend)?;
         let now = self.now();
         let until = now + extend;
-        timed(Operation::Renew, self.options.operation_timeout, async {
+        async {
             let within = commands::renew_within_retention(lease, until, now)
                 .request(&self.client, self.table())
                 .return_values_on_condition_check_failure(
@@ -280,7 +292,7 @@ impl IdempotencyStore for DynamoStore {
                 .await
                 .map_err(|e| fenced(Operation::Renew, e))?;
             Ok(lease.renewed(until))
-        })
+        }
         .await
     }
 
@@ -296,10 +308,7 @@ impl IdempotencyStore for DynamoStore {
             .expression_attribute_names("#exp", attr::EXPIRES)
             .set_expression_attribute_values(Some(fence_values(lease, self.now())))
             .send();
-        timed(Operation::Release, self.options.operation_timeout, async {
-            sent.await.map_err(|e| fenced(Operation::Release, e))
-        })
-        .await?;
+        sent.await.map_err(|e| fenced(Operation::Release, e))?;
         Ok(())
     }
 
@@ -307,12 +316,7 @@ impl IdempotencyStore for DynamoStore {
         let sent = commands::checkpoint(lease, checkpoint, self.now())
             .request(&self.client, self.table())
             .send();
-        timed(
-            Operation::Checkpoint,
-            self.options.operation_timeout,
-            async { sent.await.map_err(|e| fenced(Operation::Checkpoint, e)) },
-        )
-        .await?;
+        sent.await.map_err(|e| fenced(Operation::Checkpoint, e))?;
         Ok(())
     }
 
@@ -324,10 +328,7 @@ impl IdempotencyStore for DynamoStore {
             .key(attr::PK, key(scope))
             .consistent_read(true)
             .send();
-        let output = timed(Operation::Get, self.options.operation_timeout, async {
-            sent.await.map_err(|e| classify(Operation::Get, e))
-        })
-        .await?;
+        let output = sent.await.map_err(|e| classify(Operation::Get, e))?;
         match output.item() {
             // TTL deletes lazily: an item past retention counts as absent.
             Some(found) if codec::is_live(found, self.now()) => {
@@ -341,7 +342,7 @@ impl IdempotencyStore for DynamoStore {
     /// timeout, not the whole sweep.
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Purge;
-        let limit = self.options.operation_timeout;
+        let layer = self.settings.layer;
         let now = n(self.now().as_unix_millis());
         let mut deleted = 0;
         let mut pages = self
@@ -354,7 +355,7 @@ impl IdempotencyStore for DynamoStore {
             .expression_attribute_values(":now", now.clone())
             .into_paginator()
             .send();
-        while let Some(page) = timed(OP, limit, async { Ok(pages.next().await) }).await? {
+        while let Some(page) = layer.timed(OP, async { Ok(pages.next().await) }).await? {
             let page = page.map_err(|e| classify(OP, e))?;
             for found in page.items() {
                 let pk = found.get(attr::PK).ok_or_else(|| corrupt(OP, attr::PK))?;
@@ -368,7 +369,7 @@ impl IdempotencyStore for DynamoStore {
                     .expression_attribute_names("#exp", attr::EXPIRES)
                     .expression_attribute_values(":now", now.clone())
                     .send();
-                match timed(OP, limit, async { Ok(sent.await) }).await? {
+                match layer.timed(OP, async { Ok(sent.await) }).await? {
                     Ok(_) => deleted += 1,
                     Err(error) if is_condition_failure(&error) => {}
                     Err(error) => return Err(classify(OP, error)),
@@ -387,10 +388,7 @@ impl IdempotencyStore for DynamoStore {
             .key(attr::PK, key(scope))
             .return_values(ReturnValue::AllOld)
             .send();
-        let output = timed(Operation::Delete, self.options.operation_timeout, async {
-            sent.await.map_err(|e| classify(Operation::Delete, e))
-        })
-        .await?;
+        let output = sent.await.map_err(|e| classify(Operation::Delete, e))?;
         // TTL deletes lazily: an item past retention was not a live record.
         Ok(output
             .attributes()
@@ -407,7 +405,7 @@ impl IdempotencyStore for DynamoStore {
             TransactionSharing::TransactItems,
             Durability::Durable,
             ClockSource::Caller,
-            self.options.max_response_bytes,
+            self.settings.max_response_bytes,
         )
     }
 }
@@ -415,7 +413,7 @@ impl IdempotencyStore for DynamoStore {
 #[cfg(test)]
 mod tests {
     use aws_sdk_dynamodb::config::{Credentials, Region};
-    use idem_core::InvalidInput;
+    use idem_core::{InvalidInput, StoreOptions};
 
     use super::*;
 
@@ -428,23 +426,27 @@ mod tests {
             .credentials_provider(Credentials::new("test", "test", None, None, "unit"))
             .build();
         let client = Client::from_conf(config);
-        let zero = DynamoOptions::default().operation_timeout(Duration::ZERO);
+        let with_timeout = |limit| {
+            DynamoOptions::default()
+                .store_options(StoreOptions::default().with_operation_timeout(limit))
+        };
         assert!(matches!(
-            DynamoStore::with_options(client.clone(), zero),
+            DynamoStore::with_options(client.clone(), with_timeout(Duration::ZERO)),
             Err(StoreError::InvalidInput(InvalidInput::OutOfRange {
                 field: "operation timeout",
                 reason: "must be more than zero",
             }))
         ));
-        let store = DynamoStore::with_options(
-            client.clone(),
-            DynamoOptions::default().operation_timeout(Duration::from_millis(1)),
-        )
-        .expect("any limit above zero");
-        assert_eq!(store.operation_timeout(), Duration::from_millis(1));
+        let store =
+            DynamoStore::with_options(client.clone(), with_timeout(Duration::from_millis(1)))
+                .expect("any limit above zero");
         assert_eq!(
-            DynamoStore::new(client).operation_timeout(),
-            DynamoOptions::DEFAULT_OPERATION_TIMEOUT
+            store.records.layer().timeout(),
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(
+            DynamoStore::new(client).records.layer().timeout(),
+            Some(StoreOptions::DEFAULT_OPERATION_TIMEOUT)
         );
     }
 }

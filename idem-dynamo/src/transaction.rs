@@ -10,8 +10,8 @@ use idem_core::store::{Lease, OwnerToken, Transaction};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 
 use crate::commands::{self, FencedUpdate};
-use crate::error::{RETRYABLE_REASONS, STORE, classify, timed};
-use crate::options::DynamoOptions;
+use crate::error::{RETRYABLE_REASONS, STORE, classify};
+use crate::options::Settings;
 
 const OP: Operation = Operation::Transaction;
 
@@ -41,7 +41,7 @@ const CONDITION_FAILED: &str = "ConditionalCheckFailed";
 /// items and 4 MB.
 ///
 /// The commit is bounded by the store's
-/// [operation timeout](crate::DynamoOptions::operation_timeout); a commit
+/// [operation timeout](idem_core::StoreOptions::with_operation_timeout); a commit
 /// that times out has an unknown outcome, as any `Unavailable`.
 ///
 /// ```no_run
@@ -74,7 +74,7 @@ const CONDITION_FAILED: &str = "ConditionalCheckFailed";
 /// ```
 pub struct DynamoTransaction {
     client: Client,
-    options: DynamoOptions,
+    settings: Settings,
     items: Vec<TransactWriteItem>,
     records: Vec<RecordWrite>,
 }
@@ -90,7 +90,7 @@ struct RecordWrite {
 impl fmt::Debug for DynamoTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynamoTransaction")
-            .field("table", &self.options.table)
+            .field("table", &self.settings.table)
             .field("items", &self.items.len())
             .field("record_writes", &self.records.len())
             .finish_non_exhaustive()
@@ -98,10 +98,10 @@ impl fmt::Debug for DynamoTransaction {
 }
 
 impl DynamoTransaction {
-    pub(crate) fn new(client: Client, options: DynamoOptions) -> Self {
+    pub(crate) fn new(client: Client, settings: Settings) -> Self {
         Self {
             client,
-            options,
+            settings,
             items: Vec::new(),
             records: Vec::new(),
         }
@@ -127,7 +127,7 @@ impl DynamoTransaction {
         completes: bool,
     ) -> Result<(), StoreError> {
         let key = update.key.clone();
-        let item = update.transact_item(&self.options.table)?;
+        let item = update.transact_item(&self.settings.table)?;
         let write = RecordWrite {
             key,
             owner: lease.owner(),
@@ -159,8 +159,8 @@ impl Transaction for DynamoTransaction {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let now = self.options.clock.now();
-        let update = commands::complete(lease, response, now, self.options.max_response_bytes)?;
+        let now = self.settings.clock.now();
+        let update = commands::complete(lease, response, now, self.settings.max_response_bytes)?;
         self.write(lease, update, true)
     }
 
@@ -169,7 +169,7 @@ impl Transaction for DynamoTransaction {
         lease: &Lease,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
-        let now = self.options.clock.now();
+        let now = self.settings.clock.now();
         self.write(lease, commands::checkpoint(lease, checkpoint, now), false)
     }
 
@@ -185,7 +185,8 @@ impl Transaction for DynamoTransaction {
             .transact_write_items()
             .set_transact_items(Some(items))
             .send();
-        let result = timed(OP, self.options.operation_timeout, async { Ok(sent.await) }).await?;
+        let layer = self.settings.layer;
+        let result = layer.call(OP, None, async { Ok(sent.await) }).await?;
         let Err(error) = result else {
             return Ok(());
         };

@@ -12,13 +12,12 @@ use std::time::Duration;
 use idem_conformance::support::{
     cost_of_each_operation, fresh_scope, long, must_claim, request, runner, wait_for_claim,
 };
-use idem_core::store::{
-    ClaimOutcome, IdempotencyStore, Lease, ManualClock, OwnerToken, Timestamp, Transaction,
-};
+use idem_core::store::{ClaimOutcome, IdempotencyStore, Lease, OwnerToken, Timestamp, Transaction};
 use idem_core::{
     Checkpoint, Fingerprint, HandlerError, Idempotency, Operation, RunError, RunOutcome, Scope,
     StoreError, StoredResponse,
 };
+use idem_core::{ManualClock, StoreOptions};
 use idem_dynamo::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use idem_dynamo::{DynamoOptions, DynamoStore, DynamoTransaction};
 
@@ -347,8 +346,12 @@ async fn options_are_checked_once_when_the_store_is_made() {
     assert_eq!(DynamoStore::new(common::client()).table(), "idem-records");
     assert!(with(DynamoOptions::default().table("orders.idem_1")).is_ok());
     assert!(with(DynamoOptions::default().table("no spaces")).is_err());
-    assert!(with(DynamoOptions::default().max_response_bytes(0)).is_err());
-    assert!(with(DynamoOptions::default().max_response_bytes(idem_dynamo::ITEM_LIMIT)).is_err());
+    let max = |bytes| {
+        DynamoOptions::default()
+            .store_options(StoreOptions::default().with_max_response_bytes(bytes))
+    };
+    assert!(with(max(0)).is_err());
+    assert!(with(max(idem_dynamo::ITEM_LIMIT)).is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,9 +36,8 @@ async fn connections_cut_at_random_lose_nothing() {
     let store = common::store_through(
         &proxy,
         Duration::from_millis(500),
-        DynamoOptions::default()
-            .table(&common::own_table("faults"))
-            .operation_timeout(OPERATION_TIMEOUT),
+        DynamoOptions::default().table(&common::own_table("faults")),
+        OPERATION_TIMEOUT,
     )
     .await;
     Storm {

@@ -14,9 +14,8 @@ async fn a_lost_reply_is_answered_truthfully() {
     let store = common::store_through(
         &proxy,
         common::CONNECT_TIMEOUT,
-        DynamoOptions::default()
-            .table(&common::own_table("lost-reply"))
-            .operation_timeout(common::GENEROUS_OPERATION_TIMEOUT),
+        DynamoOptions::default().table(&common::own_table("lost-reply")),
+        common::GENEROUS_OPERATION_TIMEOUT,
     )
     .await;
     let answers = lost_replies_are_answered_truthfully(&store, &proxy).await;

@@ -34,9 +34,8 @@ async fn proxied_store() -> (FaultProxy, DynamoStore) {
     let store = common::store_through(
         &proxy,
         Duration::from_secs(10),
-        DynamoOptions::default()
-            .table("idem-conformance")
-            .operation_timeout(LIMIT),
+        DynamoOptions::default().table("idem-conformance"),
+        LIMIT,
     )
     .await;
     (proxy, store)

@@ -804,7 +804,8 @@ async fn postgres(max: Option<usize>) -> Arc<dyn IdempotencyStore> {
         .expect("connect to IDEM_POSTGRES_URL");
     let mut options = idem_postgres::PostgresOptions::default();
     if let Some(max) = max {
-        options = options.max_response_bytes(max);
+        options =
+            options.store_options(idem_core::StoreOptions::default().with_max_response_bytes(max));
     }
     let store = idem_postgres::PostgresStore::with_options(pool, options).unwrap();
     store.migrate().await.unwrap();
@@ -819,7 +820,8 @@ async fn redis(max: Option<usize>) -> Arc<dyn IdempotencyStore> {
     // The test server keeps nothing on disk.
     let mut options = idem_redis::RedisOptions::default().accept_volatility();
     if let Some(max) = max {
-        options = options.max_response_bytes(max);
+        options =
+            options.store_options(idem_core::StoreOptions::default().with_max_response_bytes(max));
     }
     Arc::new(
         idem_redis::RedisStore::with_options(conn, options)

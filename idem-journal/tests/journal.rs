@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{FakeProvider, Fault};
-use idem_core::store::{ManualClock, Timestamp};
+use idem_core::ManualClock;
+use idem_core::store::Timestamp;
 use idem_journal::{Journal, JournalError, JournalStore, OperationId, OperationState, Reconciled};
 use serde_json::json;
 

@@ -4,7 +4,7 @@
 //! tests, examples and single-process services. Records live in this
 //! process only (not durable, nothing shared across instances), and the
 //! caller's [`Clock`] judges leases and retention, so tests can inject a
-//! [`ManualClock`](idem_core::store::ManualClock) through [`MemoryOptions`].
+//! [`ManualClock`](idem_core::ManualClock) through [`MemoryOptions`].
 //!
 //! Each decision runs inside one moka `and_compute_with` on the record's
 //! key, which serialises all operations on one scope: a claim reads and
@@ -32,17 +32,16 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, IdempotencyStore,
-    Lease, Record, RecordState, SystemClock, Timestamp, TransactionSharing, check_response_size,
-    decide, validate_lease,
+    Capabilities, ClaimOutcome, ClaimRequest, Clock, ClockSource, Durability, ExpireAfter,
+    IdempotencyStore, Layered, Lease, OperationLayer, Record, RecordState, SystemClock, Timestamp,
+    TransactionSharing, check_response_size, decide, forward_store, validate_lease,
 };
 use idem_core::{
     Checkpoint, InvalidInput, Operation, Scope, StoreError, StoredResponse, async_trait,
 };
-use moka::Expiry;
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
@@ -56,7 +55,8 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::store::{IdempotencyStore, ManualClock, Timestamp};
+/// use idem_core::store::{IdempotencyStore, Timestamp};
+/// use idem_core::ManualClock;
 /// use idem_memory::{MemoryOptions, MemoryStore};
 ///
 /// let clock = ManualClock::new(Timestamp::from_unix_millis(0));
@@ -102,47 +102,23 @@ impl MemoryOptions {
 }
 
 /// The in-process store. Cloning is cheap and shares the records.
+///
+/// Every operation goes through the store's
+/// `OperationLayer` (its span and
+/// metrics; no time limit, since nothing here waits).
 #[derive(Clone)]
 pub struct MemoryStore {
+    records: Layered<Records>,
+}
+
+forward_store!(MemoryStore => records);
+
+/// The records and the rules on them, inside the store's layer.
+#[derive(Clone)]
+struct Records {
     records: Cache<Scope, Arc<Record>>,
     clock: Arc<dyn Clock>,
     max_response_bytes: usize,
-}
-
-/// Expires each record at its retention, as the store's clock counts it.
-struct RetentionExpiry {
-    clock: Arc<dyn Clock>,
-}
-
-impl RetentionExpiry {
-    fn remaining(&self, record: &Record) -> Option<Duration> {
-        Some(
-            record
-                .retained_until()
-                .saturating_duration_since(self.clock.now()),
-        )
-    }
-}
-
-impl Expiry<Scope, Arc<Record>> for RetentionExpiry {
-    fn expire_after_create(
-        &self,
-        _key: &Scope,
-        record: &Arc<Record>,
-        _created_at: Instant,
-    ) -> Option<Duration> {
-        self.remaining(record)
-    }
-
-    fn expire_after_update(
-        &self,
-        _key: &Scope,
-        record: &Arc<Record>,
-        _updated_at: Instant,
-        _remaining: Option<Duration>,
-    ) -> Option<Duration> {
-        self.remaining(record)
-    }
 }
 
 impl Default for MemoryStore {
@@ -152,6 +128,12 @@ impl Default for MemoryStore {
 }
 
 impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.records.fmt(f)
+    }
+}
+
+impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("records", &self.records.entry_count())
@@ -188,18 +170,26 @@ impl MemoryStore {
             clock,
             max_response_bytes,
         } = options;
+        let store_clock = Arc::clone(&clock);
         let records = Cache::builder()
-            .expire_after(RetentionExpiry {
-                clock: Arc::clone(&clock),
-            })
+            .expire_after(ExpireAfter::new(move |record: &Arc<Record>| {
+                record
+                    .retained_until()
+                    .saturating_duration_since(store_clock.now())
+            }))
             .build();
-        Self {
+        let records = Records {
             records,
             clock,
             max_response_bytes,
+        };
+        Self {
+            records: Layered::with_layer(records, OperationLayer::unlimited(STORE)),
         }
     }
+}
 
+impl Records {
     /// Runs `change` on the record only while `lease` holds it, atomically
     /// with respect to every other operation on the scope. Where the lease no
     /// longer holds, `done_before` says whether the record shows this very
@@ -237,7 +227,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl IdempotencyStore for MemoryStore {
+impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.clock.now();
         let mut outcome = None;
@@ -369,7 +359,7 @@ impl IdempotencyStore for MemoryStore {
 mod tests {
     use super::*;
     use idem_core::Fingerprint;
-    use idem_core::store::ManualClock;
+    use idem_core::ManualClock;
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -435,7 +425,7 @@ mod tests {
                     .unwrap()
                     .is_some()
             );
-            assert_eq!(store.records.iter().count(), 1);
+            assert_eq!(store.records.get_ref().records.iter().count(), 1);
         });
     }
 

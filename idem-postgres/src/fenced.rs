@@ -1,25 +1,27 @@
 //! The fenced writes that `PostgresStore` and `PgTransaction` share (on the
-//! pool, or inside the caller's transaction), and the bound every call to
-//! the database gets.
+//! pool, or inside the caller's transaction), and the layer every call to
+//! the database goes through.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use idem_core::store::{Lease, check_response_size, checkpoint_json, millis, with_timeout};
+use idem_core::store::{Lease, OperationLayer, check_response_size, checkpoint_json, millis};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse};
 use sqlx::{AssertSqlSafe, PgExecutor, Row};
 
 use crate::codec::bind_response;
 use crate::commands::Statements;
-use crate::error::{STORE, classify};
+use crate::error::classify;
 
-/// The statements and limits of one store, cheap to clone.
+/// The statements, limit and layer of one store, cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Fenced {
     pub(crate) sql: Arc<Statements>,
     max_response_bytes: usize,
-    operation_timeout: Duration,
+    /// Times, traces and counts what the store's own [`Layered`] does not
+    /// wrap: transactions, `claim_in`, purge batches.
+    ///
+    /// [`Layered`]: idem_core::store::Layered
+    pub(crate) layer: OperationLayer,
 }
 
 /// `LostLease` unless the fenced statement found the lease's record.
@@ -35,31 +37,17 @@ impl Fenced {
     pub(crate) fn new(
         sql: Arc<Statements>,
         max_response_bytes: usize,
-        operation_timeout: Duration,
+        layer: OperationLayer,
     ) -> Self {
         Self {
             sql,
             max_response_bytes,
-            operation_timeout,
+            layer,
         }
     }
 
     pub(crate) fn max_response_bytes(&self) -> usize {
         self.max_response_bytes
-    }
-
-    pub(crate) fn operation_timeout(&self) -> Duration {
-        self.operation_timeout
-    }
-
-    /// Runs `operation` within the operation timeout: the one place every
-    /// call to the database is bounded.
-    pub(crate) async fn timed<T>(
-        &self,
-        operation: Operation,
-        future: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        with_timeout(STORE, operation, self.operation_timeout, future).await
     }
 
     /// A fenced statement with the lease's tenant, key and owner bound.
@@ -74,7 +62,7 @@ impl Fenced {
     }
 
     /// Completes the lease's record on `executor` (the pool, or a
-    /// transaction), within the operation timeout.
+    /// transaction); the caller's layer bounds it.
     pub(crate) async fn complete_on<'e>(
         &self,
         executor: impl PgExecutor<'e>,
@@ -83,36 +71,28 @@ impl Fenced {
     ) -> Result<(), StoreError> {
         check_response_size(response, self.max_response_bytes)?;
         let query = Self::query(&self.sql.complete, lease).bind(millis(lease.retention()));
-        let done = self
-            .timed(Operation::Complete, async {
-                bind_response(query, response)
-                    .fetch_one(executor)
-                    .await
-                    .and_then(|row| row.try_get(0))
-                    .map_err(|e| classify(Operation::Complete, e))
-            })
-            .await?;
+        let done = bind_response(query, response)
+            .fetch_one(executor)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| classify(Operation::Complete, e))?;
         held(done)
     }
 
-    /// Writes a checkpoint on the lease's record on `executor`, within the
-    /// operation timeout.
+    /// Writes a checkpoint on the lease's record on `executor`; the caller's
+    /// layer bounds it.
     pub(crate) async fn checkpoint_on<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         lease: &Lease,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
-        let done = self
-            .timed(Operation::Checkpoint, async {
-                Self::query(&self.sql.checkpoint, lease)
-                    .bind(checkpoint.name())
-                    .bind(checkpoint_json(checkpoint))
-                    .execute(executor)
-                    .await
-                    .map_err(|e| classify(Operation::Checkpoint, e))
-            })
-            .await?;
+        let done = Self::query(&self.sql.checkpoint, lease)
+            .bind(checkpoint.name())
+            .bind(checkpoint_json(checkpoint))
+            .execute(executor)
+            .await
+            .map_err(|e| classify(Operation::Checkpoint, e))?;
         held(done.rows_affected() == 1)
     }
 }

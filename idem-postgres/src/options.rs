@@ -2,10 +2,9 @@
 //! SQL, its response limit and its purge batch.
 
 use std::fmt;
-use std::time::Duration;
 
-use idem_core::InvalidInput;
-use idem_core::store::validate_operation_timeout;
+use idem_core::store::validate_name;
+use idem_core::{InvalidInput, StoreOptions};
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idem_records";
@@ -38,26 +37,18 @@ pub struct TableName {
 }
 
 fn identifier(field: &'static str, part: &str, max: usize) -> Result<(), InvalidInput> {
-    let mut chars = part.chars();
-    let valid_start = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-    if part.is_empty() {
-        return Err(InvalidInput::Empty { field });
-    }
-    if part.len() > max {
-        return Err(InvalidInput::TooLong {
-            field,
-            len: part.len(),
-            max,
-        });
-    }
-    if !valid_start || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+    let rule = "not a lowercase SQL identifier ([a-z_][a-z0-9_]*, optionally schema-qualified)";
+    validate_name(
+        field,
+        part,
+        max,
+        |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_',
+        rule,
+    )?;
+    if part.starts_with(|c: char| c.is_ascii_digit()) {
         return Err(InvalidInput::Malformed {
             field,
-            reason: format!(
-                "{part:?} is not a lowercase SQL identifier ([a-z_][a-z0-9_]*, optionally schema-qualified)"
-            ),
+            reason: rule.into(),
         });
     }
     Ok(())
@@ -137,58 +128,63 @@ pub const DEFAULT_PURGE_BATCH: u32 = 5_000;
 /// How a [`PostgresStore`](crate::PostgresStore) is built; validated once by
 /// [`PostgresStore::with_options`](crate::PostgresStore::with_options).
 ///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds the
+/// whole operation: acquiring a connection from the pool (reconnecting
+/// included) and the statement's round trip. It applies to every
+/// [`IdempotencyStore`](idem_core::store::IdempotencyStore) operation (for
+/// `purge_expired`, to each batch), to
+/// [`claim_in`](crate::PostgresStore::claim_in),
+/// [`begin`](crate::PostgresStore::begin), and the completion, checkpoint
+/// and commit of a [`PgTransaction`](crate::PgTransaction); not to
+/// [`migrate`](crate::PostgresStore::migrate), which may wait for a
+/// concurrent migration. The pool's own settings still apply inside it:
+/// sqlx's `acquire_timeout` (30 s by default) bounds only the wait for a
+/// connection, and a server-side `statement_timeout` only the statement's
+/// execution, neither a stalled network. A connection whose statement timed
+/// out is tested by sqlx in the background as it returns to the pool, and
+/// closed if broken. Inside the caller's transaction (`claim_in`,
+/// [`PgTransaction`](crate::PgTransaction)) a timed-out statement leaves the
+/// transaction's outcome to the caller: roll it back.
+///
 /// ```
 /// use std::time::Duration;
+/// use idem_core::StoreOptions;
 /// use idem_postgres::PostgresOptions;
 ///
 /// let options = PostgresOptions::default()
 ///     .table("billing.idempotency")
-///     .max_response_bytes(1 << 20)
 ///     .purge_batch(1_000)
-///     .operation_timeout(Duration::from_secs(2));
+///     .store_options(
+///         StoreOptions::default()
+///             .with_max_response_bytes(1 << 20)
+///             .with_operation_timeout(Duration::from_secs(2)),
+///     );
 /// # let _ = options;
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct PostgresOptions {
     pub(crate) table: String,
-    pub(crate) max_response_bytes: usize,
     pub(crate) purge_batch: u32,
-    pub(crate) operation_timeout: Duration,
+    pub(crate) store: StoreOptions,
 }
 
 impl Default for PostgresOptions {
     fn default() -> Self {
         Self {
             table: DEFAULT_TABLE.to_string(),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             purge_batch: DEFAULT_PURGE_BATCH,
-            operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
+            store: StoreOptions::default(),
         }
     }
 }
 
 impl PostgresOptions {
-    /// The default [`operation_timeout`](Self::operation_timeout): 5 s.
-    ///
-    /// A healthy operation takes milliseconds, and a busy one (waiting for a
-    /// pooled connection or a row lock) well under a second; 5 s never cuts
-    /// those short, yet fails a stalled call long before the 30 to 60 s after
-    /// which HTTP clients and load balancers give up on the request anyway.
-    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
-
     /// The table: `table` or `schema.table`, lowercase SQL identifiers
     /// (default `idem_records`; see [`TableName`]).
     #[must_use]
     pub fn table(mut self, name: &str) -> Self {
         self.table = name.to_string();
-        self
-    }
-
-    /// The largest response accepted (default 8 MiB, at most 512 MiB).
-    #[must_use]
-    pub fn max_response_bytes(mut self, max: usize) -> Self {
-        self.max_response_bytes = max;
         self
     }
 
@@ -199,55 +195,28 @@ impl PostgresOptions {
         self
     }
 
-    /// The time limit of each operation (default
-    /// [`DEFAULT_OPERATION_TIMEOUT`](Self::DEFAULT_OPERATION_TIMEOUT), 5 s;
-    /// more than zero; [`Duration::MAX`] for none).
-    ///
-    /// It bounds the whole operation: acquiring a connection from the pool
-    /// (that happens inside every operation, reconnecting included) and the
-    /// statement's round trip. It applies to every
-    /// [`IdempotencyStore`](idem_core::store::IdempotencyStore) operation
-    /// (for `purge_expired`, to each batch), to
-    /// [`claim_in`](crate::PostgresStore::claim_in),
-    /// [`begin`](crate::PostgresStore::begin), and the completion,
-    /// checkpoint and commit of a [`PgTransaction`](crate::PgTransaction);
-    /// not to [`migrate`](crate::PostgresStore::migrate), which may wait for
-    /// a concurrent migration. Past it the operation ends in
-    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable),
-    /// "timed out": it may or may not have happened, and a retry with the
-    /// same request or lease gets the true answer.
-    ///
-    /// The pool's own settings still apply inside it, and the shorter limit
-    /// fires first, both as `Unavailable`: sqlx's `acquire_timeout` (30 s by
-    /// default) bounds only the wait for a connection, and a server-side
-    /// `statement_timeout` only the statement's execution, neither a stalled
-    /// network. A connection whose statement timed out is tested by sqlx in
-    /// the background as it returns to the pool, and closed if broken. Inside
-    /// the caller's transaction (`claim_in`, [`PgTransaction`](crate::PgTransaction))
-    /// a timed-out statement leaves the transaction's outcome to the caller:
-    /// roll it back.
+    /// The operation timeout and the response limit (default 8 MiB, at most
+    /// 512 MiB).
     #[must_use]
-    pub fn operation_timeout(mut self, limit: Duration) -> Self {
-        self.operation_timeout = limit;
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
         self
     }
 
-    /// The table name, validated.
-    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
-        validate_operation_timeout(self.operation_timeout)?;
-        if self.max_response_bytes > MAX_RESPONSE_BYTES_LIMIT {
-            return Err(InvalidInput::OutOfRange {
-                field: "max response bytes",
-                reason: "Postgres bytea holds at most 1 GiB; the limit is 512 MiB",
-            });
-        }
+    /// The table name and the response limit, validated.
+    pub(crate) fn validate(&self) -> Result<(TableName, usize), InvalidInput> {
+        let max_response_bytes = self.store.checked(
+            DEFAULT_MAX_RESPONSE_BYTES,
+            MAX_RESPONSE_BYTES_LIMIT,
+            "Postgres bytea holds at most 1 GiB; the limit is 512 MiB",
+        )?;
         if self.purge_batch == 0 {
             return Err(InvalidInput::OutOfRange {
                 field: "purge batch",
                 reason: "must be at least 1",
             });
         }
-        TableName::new(&self.table)
+        Ok((TableName::new(&self.table)?, max_response_bytes))
     }
 }
 

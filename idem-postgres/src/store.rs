@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Lease,
-    Record, Timestamp, TransactionSharing, millis, validate_lease,
+    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Layered,
+    Lease, OperationLayer, Record, Timestamp, TransactionSharing, forward_store, millis,
+    validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
@@ -18,7 +19,7 @@ use crate::codec::record;
 use crate::commands::Statements;
 use crate::error::{STORE, classify};
 use crate::fenced::{Fenced, held};
-use crate::options::{PostgresOptions, TableName};
+use crate::options::{DEFAULT_MAX_RESPONSE_BYTES, PostgresOptions, TableName};
 use crate::transaction::PgTransaction;
 
 /// Serialises concurrent `migrate()` calls (CREATE OR REPLACE FUNCTION races otherwise).
@@ -32,10 +33,12 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 /// pool with `test_before_acquire(false)`: otherwise sqlx pings the
 /// connection before every use.
 ///
-/// Every operation is bounded by
-/// [`PostgresOptions::operation_timeout`] (5 s by default), acquiring its
-/// connection from the pool included, and ends in a retryable
-/// [`StoreError::Unavailable`] past it.
+/// Every operation goes through the store's
+/// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
+/// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
+/// by default), acquiring its connection from the pool included, ends in a
+/// retryable [`StoreError::Unavailable`] past it, and gets its span and
+/// metrics whoever calls it.
 ///
 /// ```no_run
 /// use idem_postgres::{PostgresOptions, PostgresStore};
@@ -50,22 +53,30 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 /// store.migrate().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct PostgresStore {
+    records: Layered<Records>,
+}
+
+forward_store!(PostgresStore => records);
+
+/// The store's parts, and the statements of the trait, inside its layer.
+#[derive(Clone)]
+struct Records {
     pool: PgPool,
     table: TableName,
     fenced: Fenced,
     purge_batch: u32,
 }
 
-impl fmt::Debug for PostgresStore {
+impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStore")
             .field("table", &self.table)
             .field("pool_size", &self.pool.size())
             .field("max_response_bytes", &self.fenced.max_response_bytes())
             .field("purge_batch", &self.purge_batch)
-            .field("operation_timeout", &self.fenced.operation_timeout())
+            .field("operation_timeout", &self.fenced.layer.timeout())
             .finish_non_exhaustive()
     }
 }
@@ -74,9 +85,13 @@ impl PostgresStore {
     /// A store with the default options: table `idem_records`, 8 MiB
     /// responses, a 5 s operation timeout.
     pub fn new(pool: PgPool) -> Self {
-        let table = TableName::default();
         let defaults = PostgresOptions::default();
-        Self::from_parts(pool, table, &defaults)
+        Self::from_parts(
+            pool,
+            TableName::default(),
+            DEFAULT_MAX_RESPONSE_BYTES,
+            &defaults,
+        )
     }
 
     /// A store built from `options`.
@@ -87,37 +102,40 @@ impl PostgresStore {
     /// identifier, the response limit is over 512 MiB, the purge batch is 0
     /// or the operation timeout is zero.
     pub fn with_options(pool: PgPool, options: PostgresOptions) -> Result<Self, StoreError> {
-        let table = options.validate()?;
-        Ok(Self::from_parts(pool, table, &options))
+        let (table, max_response_bytes) = options.validate()?;
+        Ok(Self::from_parts(pool, table, max_response_bytes, &options))
     }
 
-    fn from_parts(pool: PgPool, table: TableName, options: &PostgresOptions) -> Self {
-        Self {
-            fenced: Fenced::new(
-                Arc::new(Statements::new(&table)),
-                options.max_response_bytes,
-                options.operation_timeout,
-            ),
+    fn from_parts(
+        pool: PgPool,
+        table: TableName,
+        max_response_bytes: usize,
+        options: &PostgresOptions,
+    ) -> Self {
+        let layer = OperationLayer::new(STORE, options.store.operation_timeout());
+        let records = Records {
+            fenced: Fenced::new(Arc::new(Statements::new(&table)), max_response_bytes, layer),
             pool,
             table,
             purge_batch: options.purge_batch,
+        };
+        Self {
+            records: Layered::with_layer(records, layer),
         }
+    }
+
+    fn parts(&self) -> &Records {
+        self.records.get_ref()
     }
 
     /// The table.
     pub fn table(&self) -> &TableName {
-        &self.table
+        &self.parts().table
     }
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// The time limit of each operation; see
-    /// [`PostgresOptions::operation_timeout`].
-    pub fn operation_timeout(&self) -> Duration {
-        self.fenced.operation_timeout()
+        &self.parts().pool
     }
 
     /// The exact statement a claim sends: `SELECT * FROM <table>_claim($1..$6)`
@@ -125,7 +143,7 @@ impl PostgresStore {
     /// For the benchmarks only; not part of the API.
     #[cfg(feature = "bench")]
     pub fn claim_sql(&self) -> &str {
-        &self.fenced.sql.claim
+        &self.parts().fenced.sql.claim
     }
 
     /// The exact statement a completion sends: tenant, key, owner, retention
@@ -133,12 +151,12 @@ impl PostgresStore {
     /// only; not part of the API.
     #[cfg(feature = "bench")]
     pub fn complete_sql(&self) -> &str {
-        &self.fenced.sql.complete
+        &self.parts().fenced.sql.complete
     }
 
     /// The SQL that [`migrate`](Self::migrate) runs, for your own migration tool.
     pub fn migration_sql(&self) -> String {
-        self.table.migration_sql()
+        self.parts().table.migration_sql()
     }
 
     /// Creates the table, its index and the claim function if missing, and
@@ -149,7 +167,7 @@ impl PostgresStore {
     /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let fail = |e| classify(Operation::Setup, e);
-        let mut tx = self.pool.begin().await.map_err(fail)?;
+        let mut tx = self.pool().begin().await.map_err(fail)?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATION_LOCK)
             .execute(&mut *tx)
@@ -169,7 +187,7 @@ impl PostgresStore {
     /// waits on the row until that transaction ends, then sees `Completed`
     /// (or claims, if the transaction rolled back). Needs READ COMMITTED, the
     /// default isolation. The wait on the row counts against the
-    /// [operation timeout](PostgresOptions::operation_timeout).
+    /// [operation timeout](idem_core::StoreOptions::with_operation_timeout).
     ///
     /// # Errors
     ///
@@ -180,12 +198,9 @@ impl PostgresStore {
         conn: &mut PgConnection,
         request: &ClaimRequest,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.fenced
-            .timed(
-                Operation::Claim,
-                claim::claim(&self.fenced.sql.claim, conn, request),
-            )
-            .await
+        let fenced = &self.parts().fenced;
+        let claim = claim::claim(&fenced.sql.claim, conn, request);
+        fenced.layer.claim(request, claim).await
     }
 
     /// Opens a transaction on the store's database for
@@ -216,35 +231,37 @@ impl PostgresStore {
     /// # Errors
     ///
     /// [`StoreError::Unavailable`] if no connection could be had within the
-    /// [operation timeout](PostgresOptions::operation_timeout).
+    /// [operation timeout](idem_core::StoreOptions::with_operation_timeout).
     pub fn begin(&self) -> impl Future<Output = Result<PgTransaction, StoreError>> + Send + use<> {
         // The future owns a clone of the store, so `move || store.begin()`
         // can open one per request (idem-http's transactional mode).
-        let store = self.clone();
+        let Records {
+            pool,
+            table,
+            fenced,
+            ..
+        } = self.parts().clone();
         async move {
-            let tx = store
-                .fenced
-                .timed(Operation::Transaction, async {
-                    store
-                        .pool
-                        .begin()
+            let tx = fenced
+                .layer
+                .call(Operation::Transaction, None, async {
+                    pool.begin()
                         .await
                         .map_err(|e| classify(Operation::Transaction, e))
                 })
                 .await?;
-            Ok(PgTransaction::new(
-                store.fenced.clone(),
-                store.table.clone(),
-                tx,
-            ))
+            Ok(PgTransaction::new(fenced, table, tx))
         }
     }
+}
 
+impl Records {
     /// Deletes one batch of rows past retention, within the operation
     /// timeout; returns how many.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
         let done = self
             .fenced
+            .layer
             .timed(Operation::Purge, async {
                 sqlx::query(AssertSqlSafe(self.fenced.sql.purge_batch.clone()))
                     .bind(i64::from(self.purge_batch))
@@ -258,14 +275,9 @@ impl PostgresStore {
 }
 
 #[async_trait]
-impl IdempotencyStore for PostgresStore {
+impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.fenced
-            .timed(
-                Operation::Claim,
-                claim::claim(&self.fenced.sql.claim, &self.pool, request),
-            )
-            .await
+        claim::claim(&self.fenced.sql.claim, &self.pool, request).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
@@ -274,32 +286,22 @@ impl IdempotencyStore for PostgresStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
-        let until: Option<i64> = self
-            .fenced
-            .timed(Operation::Renew, async {
-                Fenced::query(&self.fenced.sql.renew, lease)
-                    .bind(millis(extend))
-                    .fetch_optional(&self.pool)
-                    .await
-                    .and_then(|row| row.map(|row| row.try_get(0)).transpose())
-                    .map_err(|e| classify(Operation::Renew, e))
-            })
-            .await?;
+        let until: Option<i64> = Fenced::query(&self.fenced.sql.renew, lease)
+            .bind(millis(extend))
+            .fetch_optional(&self.pool)
+            .await
+            .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+            .map_err(|e| classify(Operation::Renew, e))?;
         let until = until.ok_or(StoreError::LostLease)?;
         Ok(lease.renewed(Timestamp::from_unix_millis(until)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let done = self
-            .fenced
-            .timed(Operation::Release, async {
-                Fenced::query(&self.fenced.sql.release, lease)
-                    .fetch_one(&self.pool)
-                    .await
-                    .and_then(|row| row.try_get(0))
-                    .map_err(|e| classify(Operation::Release, e))
-            })
-            .await?;
+        let done = Fenced::query(&self.fenced.sql.release, lease)
+            .fetch_one(&self.pool)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| classify(Operation::Release, e))?;
         held(done)
     }
 
@@ -310,17 +312,12 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let row = self
-            .fenced
-            .timed(Operation::Get, async {
-                sqlx::query(AssertSqlSafe(self.fenced.sql.get.clone()))
-                    .bind(scope.tenant().as_str())
-                    .bind(scope.key().as_str())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(|e| classify(Operation::Get, e))
-            })
-            .await?;
+        let row = sqlx::query(AssertSqlSafe(self.fenced.sql.get.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.key().as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(Operation::Get, e))?;
         row.map(|row| record(scope, &row)).transpose()
     }
 
@@ -337,32 +334,22 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
-        let live: Option<bool> = self
-            .fenced
-            .timed(Operation::Delete, async {
-                sqlx::query(AssertSqlSafe(self.fenced.sql.delete.clone()))
-                    .bind(scope.tenant().as_str())
-                    .bind(scope.key().as_str())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .and_then(|row| row.map(|row| row.try_get(0)).transpose())
-                    .map_err(|e| classify(Operation::Delete, e))
-            })
-            .await?;
+        let live: Option<bool> = sqlx::query(AssertSqlSafe(self.fenced.sql.delete.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.key().as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+            .map_err(|e| classify(Operation::Delete, e))?;
         Ok(live.unwrap_or(false))
     }
 
     async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
-        let millis: i64 = self
-            .fenced
-            .timed(Operation::Now, async {
-                sqlx::query(AssertSqlSafe(self.fenced.sql.now.clone()))
-                    .fetch_one(&self.pool)
-                    .await
-                    .and_then(|row| row.try_get(0))
-                    .map_err(|e| classify(Operation::Now, e))
-            })
-            .await?;
+        let millis: i64 = sqlx::query(AssertSqlSafe(self.fenced.sql.now.clone()))
+            .fetch_one(&self.pool)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| classify(Operation::Now, e))?;
         Ok(Timestamp::from_unix_millis(millis))
     }
 
@@ -380,6 +367,7 @@ impl IdempotencyStore for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::StoreOptions;
     use sqlx::postgres::PgPoolOptions;
 
     #[tokio::test]
@@ -388,8 +376,11 @@ mod tests {
         let pool = PgPoolOptions::new()
             .connect_lazy("postgres://127.0.0.1:1/none")
             .expect("a URL that parses");
-        let options = PostgresOptions::default().operation_timeout(Duration::ZERO);
-        let refused = PostgresStore::with_options(pool.clone(), options);
+        let with_timeout = |limit| {
+            PostgresOptions::default()
+                .store_options(StoreOptions::default().with_operation_timeout(limit))
+        };
+        let refused = PostgresStore::with_options(pool.clone(), with_timeout(Duration::ZERO));
         assert!(
             matches!(
                 refused,
@@ -402,15 +393,18 @@ mod tests {
             ),
             "{refused:?}"
         );
-        let store = PostgresStore::with_options(
-            pool,
-            PostgresOptions::default().operation_timeout(Duration::from_millis(1)),
-        )
-        .expect("any limit above zero");
-        assert_eq!(store.operation_timeout(), Duration::from_millis(1));
+        let store = PostgresStore::with_options(pool, with_timeout(Duration::from_millis(1)))
+            .expect("any limit above zero");
         assert_eq!(
-            PostgresStore::new(store.pool().clone()).operation_timeout(),
-            PostgresOptions::DEFAULT_OPERATION_TIMEOUT
+            store.records.layer().timeout(),
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(
+            PostgresStore::new(store.pool().clone())
+                .records
+                .layer()
+                .timeout(),
+            Some(StoreOptions::DEFAULT_OPERATION_TIMEOUT)
         );
     }
 }

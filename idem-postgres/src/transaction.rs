@@ -19,7 +19,7 @@ use crate::options::TableName;
 /// the stored response commit together. Dropping it rolls back.
 ///
 /// The completion, a checkpoint and the commit are each bounded by the
-/// store's [operation timeout](crate::PostgresOptions::operation_timeout); a
+/// store's [operation timeout](idem_core::StoreOptions::with_operation_timeout); a
 /// commit that times out has an unknown outcome, as any `Unavailable`.
 /// Your own statements through it are yours to bound.
 pub struct PgTransaction {
@@ -67,8 +67,10 @@ impl Transaction for PgTransaction {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
+        let done = self.fenced.complete_on(&mut *self.tx, lease, response);
         self.fenced
-            .complete_on(&mut *self.tx, lease, response)
+            .layer
+            .call_under(Operation::Complete, lease, done)
             .await
     }
 
@@ -77,15 +79,18 @@ impl Transaction for PgTransaction {
         lease: &Lease,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
+        let done = self.fenced.checkpoint_on(&mut *self.tx, lease, checkpoint);
         self.fenced
-            .checkpoint_on(&mut *self.tx, lease, checkpoint)
+            .layer
+            .call_under(Operation::Checkpoint, lease, done)
             .await
     }
 
     async fn commit(self) -> Result<(), StoreError> {
         let Self { fenced, tx, .. } = self;
         fenced
-            .timed(Operation::Transaction, async {
+            .layer
+            .call(Operation::Transaction, None, async {
                 tx.commit().await.map_err(classify_commit)
             })
             .await

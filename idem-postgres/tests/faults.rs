@@ -197,7 +197,9 @@ async fn store_with(options: PgConnectOptions) -> Arc<PostgresStore> {
         .expect("connect");
     let store = PostgresStore::with_options(
         pool,
-        PostgresOptions::default().operation_timeout(OPERATION_TIMEOUT),
+        PostgresOptions::default().store_options(
+            idem_core::StoreOptions::default().with_operation_timeout(OPERATION_TIMEOUT),
+        ),
     )
     .unwrap();
     store.migrate().await.unwrap();

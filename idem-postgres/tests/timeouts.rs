@@ -35,9 +35,9 @@ async fn proxied_store() -> (FaultProxy, PostgresStore) {
         .connect_with(options)
         .await
         .expect("connect through the proxy");
-    let store =
-        PostgresStore::with_options(pool, PostgresOptions::default().operation_timeout(LIMIT))
-            .expect("valid options");
+    let options = PostgresOptions::default()
+        .store_options(idem_core::StoreOptions::default().with_operation_timeout(LIMIT));
+    let store = PostgresStore::with_options(pool, options).expect("valid options");
     store.migrate().await.expect("migrate through the proxy");
     (proxy, store)
 }

@@ -1,9 +1,7 @@
 //! How a [`RedisStore`](crate::RedisStore) is set up.
 
-use std::time::Duration;
-
-use idem_core::InvalidInput;
-use idem_core::store::validate_operation_timeout;
+use idem_core::store::validate_name;
+use idem_core::{InvalidInput, StoreOptions};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem";
@@ -21,63 +19,57 @@ const MAX_PREFIX_BYTES: usize = 64;
 /// checks the whole set once, and refuses an invalid one with
 /// [`StoreError::InvalidInput`](idem_core::StoreError::InvalidInput).
 ///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+/// operation as a whole, whatever the driver does inside it: its round trips
+/// (a script the server lacks costs a second one), the
+/// [`ConnectionManager`](redis::aio::ConnectionManager)'s reconnects, the
+/// cluster client's redirects and retries; and each of the two `CONFIG GET`
+/// reads of [`RedisStore::with_options`](crate::RedisStore::with_options).
+/// redis-rs's response timeout (`ConnectionManagerConfig::set_response_timeout`,
+/// `ClusterClientBuilder::response_timeout`; 500 ms by default) bounds each
+/// round trip inside it, and the shorter fires first, both as `Unavailable`:
+/// with the defaults a stalled reply fails the operation at 500 ms, and the
+/// store's limit catches what the driver's does not (no response timeout,
+/// reconnect back-off, retries).
+///
 /// ```
 /// use std::time::Duration;
+/// use idem_core::StoreOptions;
 /// use idem_redis::RedisOptions;
 ///
-/// let options = RedisOptions::default()
-///     .prefix("billing-idem")
-///     .max_response_bytes(1 << 20)
-///     .operation_timeout(Duration::from_secs(1));
+/// let options = RedisOptions::default().prefix("billing-idem").store_options(
+///     StoreOptions::default()
+///         .with_max_response_bytes(1 << 20)
+///         .with_operation_timeout(Duration::from_secs(1)),
+/// );
 /// # let _ = options;
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RedisOptions {
     pub(crate) prefix: String,
-    pub(crate) max_response_bytes: usize,
     pub(crate) accept_eviction_risk: bool,
     pub(crate) accept_volatility: bool,
-    pub(crate) operation_timeout: Duration,
+    pub(crate) store: StoreOptions,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
         Self {
             prefix: DEFAULT_PREFIX.to_string(),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             accept_eviction_risk: false,
             accept_volatility: false,
-            operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
+            store: StoreOptions::default(),
         }
     }
 }
 
 impl RedisOptions {
-    /// The default [`operation_timeout`](Self::operation_timeout): 5 s, as
-    /// the other networked stores.
-    ///
-    /// redis-rs already bounds each round trip (its response timeout, 500 ms
-    /// by default); this bounds the whole operation, the driver's reconnects,
-    /// cluster redirects and retries included. A healthy operation takes
-    /// milliseconds; 5 s leaves room for a retried round trip or a failover,
-    /// yet fails a stalled call long before HTTP clients and load balancers
-    /// give up on the request (30 to 60 s).
-    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
-
     /// Sets the prefix of every key (default [`DEFAULT_PREFIX`]): 1 to 64
     /// bytes, no braces, colons or control characters.
     #[must_use]
     pub fn prefix(mut self, prefix: &str) -> Self {
         self.prefix = prefix.to_string();
-        self
-    }
-
-    /// Sets the largest response accepted (default
-    /// [`DEFAULT_MAX_RESPONSE_BYTES`], at most [`MAX_RESPONSE_BYTES_LIMIT`]).
-    #[must_use]
-    pub fn max_response_bytes(mut self, max: usize) -> Self {
-        self.max_response_bytes = max;
         self
     }
 
@@ -104,67 +96,29 @@ impl RedisOptions {
         self
     }
 
-    /// Sets the time limit of each operation (default
-    /// [`DEFAULT_OPERATION_TIMEOUT`](Self::DEFAULT_OPERATION_TIMEOUT), 5 s;
-    /// more than zero; [`Duration::MAX`] for none).
-    ///
-    /// It bounds every [`IdempotencyStore`](idem_core::store::IdempotencyStore)
-    /// operation as a whole, whatever the driver does inside it: its
-    /// round trips (a script the server lacks costs a second one), the
-    /// [`ConnectionManager`](redis::aio::ConnectionManager)'s reconnects, the
-    /// cluster client's redirects and retries. It also bounds each of the two
-    /// `CONFIG GET` reads of [`RedisStore::with_options`](crate::RedisStore::with_options).
-    /// Past it the operation ends in
-    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable),
-    /// "timed out": it may or may not have happened, and a retry with the
-    /// same request or lease gets the true answer.
-    ///
-    /// The driver's own limits apply inside it, and the shorter fires first,
-    /// both as `Unavailable`: redis-rs's response timeout
-    /// (`ConnectionManagerConfig::set_response_timeout`,
-    /// `ClusterClientBuilder::response_timeout`; 500 ms by default) bounds
-    /// each round trip, so with the defaults a stalled reply fails the
-    /// operation at 500 ms, and the store's limit catches what the driver's
-    /// does not (no response timeout, reconnect back-off, retries). With the
-    /// driver's response timeout above this limit, or none, the store's
-    /// fires first.
+    /// The operation timeout and the response limit (default
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`], at most [`MAX_RESPONSE_BYTES_LIMIT`]).
     #[must_use]
-    pub fn operation_timeout(mut self, limit: Duration) -> Self {
-        self.operation_timeout = limit;
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
         self
     }
 
-    /// Checks every option against its rule.
-    pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
-        validate_operation_timeout(self.operation_timeout)?;
-        let field = "key prefix";
-        let prefix = self.prefix.as_str();
-        if prefix.is_empty() {
-            return Err(InvalidInput::Empty { field });
-        }
-        if prefix.len() > MAX_PREFIX_BYTES {
-            return Err(InvalidInput::TooLong {
-                field,
-                len: prefix.len(),
-                max: MAX_PREFIX_BYTES,
-            });
-        }
-        if let Some(position) = prefix.find(|c: char| c.is_control()) {
-            return Err(InvalidInput::ControlCharacter { field, position });
-        }
-        if prefix.contains(['{', '}', ':']) {
-            return Err(InvalidInput::Malformed {
-                field,
-                reason: "must not contain '{', '}' or ':'".into(),
-            });
-        }
-        if self.max_response_bytes > MAX_RESPONSE_BYTES_LIMIT {
-            return Err(InvalidInput::OutOfRange {
-                field: "max response bytes",
-                reason: "Redis strings hold 512 MiB; the limit is 256 MiB",
-            });
-        }
-        Ok(())
+    /// Checks every option against its rule; the response limit.
+    pub(crate) fn validate(&self) -> Result<usize, InvalidInput> {
+        let max_response_bytes = self.store.checked(
+            DEFAULT_MAX_RESPONSE_BYTES,
+            MAX_RESPONSE_BYTES_LIMIT,
+            "Redis strings hold 512 MiB; the limit is 256 MiB",
+        )?;
+        validate_name(
+            "key prefix",
+            &self.prefix,
+            MAX_PREFIX_BYTES,
+            |c| !matches!(c, '{' | '}' | ':'),
+            "must not contain '{', '}' or ':'",
+        )?;
+        Ok(max_response_bytes)
     }
 }
 
@@ -174,12 +128,17 @@ mod tests {
 
     #[test]
     fn default_options_are_valid() {
-        assert_eq!(RedisOptions::default().validate(), Ok(()));
+        assert_eq!(
+            RedisOptions::default().validate(),
+            Ok(DEFAULT_MAX_RESPONSE_BYTES)
+        );
         let options = RedisOptions::default()
             .prefix("billing-idem")
-            .max_response_bytes(MAX_RESPONSE_BYTES_LIMIT)
+            .store_options(
+                StoreOptions::default().with_max_response_bytes(MAX_RESPONSE_BYTES_LIMIT),
+            )
             .accept_eviction_risk();
-        assert_eq!(options.validate(), Ok(()));
+        assert_eq!(options.validate(), Ok(MAX_RESPONSE_BYTES_LIMIT));
     }
 
     #[test]
@@ -195,7 +154,7 @@ mod tests {
             check(&"p".repeat(MAX_PREFIX_BYTES + 1)),
             Err(InvalidInput::TooLong { max: 64, .. })
         ));
-        assert_eq!(check(&"p".repeat(MAX_PREFIX_BYTES)), Ok(()));
+        assert!(check(&"p".repeat(MAX_PREFIX_BYTES)).is_ok());
         assert!(matches!(
             check("a\nb"),
             Err(InvalidInput::ControlCharacter { position: 1, .. })
@@ -210,7 +169,9 @@ mod tests {
 
     #[test]
     fn response_limits_over_256_mib_are_refused() {
-        let over = RedisOptions::default().max_response_bytes(MAX_RESPONSE_BYTES_LIMIT + 1);
+        let over = RedisOptions::default().store_options(
+            StoreOptions::default().with_max_response_bytes(MAX_RESPONSE_BYTES_LIMIT + 1),
+        );
         assert!(matches!(
             over.validate(),
             Err(InvalidInput::OutOfRange {

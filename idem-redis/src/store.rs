@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, Eviction, IdempotencyStore,
-    Lease, Record, Timestamp, TransactionSharing, check_response_size, checkpoint_json,
-    encode_headers, millis, storage_key_escaped, validate_lease, with_timeout,
+    Layered, Lease, OperationLayer, Record, Timestamp, TransactionSharing, check_response_size,
+    checkpoint_json, encode_headers, forward_store, millis, storage_key_escaped, validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -75,9 +75,12 @@ impl ConnectionLike for RedisConnection {
 /// judged by the server's `TIME` inside the script, and records expire by
 /// `PEXPIREAT` at their retention.
 ///
-/// Every operation is bounded by [`RedisOptions::operation_timeout`] (5 s by
-/// default), the driver's reconnects and retries included, and ends in a
-/// retryable [`StoreError::Unavailable`] past it.
+/// Every operation goes through the store's
+/// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
+/// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
+/// by default), the driver's reconnects and retries included, ends in a
+/// retryable [`StoreError::Unavailable`] past it, and gets its span and
+/// metrics whoever calls it.
 ///
 /// Construction reads the server's `maxmemory-policy` and refuses a policy
 /// that can evict records (every `allkeys-*` and `volatile-*`), unless
@@ -92,15 +95,24 @@ impl ConnectionLike for RedisConnection {
 /// let store = RedisStore::new(conn).await?;
 /// # let _ = store; Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedisStore {
+    records: Layered<Records>,
+}
+
+forward_store!(RedisStore => records);
+
+/// The connection and what construction learnt, inside the store's layer.
+#[derive(Clone)]
+struct Records {
     conn: RedisConnection,
-    options: RedisOptions,
+    prefix: String,
+    max_response_bytes: usize,
     eviction: Eviction,
     durability: Durability,
 }
 
-impl fmt::Debug for RedisStore {
+impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.conn {
             RedisConnection::Single(_) => "single",
@@ -108,7 +120,8 @@ impl fmt::Debug for RedisStore {
         };
         f.debug_struct("RedisStore")
             .field("connection", &kind)
-            .field("options", &self.options)
+            .field("prefix", &self.prefix)
+            .field("max_response_bytes", &self.max_response_bytes)
             .field("eviction", &self.eviction)
             .field("durability", &self.durability)
             .finish()
@@ -161,16 +174,14 @@ impl RedisStore {
         conn: impl Into<RedisConnection>,
         options: RedisOptions,
     ) -> Result<Self, StoreError> {
-        options.validate()?;
+        let max_response_bytes = options.validate()?;
+        let layer = OperationLayer::new(STORE, options.store.operation_timeout());
         let conn = conn.into();
         let shared = &conn;
         let config = |name| {
-            with_timeout(
-                STORE,
-                Operation::Setup,
-                options.operation_timeout,
-                async move { Ok(config_get(shared, name).await) },
-            )
+            layer.call(Operation::Setup, None, async move {
+                Ok(config_get(shared, name).await)
+            })
         };
         let eviction = match config("maxmemory-policy").await? {
             None => {
@@ -224,11 +235,15 @@ impl RedisStore {
                 Durability::Unknown
             }
         };
-        Ok(Self {
+        let records = Records {
             conn,
-            options,
+            prefix: options.prefix,
+            max_response_bytes,
             eviction,
             durability,
+        };
+        Ok(Self {
+            records: Layered::with_layer(records, layer),
         })
     }
 
@@ -240,45 +255,27 @@ impl RedisStore {
     /// parts hold, and the braces are a hash tag that holds exactly the
     /// scope, so a cluster places each record by its whole scope.
     pub fn record_key(&self, scope: &Scope) -> String {
-        record_key(&self.options.prefix, scope)
+        record_key(&self.records.get_ref().prefix, scope)
     }
+}
 
-    /// The time limit of each operation; see
-    /// [`RedisOptions::operation_timeout`].
-    pub fn operation_timeout(&self) -> Duration {
-        self.options.operation_timeout
-    }
-
-    /// Runs `operation` within the operation timeout: the one place every
-    /// call to the server is bounded.
-    async fn timed<T>(
-        &self,
-        operation: Operation,
-        future: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        with_timeout(STORE, operation, self.options.operation_timeout, future).await
-    }
-
-    /// Runs a script whose only argument is `scope`'s record key, within the
-    /// operation timeout.
+impl Records {
+    /// Runs a script whose only argument is `scope`'s record key.
     async fn keyed<T: redis::FromRedisValue>(
         &self,
         operation: Operation,
         script: &redis::Script,
         scope: &Scope,
     ) -> Result<T, StoreError> {
-        self.timed(operation, async {
-            script
-                .key(self.record_key(scope))
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(|e| classify(operation, e))
-        })
-        .await
+        script
+            .key(record_key(&self.prefix, scope))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| classify(operation, e))
     }
 
-    /// Runs one fenced script with the lease's owner and `args`, within the
-    /// operation timeout; its reply, 0 where the lease no longer holds.
+    /// Runs one fenced script with the lease's owner and `args`; its reply,
+    /// 0 where the lease no longer holds.
     async fn fenced(
         &self,
         operation: Operation,
@@ -286,18 +283,15 @@ impl RedisStore {
         lease: &Lease,
         args: &[&[u8]],
     ) -> Result<i64, StoreError> {
-        let mut invocation = script.key(self.record_key(lease.scope()));
+        let mut invocation = script.key(record_key(&self.prefix, lease.scope()));
         invocation.arg(lease.owner().to_string());
         for arg in args {
             invocation.arg(*arg);
         }
-        self.timed(operation, async {
-            invocation
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(|e| classify(operation, e))
-        })
-        .await
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| classify(operation, e))
     }
 }
 
@@ -316,18 +310,14 @@ fn held(reply: i64) -> Result<(), StoreError> {
 }
 
 #[async_trait]
-impl IdempotencyStore for RedisStore {
+impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let key = self.record_key(request.scope());
-        self.timed(
-            Operation::Claim,
-            claim(&mut self.conn.clone(), &key, request),
-        )
-        .await
+        let key = record_key(&self.prefix, request.scope());
+        claim(&mut self.conn.clone(), &key, request).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        check_response_size(response, self.options.max_response_bytes)?;
+        check_response_size(response, self.max_response_bytes)?;
         let retention = millis(lease.retention()).to_string();
         let status = response.status().to_string();
         let headers = encode_headers(response);
@@ -382,7 +372,7 @@ impl IdempotencyStore for RedisStore {
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         // PEXPIREAT makes Redis delete every record at its retention: nothing
-        // is left, and nothing is sent, so there is nothing to time out.
+        // is left, and nothing is sent.
         Ok(0)
     }
 
@@ -404,7 +394,7 @@ impl IdempotencyStore for RedisStore {
             TransactionSharing::None,
             self.durability,
             ClockSource::Server,
-            self.options.max_response_bytes,
+            self.max_response_bytes,
         )
         .with_eviction(self.eviction)
     }
@@ -413,6 +403,7 @@ impl IdempotencyStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::StoreOptions;
 
     fn key(tenant: &str, key: &str) -> String {
         record_key("idem", &Scope::parse(tenant, key).unwrap())
@@ -447,7 +438,8 @@ mod tests {
         .expect("a lazy manager");
         let refused = RedisStore::with_options(
             lazy,
-            RedisOptions::default().operation_timeout(Duration::ZERO),
+            RedisOptions::default()
+                .store_options(StoreOptions::default().with_operation_timeout(Duration::ZERO)),
         )
         .await;
         assert!(
@@ -461,10 +453,6 @@ mod tests {
                 ))
             ),
             "{refused:?}"
-        );
-        assert_eq!(
-            RedisOptions::default().operation_timeout,
-            RedisOptions::DEFAULT_OPERATION_TIMEOUT
         );
     }
 

@@ -71,7 +71,10 @@ async fn invalid_options_are_refused_at_construction() {
         (RedisOptions::default().prefix("bad{prefix}"), "key prefix"),
         (RedisOptions::default().prefix("a:b"), "key prefix"),
         (
-            RedisOptions::default().max_response_bytes(MAX_RESPONSE_BYTES_LIMIT + 1),
+            RedisOptions::default().store_options(
+                idem_core::StoreOptions::default()
+                    .with_max_response_bytes(MAX_RESPONSE_BYTES_LIMIT + 1),
+            ),
             "max response bytes",
         ),
     ];
@@ -91,7 +94,8 @@ async fn invalid_options_are_refused_at_construction() {
     assert!(matches!(
         RedisStore::with_options(
             common::manager(&common::url()).await,
-            common::volatile().max_response_bytes(1 << 20),
+            common::volatile()
+                .store_options(idem_core::StoreOptions::default().with_max_response_bytes(1 << 20)),
         )
         .await
         .map(|store| store.capabilities().max_response_bytes),

@@ -43,9 +43,9 @@ async fn store_at(url: &str) -> Arc<RedisStore> {
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
     // Durable servers pass the check; the volatile one is the point of its test.
-    let options = RedisOptions::default()
-        .accept_volatility()
-        .operation_timeout(OPERATION_TIMEOUT);
+    let options = RedisOptions::default().accept_volatility().store_options(
+        idem_core::StoreOptions::default().with_operation_timeout(OPERATION_TIMEOUT),
+    );
     match RedisStore::with_options(conn, options).await {
         Ok(store) => Arc::new(store),
         Err(e @ StoreError::Misconfigured { .. }) => panic!(

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use idem_conformance::faults::FaultProxy;
+use idem_core::StoreOptions;
 use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
 use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
@@ -67,16 +68,17 @@ pub async fn proxy() -> FaultProxy {
     .await
 }
 
-/// A store through `proxy` with `options` (the moto response limit added),
-/// its table created; its client gives up on a connection after `connect`
-/// (see [`client_with`]).
+/// A store through `proxy` with `options` and the operation timeout
+/// `limit` (the moto response limit added), its table created; its client
+/// gives up on a connection after `connect` (see [`client_with`]).
 pub async fn store_through(
     proxy: &FaultProxy,
     connect: Duration,
     options: DynamoOptions,
+    limit: Duration,
 ) -> DynamoStore {
     let client = client_with(&format!("http://{}", proxy.address()), connect);
-    store_with_client(client, options).await
+    store_with_client(client, options, limit).await
 }
 
 /// A store on the shared conformance table (cases use tenants of their own).
@@ -102,24 +104,27 @@ pub const GENEROUS_OPERATION_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A store on `table`, with [`GENEROUS_OPERATION_TIMEOUT`].
 pub async fn store_on(table: &str) -> DynamoStore {
-    store_with(
-        DynamoOptions::default()
-            .table(table)
-            .operation_timeout(GENEROUS_OPERATION_TIMEOUT),
-    )
-    .await
+    store_with(DynamoOptions::default().table(table)).await
 }
 
-/// A store with `options` (the moto response limit added), its table created.
+/// A store with `options` and [`GENEROUS_OPERATION_TIMEOUT`] (the moto
+/// response limit added), its table created.
 pub async fn store_with(options: DynamoOptions) -> DynamoStore {
-    store_with_client(client(), options).await
+    store_with_client(client(), options, GENEROUS_OPERATION_TIMEOUT).await
 }
 
-/// [`store_with`] over `client`.
-pub async fn store_with_client(client: Client, options: DynamoOptions) -> DynamoStore {
+/// A store over `client` with `options` and the operation timeout `limit`
+/// (the moto response limit added), its table created.
+pub async fn store_with_client(
+    client: Client,
+    options: DynamoOptions,
+    limit: Duration,
+) -> DynamoStore {
+    let shared = StoreOptions::default()
+        .with_operation_timeout(limit)
+        .with_max_response_bytes(MOTO_MAX_RESPONSE_BYTES);
     let store =
-        DynamoStore::with_options(client, options.max_response_bytes(MOTO_MAX_RESPONSE_BYTES))
-            .expect("valid options");
+        DynamoStore::with_options(client, options.store_options(shared)).expect("valid options");
     store.create_table().await.unwrap_or_else(|e| {
         panic!(
             "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",

@@ -14,8 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_core::ManualClock;
 use idem_core::async_trait;
-use idem_core::store::{Clock, ManualClock, Timestamp};
+use idem_core::store::{Clock, Timestamp};
 use idem_journal::{Match, OperationId, Provider, ProviderOutcome};
 use tokio::sync::Notify;
 
