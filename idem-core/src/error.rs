@@ -94,6 +94,16 @@ pub enum Operation {
     Transaction,
     /// Server set-up and checks: migrations, tables, configuration.
     Setup,
+    /// Recording an outbound operation in a journal.
+    Record,
+    /// Leasing a journal's operation to an executor.
+    Acquire,
+    /// Counting a send of a journal's operation.
+    MarkSent,
+    /// Writing a journal operation's outcome and releasing it.
+    Finish,
+    /// Listing a journal's operations.
+    List,
 }
 
 impl Operation {
@@ -111,6 +121,11 @@ impl Operation {
             Self::Now => "now",
             Self::Transaction => "transaction",
             Self::Setup => "setup",
+            Self::Record => "record",
+            Self::Acquire => "acquire",
+            Self::MarkSent => "mark_sent",
+            Self::Finish => "finish",
+            Self::List => "list",
         }
     }
 }

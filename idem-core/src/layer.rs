@@ -12,9 +12,12 @@ use crate::backend::{Capabilities, IdempotencyStore};
 use crate::claim::{ClaimOutcome, ClaimRequest};
 use crate::clock::Timestamp;
 use crate::error::{Operation, StoreError};
+use crate::journal::{
+    Acquired, Finish, JournalRecord, JournalStore, NewOperation, OperationKey, OperationState,
+};
 use crate::observability::store_call;
-use crate::record::{Checkpoint, Lease, Record, StoredResponse};
-use crate::scope::Scope;
+use crate::record::{Checkpoint, Lease, OwnerToken, Record, StoredResponse};
+use crate::scope::{IdempotencyKey, Scope, Tenant};
 
 /// What a store does around each of its operations: bounds it in time,
 /// opens its `idem.store` span and records its metrics (see
@@ -263,14 +266,15 @@ impl<S: IdempotencyStore> Layered<S> {
         let layer = OperationLayer::new(inner.capabilities().store, timeout);
         Self { inner, layer }
     }
-
-    /// `inner` with the given layer.
-    pub fn with_layer(inner: S, layer: OperationLayer) -> Self {
-        Self { inner, layer }
-    }
 }
 
 impl<S> Layered<S> {
+    /// `inner` with the given layer: any store, an idempotency store or a
+    /// journal store.
+    pub fn with_layer(inner: S, layer: OperationLayer) -> Self {
+        Self { inner, layer }
+    }
+
     /// The store inside.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -370,6 +374,86 @@ impl<S: IdempotencyStore> IdempotencyStore for Layered<S> {
     }
 }
 
+#[async_trait]
+impl<S: JournalStore> JournalStore for Layered<S> {
+    async fn record(&self, operation: &NewOperation) -> Result<JournalRecord, StoreError> {
+        let recorded = self.inner.record(operation);
+        let scope = journal_scope(operation.key());
+        self.layer
+            .traced(Operation::Record, scope.as_ref(), None, recorded)
+            .await
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<JournalRecord>, StoreError> {
+        let read = self.inner.get(key);
+        let scope = journal_scope(key);
+        self.layer
+            .traced(Operation::Get, scope.as_ref(), None, read)
+            .await
+    }
+
+    async fn acquire(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let acquired = self.inner.acquire(key, owner, lease);
+        let scope = journal_scope(key);
+        self.layer
+            .traced(Operation::Acquire, scope.as_ref(), None, acquired)
+            .await
+    }
+
+    async fn mark_sent(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        sends: u32,
+    ) -> Result<JournalRecord, StoreError> {
+        let sent = self.inner.mark_sent(key, owner, sends);
+        let scope = journal_scope(key);
+        self.layer
+            .traced(Operation::MarkSent, scope.as_ref(), None, sent)
+            .await
+    }
+
+    async fn finish(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        finish: &Finish,
+    ) -> Result<JournalRecord, StoreError> {
+        let finished = self.inner.finish(key, owner, finish);
+        let scope = journal_scope(key);
+        self.layer
+            .traced(Operation::Finish, scope.as_ref(), None, finished)
+            .await
+    }
+
+    async fn list(
+        &self,
+        namespace: &Tenant,
+        states: &[OperationState],
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<JournalRecord>, StoreError> {
+        let listed = self.inner.list(namespace, states, older_than, limit);
+        self.layer.traced(Operation::List, None, None, listed).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// A journal operation's span fields: its namespace as the tenant, and its
+/// identity hashed as the key is (an order number can be personal data).
+fn journal_scope(key: &OperationKey) -> Option<Scope> {
+    let id = IdempotencyKey::new(key.id().to_string()).ok()?;
+    Some(Scope::new(key.namespace().clone(), id))
+}
+
 /// Implements [`IdempotencyStore`] for a type by forwarding every operation
 /// to a field that is a store (a [`Layered`] one, usually): how a backend's
 /// public store type gets its layer without writing the trait twice.
@@ -391,6 +475,65 @@ impl<S: IdempotencyStore> IdempotencyStore for Layered<S> {
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __forward_store {
+    (journal $ty:ty => $field:ident) => {
+        #[$crate::async_trait]
+        impl $crate::store::JournalStore for $ty {
+            async fn record(
+                &self,
+                operation: &$crate::store::NewOperation,
+            ) -> ::core::result::Result<$crate::store::JournalRecord, $crate::StoreError> {
+                self.$field.record(operation).await
+            }
+            async fn get(
+                &self,
+                key: &$crate::store::OperationKey,
+            ) -> ::core::result::Result<
+                ::core::option::Option<$crate::store::JournalRecord>,
+                $crate::StoreError,
+            > {
+                self.$field.get(key).await
+            }
+            async fn acquire(
+                &self,
+                key: &$crate::store::OperationKey,
+                owner: $crate::store::OwnerToken,
+                lease: ::core::time::Duration,
+            ) -> ::core::result::Result<$crate::store::Acquired, $crate::StoreError> {
+                self.$field.acquire(key, owner, lease).await
+            }
+            async fn mark_sent(
+                &self,
+                key: &$crate::store::OperationKey,
+                owner: $crate::store::OwnerToken,
+                sends: u32,
+            ) -> ::core::result::Result<$crate::store::JournalRecord, $crate::StoreError> {
+                self.$field.mark_sent(key, owner, sends).await
+            }
+            async fn finish(
+                &self,
+                key: &$crate::store::OperationKey,
+                owner: $crate::store::OwnerToken,
+                finish: &$crate::store::Finish,
+            ) -> ::core::result::Result<$crate::store::JournalRecord, $crate::StoreError> {
+                self.$field.finish(key, owner, finish).await
+            }
+            async fn list(
+                &self,
+                namespace: &$crate::Tenant,
+                states: &[$crate::store::OperationState],
+                older_than: ::core::time::Duration,
+                limit: usize,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::store::JournalRecord>,
+                $crate::StoreError,
+            > {
+                self.$field.list(namespace, states, older_than, limit).await
+            }
+            fn capabilities(&self) -> $crate::store::Capabilities {
+                self.$field.capabilities()
+            }
+        }
+    };
     ($ty:ty => $field:ident) => {
         #[$crate::async_trait]
         impl $crate::store::IdempotencyStore for $ty {
@@ -455,6 +598,18 @@ macro_rules! __forward_store {
                 self.$field.capabilities()
             }
         }
+    };
+}
+
+/// Implements [`JournalStore`] for a type by forwarding every operation to
+/// a field that is a journal store: `forward_journal_store!(MyJournal =>
+/// field)`, as [`forward_store!`](crate::store::forward_store) does for
+/// [`IdempotencyStore`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __forward_journal_store {
+    ($ty:ty => $field:ident) => {
+        $crate::__forward_store!(journal $ty => $field);
     };
 }
 

@@ -54,6 +54,7 @@ mod error;
 #[cfg(feature = "moka")]
 mod expiry;
 mod fingerprint;
+mod journal;
 mod layer;
 mod options;
 mod outcome;

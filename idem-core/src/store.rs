@@ -2,6 +2,9 @@
 /// Implements [`IdempotencyStore`] for a type by forwarding every operation
 /// to a field that is a store; see [`Layered`].
 pub use crate::__forward_store as forward_store;
+/// Implements [`JournalStore`] for a type by forwarding every operation to
+/// a field that is a journal store; see [`Layered`].
+pub use crate::__forward_journal_store as forward_journal_store;
 pub use crate::backend::{
     Capabilities, ClockSource, Durability, Eviction, IdempotencyStore, Transaction,
     TransactionSharing,
@@ -19,6 +22,10 @@ pub use crate::codec::{
 pub use crate::decision::{Decision, decide};
 #[cfg(feature = "moka")]
 pub use crate::expiry::ExpireAfter;
+pub use crate::journal::{
+    Acquired, Finish, JournalParts, JournalRecord, JournalStore, MAX_LIST, NewOperation,
+    OperationId, OperationKey, OperationState, validate_list_limit,
+};
 pub use crate::layer::{Layered, OperationLayer};
 pub use crate::options::validate_name;
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};

@@ -45,6 +45,10 @@ use idem_core::{
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
+mod journal;
+
+pub use journal::MemoryJournal;
+
 /// The store's name in errors.
 const STORE: &str = "memory";
 
