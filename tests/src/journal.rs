@@ -301,6 +301,8 @@ pub async fn mark_sent_counts_a_send_and_the_first_starts_the_window<S: JournalS
         window <= leased_at + DEADLINE,
         "{window:?} far after {leased_at:?}"
     );
+    // Later by more than a clock tick, so a window that restarts shows.
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let second = store.mark_sent(&key, owner, 1).await.unwrap();
     assert_eq!(second.parts().sends, 2);
     assert_eq!(
