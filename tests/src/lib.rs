@@ -31,11 +31,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::store::{IdempotencyStore, JournalStore};
+use idem_core::store::{IdempotencyStore, JournalStore, OutboxStore};
 
 pub mod cases;
 pub mod faults;
 pub mod journal;
+pub mod outbox;
 pub mod support;
 
 /// The README's examples, compiled (and where they need no server, run) as
@@ -347,4 +348,98 @@ where
         }
     }
     failed
+}
+
+/// An outbox case boxed for an outbox store type `S`.
+pub type OutboxCaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs one outbox case on a fresh multi-threaded runtime.
+#[doc(hidden)]
+pub fn __run_outbox_case<S, Make, Case, CaseFut>(make: Make, case: Case)
+where
+    S: OutboxStore,
+    Make: Future<Output = S>,
+    Case: FnOnce(Arc<S>) -> CaseFut,
+    CaseFut: Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let store = Arc::new(make.await);
+        case(store).await;
+    });
+}
+
+/// Expands to one `#[test]` per case of the outbox store's contract
+/// ([`outbox`]). A claim sees the whole outbox, so the expression must
+/// build an empty store of the case's own (a fresh table, a fresh process
+/// store) each time it is evaluated.
+///
+/// ```ignore
+/// mod memory {
+///     idem_conformance::outbox_suite!(async { idem_memory::MemoryOutbox::new() });
+/// }
+/// ```
+#[macro_export]
+macro_rules! outbox_suite {
+    ($make:expr $(,)?) => {
+        $crate::__outbox_cases! { tests($make) }
+    };
+}
+
+/// The one list of outbox cases, expanded as tests or as a list of values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __outbox_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__outbox_cases! {@expand $mode $args [
+            enqueue_stores_a_pending_message_with_its_aggregates_next_sequence,
+            enqueue_delivered_twice_stores_once,
+            a_claim_gives_each_aggregate_its_head_only,
+            a_claim_holds_at_most_its_limit,
+            a_lapsed_claim_is_claimed_again,
+            mark_sent_marks_only_what_its_owner_holds,
+            a_taken_over_relay_marks_nothing,
+            mark_sent_delivered_twice_marks_nothing_more,
+            after_a_message_is_sent_the_next_of_its_aggregate_is_claimed,
+            a_failed_message_is_freed_and_waits_its_back_off,
+            the_last_failure_parks_the_message_and_its_aggregate_only,
+            a_failure_without_the_lease_is_lost,
+            a_retried_message_is_pending_again,
+            a_dropped_message_keeps_its_reason_and_frees_its_aggregate,
+            purge_deletes_only_sent_messages_older_than_asked,
+            stats_count_the_backlog_and_age_its_oldest,
+            limits_out_of_range_are_invalid_input,
+            concurrent_claims_never_share_an_aggregate,
+        ]}
+    };
+    (@expand tests($make:expr) [$($case:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__run_outbox_case($make, $crate::outbox::$case);
+            }
+        )*
+    };
+    (@expand list() [$($case:ident),* $(,)?]) => {
+        vec![$(
+            (stringify!($case), {
+                let case: $crate::OutboxCaseFn<S> = |store| Box::pin($crate::outbox::$case(store));
+                case
+            })
+        ),*]
+    };
+}
+
+/// Every outbox case with its name, boxed for the store type `S`.
+///
+/// ```
+/// let cases = idem_conformance::all_outbox_cases::<idem_memory::MemoryOutbox>();
+/// assert!(cases.len() >= 15);
+/// ```
+pub fn all_outbox_cases<S: OutboxStore + ?Sized>() -> Vec<(&'static str, OutboxCaseFn<S>)> {
+    __outbox_cases!(list())
 }

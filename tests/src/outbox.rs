@@ -1,0 +1,442 @@
+//! The outbox store's cases: one `pub async fn` per sentence of
+//! [`OutboxStore`]'s contract. A claim sees the whole outbox, so each case
+//! needs a store of its own (an empty table, a fresh process store).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::StoreError;
+use idem_core::store::{
+    MAX_OUTBOX_BATCH, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStore, OwnerToken,
+};
+
+use crate::support::{LONG_LEASE, RACERS, SHORT_LEASE, assert_lost, eventually};
+
+fn message(aggregate: &str, kind: &str) -> NewMessage {
+    NewMessage::new(aggregate, kind, format!("{aggregate}:{kind}").into_bytes())
+        .and_then(|m| m.with_header("content-type", "text/plain"))
+        .expect("valid message")
+}
+
+async fn enqueued<S: OutboxStore + ?Sized>(
+    store: &S,
+    aggregate: &str,
+    kind: &str,
+) -> OutboxMessage {
+    store
+        .enqueue(&message(aggregate, kind))
+        .await
+        .expect("enqueue")
+}
+
+async fn claim<S: OutboxStore + ?Sized>(store: &S, owner: OwnerToken) -> Vec<OutboxMessage> {
+    store
+        .claim(owner, LONG_LEASE, MAX_OUTBOX_BATCH)
+        .await
+        .expect("claim")
+}
+
+fn kinds(messages: &[OutboxMessage]) -> Vec<String> {
+    let mut kinds: Vec<String> = messages
+        .iter()
+        .map(|m| format!("{}/{}", m.message().aggregate(), m.message().kind()))
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// Enqueue: pending, with its aggregate's next sequence, as given.
+pub async fn enqueue_stores_a_pending_message_with_its_aggregates_next_sequence<
+    S: OutboxStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let new = message("order-1", "placed");
+    let first = store.enqueue(&new).await.unwrap();
+    assert_eq!(first.message(), &new);
+    assert_eq!(first.state(), MessageState::Pending);
+    assert_eq!((first.parts().sequence, first.parts().attempts), (1, 0));
+    assert_eq!(first.parts().lease_owner, None);
+    let second = enqueued(&*store, "order-1", "paid").await;
+    let other = enqueued(&*store, "order-2", "placed").await;
+    assert_eq!(second.parts().sequence, 2);
+    assert_eq!(other.parts().sequence, 1, "sequences are per aggregate");
+}
+
+/// Enqueue: a second enqueue of one id stores nothing more.
+pub async fn enqueue_delivered_twice_stores_once<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let new = message("order-1", "placed");
+    let first = store.enqueue(&new).await.unwrap();
+    let again = store.enqueue(&new).await.unwrap();
+    assert_eq!(again, first);
+    let next = enqueued(&*store, "order-1", "paid").await;
+    assert_eq!(
+        next.parts().sequence,
+        2,
+        "the second enqueue took a sequence"
+    );
+    assert_eq!(store.stats().await.unwrap().pending, 2);
+}
+
+/// Claim: each aggregate's lowest pending sequence, never two of one.
+pub async fn a_claim_gives_each_aggregate_its_head_only<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    for kind in ["placed", "paid", "shipped"] {
+        enqueued(&*store, "order-1", kind).await;
+    }
+    for kind in ["placed", "paid"] {
+        enqueued(&*store, "order-2", kind).await;
+    }
+    let owner = OwnerToken::generate();
+    let claimed = claim(&*store, owner).await;
+    assert_eq!(kinds(&claimed), ["order-1/placed", "order-2/placed"]);
+    for m in &claimed {
+        assert_eq!(m.parts().lease_owner, Some(owner));
+        assert!(m.parts().lease_until.is_some());
+    }
+    let limited = store
+        .claim(OwnerToken::generate(), LONG_LEASE, 1)
+        .await
+        .unwrap();
+    assert!(
+        limited.is_empty(),
+        "an aggregate in flight was claimed again: {limited:?}"
+    );
+}
+
+/// Claim: a claim holds `limit` messages at most.
+pub async fn a_claim_holds_at_most_its_limit<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    for i in 0..5 {
+        enqueued(&*store, &format!("order-{i}"), "placed").await;
+    }
+    let first = store
+        .claim(OwnerToken::generate(), LONG_LEASE, 2)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 2);
+    let rest = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(rest.len(), 3);
+    let mut all: Vec<MessageId> = first.iter().chain(&rest).map(OutboxMessage::id).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 5, "a message claimed twice");
+}
+
+/// Claim: a lapsed lease counts as none.
+pub async fn a_lapsed_claim_is_claimed_again<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let first = store
+        .claim(OwnerToken::generate(), SHORT_LEASE, 10)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let next = OwnerToken::generate();
+    let again = eventually("the lease to lapse", || {
+        let store = Arc::clone(&store);
+        async move {
+            let claimed = store.claim(next, LONG_LEASE, 10).await.unwrap();
+            (!claimed.is_empty()).then_some(claimed)
+        }
+    })
+    .await;
+    assert_eq!(again[0].id(), placed.id());
+    assert_eq!(again[0].parts().lease_owner, Some(next));
+}
+
+/// Sent: only what the owner still holds, in one operation.
+pub async fn mark_sent_marks_only_what_its_owner_holds<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let a = enqueued(&*store, "order-1", "placed").await;
+    let b = enqueued(&*store, "order-2", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    let stranger = store
+        .mark_sent(OwnerToken::generate(), &[a.id(), b.id()])
+        .await
+        .unwrap();
+    assert_eq!(stranger, 0, "another owner marked messages sent");
+    assert_eq!(store.stats().await.unwrap().pending, 2);
+    assert_eq!(store.mark_sent(owner, &[a.id(), b.id()]).await.unwrap(), 2);
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+}
+
+/// Sent: a lease taken over marks nothing.
+pub async fn a_taken_over_relay_marks_nothing<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let stale = OwnerToken::generate();
+    store.claim(stale, SHORT_LEASE, 10).await.unwrap();
+    let fresh = OwnerToken::generate();
+    eventually("a takeover", || {
+        let store = Arc::clone(&store);
+        async move { (!store.claim(fresh, LONG_LEASE, 10).await.unwrap().is_empty()).then_some(()) }
+    })
+    .await;
+    assert_eq!(store.mark_sent(stale, &[placed.id()]).await.unwrap(), 0);
+    assert_lost(
+        "a stale relay's failure",
+        store
+            .mark_failed(stale, placed.id(), "late", Duration::ZERO, 10)
+            .await,
+    );
+    assert_eq!(store.mark_sent(fresh, &[placed.id()]).await.unwrap(), 1);
+}
+
+/// Sent: delivered twice, the second marks nothing more and fails nothing.
+pub async fn mark_sent_delivered_twice_marks_nothing_more<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    assert_eq!(store.mark_sent(owner, &[placed.id()]).await.unwrap(), 1);
+    assert_eq!(store.mark_sent(owner, &[placed.id()]).await.unwrap(), 0);
+    assert!(claim(&*store, OwnerToken::generate()).await.is_empty());
+}
+
+/// Claim: once a head is sent, the next sequence is its aggregate's head.
+pub async fn after_a_message_is_sent_the_next_of_its_aggregate_is_claimed<
+    S: OutboxStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    for kind in ["placed", "paid", "shipped"] {
+        enqueued(&*store, "order-1", kind).await;
+    }
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let owner = OwnerToken::generate();
+        let claimed = claim(&*store, owner).await;
+        assert_eq!(claimed.len(), 1, "{claimed:?}");
+        seen.push(claimed[0].parts().sequence);
+        store.mark_sent(owner, &[claimed[0].id()]).await.unwrap();
+    }
+    assert_eq!(seen, [1, 2, 3], "out of sequence");
+    assert!(claim(&*store, OwnerToken::generate()).await.is_empty());
+}
+
+/// Failed: counted, kept, freed, available again after its back-off and
+/// not before.
+pub async fn a_failed_message_is_freed_and_waits_its_back_off<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let waits = enqueued(&*store, "order-1", "placed").await;
+    let retried = enqueued(&*store, "order-2", "placed").await;
+    let owner = OwnerToken::generate();
+    assert_eq!(claim(&*store, owner).await.len(), 2);
+    let hour = Duration::from_secs(3600);
+    let left = store
+        .mark_failed(owner, waits.id(), "broker refused", hour, 5)
+        .await
+        .unwrap();
+    assert_eq!(left, MessageState::Pending);
+    store
+        .mark_failed(owner, retried.id(), "broker refused", Duration::ZERO, 5)
+        .await
+        .unwrap();
+    let again = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(
+        again.len(),
+        1,
+        "a message came back before its back-off: {again:?}"
+    );
+    assert_eq!(again[0].id(), retried.id());
+    assert_eq!(again[0].parts().attempts, 1);
+    assert_eq!(
+        again[0].parts().last_error.as_deref(),
+        Some("broker refused")
+    );
+    assert_eq!(store.stats().await.unwrap().pending, 2);
+}
+
+/// Failed: the last attempt parks the message, and its aggregate waits;
+/// every other aggregate flows.
+pub async fn the_last_failure_parks_the_message_and_its_aggregate_only<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let poison = enqueued(&*store, "order-1", "placed").await;
+    enqueued(&*store, "order-1", "paid").await;
+    let healthy = enqueued(&*store, "order-2", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    let left = store
+        .mark_failed(owner, poison.id(), "cannot route", Duration::ZERO, 1)
+        .await
+        .unwrap();
+    assert_eq!(left, MessageState::Parked);
+    store.mark_sent(owner, &[healthy.id()]).await.unwrap();
+    enqueued(&*store, "order-2", "paid").await;
+    let next = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(kinds(&next), ["order-2/paid"], "a parked aggregate flowed");
+    let parked = store.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].id(), poison.id());
+    assert_eq!(
+        parked[0].parts().last_error.as_deref(),
+        Some("cannot route")
+    );
+    assert_eq!(store.stats().await.unwrap().parked, 1);
+}
+
+/// Failed: without the lease, nothing is written.
+pub async fn a_failure_without_the_lease_is_lost<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    assert_lost(
+        "an unclaimed failure",
+        store
+            .mark_failed(OwnerToken::generate(), placed.id(), "x", Duration::ZERO, 1)
+            .await,
+    );
+    claim(&*store, OwnerToken::generate()).await;
+    assert_lost(
+        "another owner's failure",
+        store
+            .mark_failed(OwnerToken::generate(), placed.id(), "x", Duration::ZERO, 1)
+            .await,
+    );
+    assert_eq!(store.stats().await.unwrap().parked, 0);
+}
+
+/// Operator: a retry makes a parked message pending, its attempts reset.
+pub async fn a_retried_message_is_pending_again<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let poison = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    store
+        .mark_failed(owner, poison.id(), "down", Duration::ZERO, 1)
+        .await
+        .unwrap();
+    assert!(store.retry(poison.id()).await.unwrap());
+    assert!(
+        !store.retry(poison.id()).await.unwrap(),
+        "retried a pending message"
+    );
+    let again = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].parts().attempts, 0);
+    assert!(!store.retry(MessageId::generate()).await.unwrap());
+}
+
+/// Operator: a drop keeps the reason and lets the aggregate flow.
+pub async fn a_dropped_message_keeps_its_reason_and_frees_its_aggregate<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let poison = enqueued(&*store, "order-1", "placed").await;
+    enqueued(&*store, "order-1", "paid").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    store
+        .mark_failed(owner, poison.id(), "malformed", Duration::ZERO, 1)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .drop_message(poison.id(), "replaced by a fix")
+            .await
+            .unwrap()
+    );
+    assert!(!store.drop_message(poison.id(), "again").await.unwrap());
+    let next = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(kinds(&next), ["order-1/paid"]);
+    assert!(store.parked(10).await.unwrap().is_empty());
+}
+
+/// Purge: sent messages older than asked, never an unsent one.
+pub async fn purge_deletes_only_sent_messages_older_than_asked<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let sent = enqueued(&*store, "order-1", "placed").await;
+    enqueued(&*store, "order-2", "placed").await;
+    let owner = OwnerToken::generate();
+    let claimed = claim(&*store, owner).await;
+    assert_eq!(claimed.len(), 2);
+    store.mark_sent(owner, &[sent.id()]).await.unwrap();
+    assert_eq!(
+        store
+            .purge_sent(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0,
+        "purged a message sent just now"
+    );
+    assert_eq!(store.purge_sent(Duration::ZERO, 100).await.unwrap(), 1);
+    assert_eq!(store.purge_sent(Duration::ZERO, 100).await.unwrap(), 0);
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.pending, 1, "an unsent message was purged");
+}
+
+/// Stats: pending and parked counted, the oldest pending aged.
+pub async fn stats_count_the_backlog_and_age_its_oldest<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let empty = store.stats().await.unwrap();
+    assert_eq!(
+        (empty.pending, empty.parked, empty.oldest_pending_age),
+        (0, 0, None)
+    );
+    enqueued(&*store, "order-1", "placed").await;
+    enqueued(&*store, "order-2", "placed").await;
+    let aged = eventually("the backlog to age", || {
+        let store = Arc::clone(&store);
+        async move {
+            let stats = store.stats().await.unwrap();
+            stats
+                .oldest_pending_age
+                .filter(|age| *age >= Duration::from_millis(50))
+                .map(|_| stats)
+        }
+    })
+    .await;
+    assert_eq!(aged.pending, 2);
+}
+
+/// Limits: 1 to `MAX_OUTBOX_BATCH` for claims, listings and purges; a
+/// lease of 1 ms to 7 days.
+pub async fn limits_out_of_range_are_invalid_input<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    enqueued(&*store, "order-1", "placed").await;
+    for limit in [0, MAX_OUTBOX_BATCH + 1] {
+        let owner = OwnerToken::generate();
+        assert!(matches!(
+            store.claim(owner, LONG_LEASE, limit).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            store.parked(limit).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            store.purge_sent(Duration::ZERO, limit).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+    assert!(matches!(
+        store
+            .claim(OwnerToken::generate(), Duration::ZERO, 10)
+            .await,
+        Err(StoreError::InvalidInput(_))
+    ));
+    assert_eq!(claim(&*store, OwnerToken::generate()).await.len(), 1);
+}
+
+/// Claim: concurrent relays never share an aggregate.
+pub async fn concurrent_claims_never_share_an_aggregate<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    for i in 0..20 {
+        for kind in ["placed", "paid"] {
+            enqueued(&*store, &format!("order-{i}"), kind).await;
+        }
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let racers: Vec<_> = (0..RACERS)
+        .map(|_| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(OwnerToken::generate(), LONG_LEASE, 5).await
+            })
+        })
+        .collect();
+    let mut aggregates = Vec::new();
+    for racer in racers {
+        for m in racer.await.expect("racer").expect("claim") {
+            aggregates.push(m.message().aggregate().to_string());
+        }
+    }
+    let total = aggregates.len();
+    aggregates.sort();
+    aggregates.dedup();
+    assert_eq!(aggregates.len(), total, "two relays hold one aggregate");
+    assert_eq!(total, 20, "every aggregate's head was claimed once");
+}
