@@ -157,11 +157,7 @@ impl OperationKey {
     /// part length-prefixed, so no two keys meet whatever they hold.
     pub fn storage_key(&self) -> String {
         let mut out = String::new();
-        for part in [
-            self.namespace.as_str(),
-            self.id.subject(),
-            self.id.effect(),
-        ] {
+        for part in [self.namespace.as_str(), self.id.subject(), self.id.effect()] {
             out.push_str(&part.len().to_string());
             out.push(':');
             out.push_str(part);
@@ -228,7 +224,11 @@ impl NewOperation {
 
     /// An operation as a store read it back, with the provider key it was
     /// recorded with.
-    pub fn from_stored(key: OperationKey, request: serde_json::Value, provider_key: String) -> Self {
+    pub fn from_stored(
+        key: OperationKey,
+        request: serde_json::Value,
+        provider_key: String,
+    ) -> Self {
         Self {
             key,
             request,
@@ -332,7 +332,8 @@ impl JournalRecord {
 
     /// Whether `owner` holds it at `now`.
     pub fn is_held_by(&self, owner: OwnerToken, now: Timestamp) -> bool {
-        self.parts.lease_owner == Some(owner) && self.parts.lease_until.is_some_and(|until| until > now)
+        self.parts.lease_owner == Some(owner)
+            && self.parts.lease_until.is_some_and(|until| until > now)
     }
 
     /// How long someone other than `owner` still holds it at `now`, if anyone does.

@@ -1,10 +1,10 @@
 #![doc = include_str!("../CONTRACT.md")]
-/// Implements [`IdempotencyStore`] for a type by forwarding every operation
-/// to a field that is a store; see [`Layered`].
-pub use crate::__forward_store as forward_store;
 /// Implements [`JournalStore`] for a type by forwarding every operation to
 /// a field that is a journal store; see [`Layered`].
 pub use crate::__forward_journal_store as forward_journal_store;
+/// Implements [`IdempotencyStore`] for a type by forwarding every operation
+/// to a field that is a store; see [`Layered`].
+pub use crate::__forward_store as forward_store;
 pub use crate::backend::{
     Capabilities, ClockSource, Durability, Eviction, IdempotencyStore, Transaction,
     TransactionSharing,

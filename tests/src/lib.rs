@@ -31,10 +31,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::store::IdempotencyStore;
+use idem_core::store::{IdempotencyStore, JournalStore};
 
 pub mod cases;
 pub mod faults;
+pub mod journal;
 pub mod support;
 
 /// The README's examples, compiled (and where they need no server, run) as
@@ -205,6 +206,137 @@ where
     let limit = support::DEADLINE * 3;
     let mut running = Vec::new();
     for (name, case) in all_cases::<S>() {
+        let work = case(Arc::new(make().await));
+        running.push((name, tokio::spawn(tokio::time::timeout(limit, work))));
+    }
+    let mut failed = Vec::new();
+    for (name, handle) in running {
+        if !matches!(handle.await, Ok(Ok(()))) {
+            failed.push(name);
+        }
+    }
+    failed
+}
+
+/// A journal case boxed for a journal store type `S`.
+pub type JournalCaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs one journal case on a fresh multi-threaded runtime; what each
+/// generated test calls.
+#[doc(hidden)]
+pub fn __run_journal_case<S, Make, Case, CaseFut>(make: Make, case: Case)
+where
+    S: JournalStore,
+    Make: Future<Output = S>,
+    Case: FnOnce(Arc<S>) -> CaseFut,
+    CaseFut: Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let store = Arc::new(make.await);
+        case(store).await;
+    });
+}
+
+/// Expands to one `#[test]` per case of the journal store's contract
+/// ([`journal`]), each building its store with the given `async`
+/// expression; every case works in a namespace of its own.
+///
+/// ```ignore
+/// mod memory {
+///     idem_conformance::journal_suite!(async { idem_memory::MemoryJournal::new() });
+/// }
+/// ```
+#[macro_export]
+macro_rules! journal_suite {
+    ($make:expr $(,)?) => {
+        $crate::__journal_cases! { tests($make) }
+    };
+}
+
+/// The one list of journal cases, expanded as tests or as a list of values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __journal_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__journal_cases! {@expand $mode $args [
+            record_stores_a_new_operation_pending_and_unsent,
+            record_of_an_existing_key_returns_the_first_unchanged,
+            namespaces_never_share_an_operation,
+            acquire_of_an_absent_operation_is_absent,
+            acquire_leases_an_open_operation_to_one_owner,
+            a_lapsed_lease_is_taken_over,
+            the_holder_acquiring_again_keeps_it_with_its_lease_moved,
+            a_settled_operation_is_never_leased_again,
+            a_lease_out_of_range_is_invalid_input,
+            concurrent_acquisitions_have_one_holder,
+            mark_sent_without_the_lease_is_lost_and_counts_nothing,
+            mark_sent_counts_a_send_and_the_first_starts_the_window,
+            mark_sent_delivered_twice_counts_once,
+            finish_without_the_lease_is_lost_and_writes_nothing,
+            a_taken_over_owner_cannot_finish_or_send,
+            finish_writes_the_outcome_and_releases_the_lease,
+            finish_keeps_the_provider_id_and_writes_the_search_deadline,
+            finish_delivered_twice_answers_as_the_first,
+            a_settled_state_never_changes,
+            list_gives_the_states_asked_oldest_change_first,
+            list_gives_only_what_is_older_than_asked,
+            list_limit_out_of_range_is_invalid_input,
+            times_are_the_stores_clock,
+            journal_store_name_is_one_short_lowercase_word,
+        ]}
+    };
+    (@expand tests($make:expr) [$($case:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__run_journal_case($make, $crate::journal::$case);
+            }
+        )*
+    };
+    (@expand list() [$($case:ident),* $(,)?]) => {
+        vec![$(
+            (stringify!($case), {
+                let case: $crate::JournalCaseFn<S> = |store| Box::pin($crate::journal::$case(store));
+                case
+            })
+        ),*]
+    };
+}
+
+/// Every journal case with its name, boxed for the store type `S`.
+///
+/// ```
+/// let cases = idem_conformance::all_journal_cases::<idem_memory::MemoryJournal>();
+/// assert!(cases.len() >= 20);
+/// ```
+pub fn all_journal_cases<S: JournalStore + ?Sized>() -> Vec<(&'static str, JournalCaseFn<S>)> {
+    __journal_cases!(list())
+}
+
+/// Runs every journal case concurrently, each against a fresh store from
+/// `make` and within a time limit, and returns the names of those that
+/// failed.
+///
+/// ```
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let failed = idem_conformance::failing_journal_cases(|| async { idem_memory::MemoryJournal::new() }).await;
+/// assert_eq!(failed, Vec::<&str>::new());
+/// # });
+/// ```
+pub async fn failing_journal_cases<S, F, Fut>(make: F) -> Vec<&'static str>
+where
+    S: JournalStore,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    let limit = support::DEADLINE * 3;
+    let mut running = Vec::new();
+    for (name, case) in all_journal_cases::<S>() {
         let work = case(Arc::new(make().await));
         running.push((name, tokio::spawn(tokio::time::timeout(limit, work))));
     }

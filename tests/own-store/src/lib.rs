@@ -7,6 +7,10 @@
 //! `tests/conformance.rs`); each [`Defect`] is a realistic bug that the suite
 //! must catch, which `idem-conformance`'s own tests prove.
 
+mod journal;
+
+pub use journal::{JournalDefect, OwnJournal};
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;

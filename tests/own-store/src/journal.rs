@@ -1,0 +1,357 @@
+//! A journal store of one's own, written against [`idem_core::store`] alone,
+//! with the realistic bugs the public journal suite must catch.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use idem_core::store::{
+    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, JournalRecord, JournalStore,
+    NewOperation, OperationKey, OperationState, OwnerToken, SystemClock, Timestamp,
+    TransactionSharing, validate_lease, validate_list_limit,
+};
+use idem_core::{StoreError, Tenant, async_trait};
+
+/// A deliberate bug of a journal store, for proving that the journal suite
+/// catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JournalDefect {
+    /// No bug: the store keeps the whole contract.
+    None,
+    /// A second record of a key replaces the first.
+    RecordOverwrites,
+    /// Keys operations by their identity alone, whatever the namespace.
+    NamespaceIgnored,
+    /// Leases to whoever asks, live lease or not.
+    AcquireIgnoresLiveLease,
+    /// Never takes over a lapsed lease.
+    NoTakeover,
+    /// Tells the holder itself that the operation is busy.
+    HolderIsBusy,
+    /// Leases settled operations like open ones.
+    LeasesSettled,
+    /// Accepts any lease, however out of range.
+    LeaseUnchecked,
+    /// Reads, yields, then writes an acquisition: racing owners both hold.
+    NonAtomicAcquire,
+    /// Counts every delivery of a send.
+    SendCountedTwice,
+    /// Counts sends whoever asks.
+    SendIgnoresOwner,
+    /// Starts the key window again on every send.
+    WindowRestarts,
+    /// Finishes whoever asks.
+    FinishIgnoresOwner,
+    /// Keeps the lease after a finish.
+    FinishKeepsLease,
+    /// A finish without a provider id erases the stored one.
+    FinishErasesProviderId,
+    /// Drops the search deadline.
+    SearchDeadlineDropped,
+    /// Answers a second delivery of a finish as a lost lease.
+    FinishRedeliveryLost,
+    /// Overwrites settled states.
+    SettledOverwritten,
+    /// Lists every namespace.
+    ListAnyNamespace,
+    /// Lists newest first.
+    ListNewestFirst,
+    /// Ignores `older_than`.
+    ListIgnoresAge,
+    /// Accepts any list limit.
+    ListLimitUnchecked,
+    /// Ends a lease half its length after the acquisition.
+    LeaseEndsEarly,
+}
+
+/// The journal store: a map under one lock, on the system clock.
+#[derive(Debug)]
+pub struct OwnJournal {
+    operations: Mutex<BTreeMap<(String, String, String), JournalRecord>>,
+    clock: Arc<dyn Clock>,
+    defect: JournalDefect,
+    reads: AtomicUsize,
+}
+
+impl Default for OwnJournal {
+    fn default() -> Self {
+        Self::with_defect(JournalDefect::None)
+    }
+}
+
+impl OwnJournal {
+    /// A correct store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store with `defect`.
+    pub fn with_defect(defect: JournalDefect) -> Self {
+        Self {
+            operations: Mutex::default(),
+            clock: Arc::new(SystemClock),
+            defect,
+            reads: AtomicUsize::new(0),
+        }
+    }
+
+    fn locked(&self) -> MutexGuard<'_, BTreeMap<(String, String, String), JournalRecord>> {
+        self.operations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn map_key(&self, key: &OperationKey) -> (String, String, String) {
+        let namespace = if self.defect == JournalDefect::NamespaceIgnored {
+            String::new()
+        } else {
+            key.namespace().as_str().to_string()
+        };
+        let id = key.id();
+        (namespace, id.subject().to_string(), id.effect().to_string())
+    }
+
+    fn is(&self, defect: JournalDefect) -> bool {
+        self.defect == defect
+    }
+
+    /// Holds a read until another acquisition has read too (at most 2 s),
+    /// so that racing acquisitions meet whenever they race, not now and then.
+    async fn wait_for_a_rival_read(&self) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while self.reads.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// What an acquisition of `found` by `owner` writes and answers.
+    fn decide(
+        &self,
+        found: Option<JournalRecord>,
+        owner: OwnerToken,
+        lease: Duration,
+        now: Timestamp,
+    ) -> (Option<JournalRecord>, Acquired) {
+        let Some(record) = found else {
+            return (None, Acquired::Absent);
+        };
+        if record.state().is_settled() && !self.is(JournalDefect::LeasesSettled) {
+            return (None, Acquired::Settled(record));
+        }
+        let other = record.parts().lease_owner != Some(owner);
+        let busy = match record.parts().lease_until {
+            _ if self.is(JournalDefect::AcquireIgnoresLiveLease) => None,
+            Some(until) if self.is(JournalDefect::NoTakeover) && other => Some(
+                until
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(1)),
+            ),
+            Some(until) if self.is(JournalDefect::HolderIsBusy) && until > now => {
+                Some(until.saturating_duration_since(now))
+            }
+            _ => record.held_by_other(owner, now),
+        };
+        if let Some(retry_after) = busy {
+            return (
+                None,
+                Acquired::Busy {
+                    record,
+                    retry_after,
+                },
+            );
+        }
+        let length = if self.is(JournalDefect::LeaseEndsEarly) {
+            lease / 2
+        } else {
+            lease
+        };
+        let held = record.acquired(owner, now + length, now);
+        (Some(held.clone()), Acquired::Held { record: held, now })
+    }
+
+    /// Whether `owner` may write `record` at `now`, as this store judges it.
+    fn may_write(&self, record: &JournalRecord, owner: OwnerToken, now: Timestamp) -> bool {
+        let settled = record.state().is_settled() && !self.is(JournalDefect::SettledOverwritten);
+        !settled && record.is_held_by(owner, now)
+    }
+}
+
+#[async_trait]
+impl JournalStore for OwnJournal {
+    async fn record(&self, operation: &NewOperation) -> Result<JournalRecord, StoreError> {
+        let now = self.clock.now();
+        let mut operations = self.locked();
+        let map_key = self.map_key(operation.key());
+        if let Some(existing) = operations.get(&map_key)
+            && !self.is(JournalDefect::RecordOverwrites)
+        {
+            return Ok(existing.clone());
+        }
+        let record = operation.clone().into_record(now);
+        operations.insert(map_key, record.clone());
+        Ok(record)
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<JournalRecord>, StoreError> {
+        Ok(self.locked().get(&self.map_key(key)).cloned())
+    }
+
+    async fn acquire(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let lease = if self.is(JournalDefect::LeaseUnchecked) {
+            lease
+        } else {
+            validate_lease(lease)?
+        };
+        let map_key = self.map_key(key);
+        let now = self.clock.now();
+        if self.is(JournalDefect::NonAtomicAcquire) {
+            let found = self.locked().get(&map_key).cloned();
+            self.wait_for_a_rival_read().await;
+            let (write, answer) = self.decide(found, owner, lease, now);
+            if let Some(write) = write {
+                self.locked().insert(map_key, write);
+            }
+            return Ok(answer);
+        }
+        let mut operations = self.locked();
+        let (write, answer) = self.decide(operations.get(&map_key).cloned(), owner, lease, now);
+        if let Some(write) = write {
+            operations.insert(map_key, write);
+        }
+        Ok(answer)
+    }
+
+    async fn mark_sent(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        sends: u32,
+    ) -> Result<JournalRecord, StoreError> {
+        let now = self.clock.now();
+        let mut operations = self.locked();
+        let map_key = self.map_key(key);
+        let record = operations
+            .get(&map_key)
+            .cloned()
+            .ok_or(StoreError::LostLease)?;
+        if !self.is(JournalDefect::SendIgnoresOwner) && !self.may_write(&record, owner, now) {
+            return Err(StoreError::LostLease);
+        }
+        let counts = record.parts().sends == sends || self.is(JournalDefect::SendCountedTwice);
+        let mut written = if counts { record.sent(now) } else { record };
+        if self.is(JournalDefect::WindowRestarts) && counts {
+            let mut parts = written.parts().clone();
+            parts.first_sent_at = Some(now);
+            written = JournalRecord::new(
+                NewOperation::from_stored(
+                    written.key().clone(),
+                    written.request().clone(),
+                    written.provider_key().to_string(),
+                ),
+                parts,
+            );
+        }
+        if written.parts().sends != sends.saturating_add(1)
+            && !self.is(JournalDefect::SendCountedTwice)
+        {
+            return Err(StoreError::LostLease);
+        }
+        operations.insert(map_key, written.clone());
+        Ok(written)
+    }
+
+    async fn finish(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        finish: &Finish,
+    ) -> Result<JournalRecord, StoreError> {
+        let now = self.clock.now();
+        let mut operations = self.locked();
+        let map_key = self.map_key(key);
+        let record = operations
+            .get(&map_key)
+            .cloned()
+            .ok_or(StoreError::LostLease)?;
+        if !self.is(JournalDefect::FinishRedeliveryLost) && record.is_finished_by(owner, finish) {
+            return Ok(record);
+        }
+        let allowed = self.is(JournalDefect::FinishIgnoresOwner)
+            || self.may_write(&record, owner, now)
+            || (self.is(JournalDefect::SettledOverwritten)
+                && record.parts().lease_owner == Some(owner));
+        if !allowed {
+            return Err(StoreError::LostLease);
+        }
+        let keep_lease = record.parts().lease_until;
+        let erased = record.parts().provider_id.is_some() && finish.provider_id.is_none();
+        let written = record.finished(finish, now);
+        let mut parts = written.parts().clone();
+        if self.is(JournalDefect::FinishKeepsLease) {
+            parts.lease_until = keep_lease;
+        }
+        if self.is(JournalDefect::FinishErasesProviderId) && erased {
+            parts.provider_id = None;
+        }
+        if self.is(JournalDefect::SearchDeadlineDropped) {
+            parts.search_until = None;
+        }
+        let written = JournalRecord::new(
+            NewOperation::from_stored(
+                written.key().clone(),
+                written.request().clone(),
+                written.provider_key().to_string(),
+            ),
+            parts,
+        );
+        operations.insert(map_key, written.clone());
+        Ok(written)
+    }
+
+    async fn list(
+        &self,
+        namespace: &Tenant,
+        states: &[OperationState],
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<JournalRecord>, StoreError> {
+        let limit = if self.is(JournalDefect::ListLimitUnchecked) {
+            limit.max(1)
+        } else {
+            validate_list_limit(limit)?
+        };
+        let cutoff = self.clock.now() - older_than;
+        let mut found: Vec<JournalRecord> = self
+            .locked()
+            .values()
+            .filter(|r| {
+                (self.is(JournalDefect::ListAnyNamespace) || r.key().namespace() == namespace)
+                    && states.contains(&r.state())
+                    && (self.is(JournalDefect::ListIgnoresAge) || r.parts().updated_at <= cutoff)
+            })
+            .cloned()
+            .collect();
+        found.sort_by_key(|r| r.parts().updated_at);
+        if self.is(JournalDefect::ListNewestFirst) {
+            found.reverse();
+        }
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            "ownjournal",
+            TransactionSharing::None,
+            Durability::Volatile,
+            ClockSource::Caller,
+            usize::MAX,
+        )
+    }
+}
