@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use idem_core::store::{
     Acquired, Capabilities, ClockSource, Durability, Finish, JournalParts, JournalRecord,
-    JournalStore, Layered, NewOperation, OperationId, OperationKey, OperationLayer,
-    OperationState, OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis,
-    validate_lease, validate_list_limit,
+    JournalStore, Layered, NewOperation, OperationId, OperationKey, OperationLayer, OperationState,
+    OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis, validate_lease,
+    validate_list_limit,
 };
 use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
 use sqlx::postgres::{PgArguments, PgRow};
@@ -402,14 +402,10 @@ fn record(row: &PgRow, op: Operation) -> Result<JournalRecord, StoreError> {
     let namespace = Tenant::new(text("namespace")?).map_err(|_| corrupt(op, "namespace"))?;
     let id = OperationId::new(&text("subject")?, &text("effect")?)
         .map_err(|_| corrupt(op, "operation id"))?;
-    let request =
-        serde_json::from_str(&text("request")?).map_err(|_| corrupt(op, "request"))?;
-    let state =
-        OperationState::parse(&text("state")?).ok_or_else(|| corrupt(op, "state"))?;
+    let request = serde_json::from_str(&text("request")?).map_err(|_| corrupt(op, "request"))?;
+    let state = OperationState::parse(&text("state")?).ok_or_else(|| corrupt(op, "state"))?;
     let sends: i64 = column(row, "sends", op)?;
-    let required = |name: &str, field| {
-        time(row, name, op)?.ok_or_else(|| corrupt(op, field))
-    };
+    let required = |name: &str, field| time(row, name, op)?.ok_or_else(|| corrupt(op, field));
     let parts = JournalParts {
         state,
         provider_id: column(row, "provider_id", op)?,

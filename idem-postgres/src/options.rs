@@ -351,7 +351,10 @@ mod tests {
         assert!(!sql.contains("idem_journal"));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.ops ("));
         for function in ["now", "record", "acquire", "mark_sent", "finish"] {
-            assert!(sql.contains(&format!("FUNCTION app.ops_{function}(")), "{function}");
+            assert!(
+                sql.contains(&format!("FUNCTION app.ops_{function}(")),
+                "{function}"
+            );
         }
         assert!(sql.contains("app.ops%ROWTYPE"));
         assert!(sql.contains("SETOF app.ops\n"));
@@ -369,10 +372,17 @@ mod tests {
             PostgresJournalOptions::default().validate(),
             Ok(TableName::journal_default())
         );
-        assert!(PostgresJournalOptions::default().table("Bad").validate().is_err());
+        assert!(
+            PostgresJournalOptions::default()
+                .table("Bad")
+                .validate()
+                .is_err()
+        );
         let zero = StoreOptions::default().with_operation_timeout(Duration::ZERO);
         assert!(matches!(
-            PostgresJournalOptions::default().store_options(zero).validate(),
+            PostgresJournalOptions::default()
+                .store_options(zero)
+                .validate(),
             Err(InvalidInput::OutOfRange {
                 field: "operation timeout",
                 ..
