@@ -1,8 +1,9 @@
 //! Why a journal call failed.
 
-use idem_core::{BoxError, InvalidInput};
+use std::time::Duration;
 
-use crate::operation::{OperationId, OperationState};
+use idem_core::store::{OperationId, OperationState};
+use idem_core::{InvalidInput, StoreError};
 
 /// Why a journal call failed.
 #[derive(Debug, thiserror::Error)]
@@ -14,9 +15,14 @@ pub enum JournalError {
     /// The id is taken by an operation with another request.
     #[error("operation {0} exists with another request")]
     Mismatch(OperationId),
-    /// Another executor holds the operation; try again after its lease.
-    #[error("operation {0} is being executed elsewhere")]
-    Busy(OperationId),
+    /// Another executor (or an operator) holds the operation.
+    #[error("operation {id} is being executed elsewhere; retry in {retry_after:?}")]
+    Busy {
+        /// Which operation.
+        id: OperationId,
+        /// What the holder's lease has left.
+        retry_after: Duration,
+    },
     /// Another executor took the operation over: nothing of this call was
     /// stored.
     #[error("operation {0} was taken over by another executor")]
@@ -32,22 +38,19 @@ pub enum JournalError {
     /// Input refused before anything was written.
     #[error("invalid input: {0}")]
     InvalidInput(#[from] InvalidInput),
-    /// The store failed; retrying is safe.
-    #[error("journal store {store}: {source}")]
-    Store {
-        /// Which store.
-        store: &'static str,
-        /// The driver's error.
-        #[source]
-        source: BoxError,
-    },
+    /// The store failed (it names itself and the operation); retrying is
+    /// safe.
+    #[error(transparent)]
+    Store(StoreError),
 }
 
 impl JournalError {
-    pub(crate) fn store(store: &'static str, source: impl Into<BoxError>) -> Self {
-        Self::Store {
-            store,
-            source: source.into(),
+    /// `error` from the store, about the operation `id`.
+    pub(crate) fn from_store(id: &OperationId, error: StoreError) -> Self {
+        match error {
+            StoreError::LostLease => Self::LostLease(id.clone()),
+            StoreError::InvalidInput(input) => Self::InvalidInput(input),
+            other => Self::Store(other),
         }
     }
 }

@@ -5,62 +5,63 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{Clock, SystemClock, Timestamp};
+use idem_core::store::{
+    Acquired, Finish, JournalRecord, JournalStore, NewOperation, OperationId, OperationKey,
+    OperationState, OwnerToken, Timestamp, validate_lease, validate_list_limit,
+};
+use idem_core::{Operation, StoreError, Tenant};
 
 use crate::error::JournalError;
-use crate::operation::{Operation, OperationId, OperationState};
-use crate::provider::{Provider, ProviderOutcome};
-use crate::store::{JournalStore, Versioned};
+use crate::provider::{Delivery, Match, Provider, ProviderOutcome};
 
-/// How many times a write is retried when a concurrent write got there first.
-const CAS_LAPS: usize = 32;
-
-/// The operation journal over a store.
+/// The operation journal over a store, in one namespace.
 ///
 /// ```
 /// use std::sync::Arc;
-/// use idem_core::async_trait;
-/// use idem_journal::{Journal, Match, MemoryJournal, OperationId, OperationState, Provider, ProviderOutcome};
+/// use idem_journal::{async_trait, Journal, JournalRecord, Match, OperationId, OperationState, Provider, ProviderOutcome};
+/// use idem_memory::MemoryJournal;
 ///
 /// struct Approves;
 ///
 /// #[async_trait]
 /// impl Provider for Approves {
-///     async fn send(&self, key: &str, _: &serde_json::Value) -> ProviderOutcome {
-///         ProviderOutcome::Succeeded { provider_id: format!("ch_{key}"), status: "succeeded".into() }
+///     async fn send(&self, op: &JournalRecord) -> ProviderOutcome {
+///         ProviderOutcome::Succeeded { provider_id: format!("ch_{}", op.provider_key()), status: "succeeded".into() }
 ///     }
 ///     async fn retrieve(&self, id: &str) -> ProviderOutcome {
 ///         ProviderOutcome::Succeeded { provider_id: id.into(), status: "succeeded".into() }
 ///     }
-///     async fn find(&self, _: &OperationId, _: &str) -> Result<Vec<Match>, String> {
+///     async fn find(&self, _: &JournalRecord) -> Result<Vec<Match>, String> {
 ///         Ok(Vec::new())
 ///     }
 /// }
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let journal = Journal::new(Arc::new(MemoryJournal::new()));
+/// let journal = Journal::new(Arc::new(MemoryJournal::new()), "billing")?;
 /// let id = OperationId::new("order-42", "charge")?;
 /// // Recorded before the side effect; asking twice gives the same operation.
 /// journal.record(&id, serde_json::json!({"amount": 1000})).await?;
 /// let charged = journal.execute(&id, &Approves).await?;
-/// assert_eq!(charged.state, OperationState::Succeeded);
+/// assert_eq!(charged.state(), OperationState::Succeeded);
 /// // Settled: never sent again.
-/// assert_eq!(journal.execute(&id, &Approves).await?.sends, 1);
+/// assert_eq!(journal.execute(&id, &Approves).await?.parts().sends, 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-pub struct Journal<S: ?Sized> {
+pub struct Journal<S: ?Sized = dyn JournalStore> {
     store: Arc<S>,
-    clock: Arc<dyn Clock>,
+    namespace: Tenant,
     lease: Duration,
+    search_period: Duration,
 }
 
 impl<S: ?Sized> Clone for Journal<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
-            clock: Arc::clone(&self.clock),
+            namespace: self.namespace.clone(),
             lease: self.lease,
+            search_period: self.search_period,
         }
     }
 }
@@ -69,49 +70,96 @@ impl<S: JournalStore + ?Sized> fmt::Debug for Journal<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Journal")
             .field("store", &self.store)
+            .field("namespace", &self.namespace)
             .field("lease", &self.lease)
-            .finish_non_exhaustive()
+            .field("search_period", &self.search_period)
+            .finish()
     }
 }
 
-/// What one reconciliation pass did.
+/// What a reconciliation pass did with one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Step {
+    /// Settled now (or found settled), in this state.
+    Settled(OperationState),
+    /// Waiting for a person.
+    NeedsReview,
+    /// Still open (pending or unknown): a later pass tries again.
+    Open(OperationState),
+    /// Held by another executor (or an operator), for this much longer.
+    Busy {
+        /// What its lease has left.
+        retry_after: Duration,
+    },
+    /// Taken over by another executor while this pass drove it.
+    TakenOver,
+}
+
+/// What one reconciliation pass did: each operation it looked at and the
+/// step it took, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Reconciled {
-    /// Operations looked at.
-    pub examined: usize,
-    /// Of those, settled now.
-    pub settled: usize,
-    /// Of those, marked for review.
-    pub needs_review: usize,
-    /// Of those, still unknown or pending (a later pass tries again).
-    pub open: usize,
-    /// Of those, held by another executor and left alone.
-    pub busy: usize,
+    /// Every operation looked at, with what became of it.
+    pub steps: Vec<(OperationId, Step)>,
 }
 
-impl<S: JournalStore + ?Sized> Journal<S> {
-    /// A journal on `store`, with the system clock and a 30 s executor lease.
-    pub fn new(store: Arc<S>) -> Self {
-        Self {
-            store,
-            clock: Arc::new(SystemClock),
-            lease: Duration::from_secs(30),
-        }
+impl Reconciled {
+    /// How many operations it looked at.
+    pub fn examined(&self) -> usize {
+        self.steps.len()
     }
 
-    /// Judges leases and key windows by `clock` (tests inject a manual one).
-    #[must_use]
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
+    /// How many took a step matching `step`.
+    pub fn count(&self, step: impl Fn(&Step) -> bool) -> usize {
+        self.steps.iter().filter(|(_, s)| step(s)).count()
+    }
+}
+
+/// How many operations one reconciliation pass looks at, at most.
+pub const MAX_BATCH: usize = idem_core::store::MAX_LIST;
+
+impl<S: JournalStore + ?Sized> Journal<S> {
+    /// How long an executor holds an operation by default: 30 s.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+    /// How long a search that found nothing is made again by default: 72 h
+    /// (providers' searches lag behind; an operation then rests in review).
+    pub const DEFAULT_SEARCH_PERIOD: Duration = Duration::from_secs(72 * 3600);
+
+    /// A journal on `store` in `namespace` (1 to 255 bytes, no control
+    /// characters): two journals with two namespaces never share an
+    /// operation or a provider key, on one store or two.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::InvalidInput`] for a bad namespace.
+    pub fn new(store: Arc<S>, namespace: &str) -> Result<Self, JournalError> {
+        Ok(Self {
+            store,
+            namespace: Tenant::new(namespace)?,
+            lease: Self::DEFAULT_LEASE,
+            search_period: Self::DEFAULT_SEARCH_PERIOD,
+        })
     }
 
     /// How long an executor holds an operation; a crashed executor's
-    /// operation is taken over once it has passed (default 30 s).
+    /// operation is taken over once it has passed, by the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::InvalidInput`] outside 1 ms to 7 days.
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self, JournalError> {
+        self.lease = validate_lease(lease)?;
+        Ok(self)
+    }
+
+    /// How long after a search first found nothing it is made again (on
+    /// each [`reconcile`](Self::reconcile) pass) before the operation rests
+    /// in review.
     #[must_use]
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+    pub fn with_search_period(mut self, period: Duration) -> Self {
+        self.search_period = period;
         self
     }
 
@@ -120,12 +168,44 @@ impl<S: JournalStore + ?Sized> Journal<S> {
         &self.store
     }
 
-    pub(crate) fn now(&self) -> Timestamp {
-        self.clock.now()
+    /// The namespace.
+    pub fn namespace(&self) -> &Tenant {
+        &self.namespace
+    }
+
+    /// Where the operation `id` is kept.
+    pub fn key(&self, id: &OperationId) -> OperationKey {
+        OperationKey::new(self.namespace.clone(), id.clone())
+    }
+
+    /// The operation to record for `id` with `request`, with a fresh
+    /// provider key: for a backend that records inside the caller's
+    /// transaction; pass what it stored to [`recorded`](Self::recorded).
+    pub fn new_operation(&self, id: &OperationId, request: serde_json::Value) -> NewOperation {
+        NewOperation::new(self.key(id), request)
+    }
+
+    /// What `stored` (the answer to recording `new`) means: the operation,
+    /// or [`JournalError::Mismatch`] if the id was taken with another
+    /// request.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Mismatch`].
+    pub fn recorded(
+        &self,
+        new: &NewOperation,
+        stored: JournalRecord,
+    ) -> Result<JournalRecord, JournalError> {
+        if stored.request() == new.request() {
+            Ok(stored)
+        } else {
+            Err(JournalError::Mismatch(new.key().id().clone()))
+        }
     }
 
     /// Records the operation `id` with `request`, before any side effect.
-    /// Asking twice gives the same operation.
+    /// Asking twice gives the same operation, with the same provider key.
     ///
     /// # Errors
     ///
@@ -135,13 +215,14 @@ impl<S: JournalStore + ?Sized> Journal<S> {
         &self,
         id: &OperationId,
         request: serde_json::Value,
-    ) -> Result<Operation, JournalError> {
-        let fresh = Operation::new(id.clone(), request, self.now());
-        let stored = self.store.insert_if_absent(&fresh).await?.operation;
-        if stored.request != fresh.request {
-            return Err(JournalError::Mismatch(id.clone()));
-        }
-        Ok(stored)
+    ) -> Result<JournalRecord, JournalError> {
+        let new = self.new_operation(id, request);
+        let stored = self
+            .store
+            .record(&new)
+            .await
+            .map_err(|e| JournalError::from_store(id, e))?;
+        self.recorded(&new, stored)
     }
 
     /// The operation `id`, if recorded.
@@ -149,244 +230,179 @@ impl<S: JournalStore + ?Sized> Journal<S> {
     /// # Errors
     ///
     /// [`JournalError::Store`] when the store fails.
-    pub async fn get(&self, id: &OperationId) -> Result<Option<Operation>, JournalError> {
-        Ok(self.store.get(id).await?.map(|v| v.operation))
+    pub async fn get(&self, id: &OperationId) -> Result<Option<JournalRecord>, JournalError> {
+        self.store
+            .get(&self.key(id))
+            .await
+            .map_err(|e| JournalError::from_store(id, e))
     }
 
-    /// Applies `change` to the stored operation and writes it back, again
-    /// from a fresh read whenever a concurrent write got there first.
-    async fn update(
+    /// Takes the operation `id` for `owner`: the record and the store's time.
+    async fn take(
         &self,
         id: &OperationId,
-        mut change: impl FnMut(&mut Operation) -> Result<(), JournalError>,
-    ) -> Result<Operation, JournalError> {
-        for _ in 0..CAS_LAPS {
-            let Versioned {
-                mut operation,
-                version,
-            } = self
-                .store
-                .get(id)
-                .await?
-                .ok_or_else(|| JournalError::NotFound(id.clone()))?;
-            change(&mut operation)?;
-            operation.updated_at_ms = self.now().as_unix_millis().max(operation.updated_at_ms);
-            if self.store.compare_and_set(version, &operation).await? {
-                return Ok(operation);
-            }
+        owner: OwnerToken,
+    ) -> Result<Result<(JournalRecord, Timestamp), JournalRecord>, JournalError> {
+        let acquired = self
+            .store
+            .acquire(&self.key(id), owner, self.lease)
+            .await
+            .map_err(|e| JournalError::from_store(id, e))?;
+        match acquired {
+            Acquired::Held { record, now } => Ok(Ok((record, now))),
+            Acquired::Settled(record) => Ok(Err(record)),
+            Acquired::Busy { retry_after, .. } => Err(JournalError::Busy {
+                id: id.clone(),
+                retry_after,
+            }),
+            Acquired::Absent => Err(JournalError::NotFound(id.clone())),
+            _ => Err(JournalError::Store(StoreError::backend(
+                self.store.capabilities().store,
+                Operation::Acquire,
+                "an acquisition answer this journal does not know",
+            ))),
         }
-        Err(JournalError::store(
-            "journal",
-            format!("operation {id} kept changing under {CAS_LAPS} attempts to write it"),
-        ))
     }
 
     /// Drives the operation `id` one step toward a settled state, calling
-    /// the provider at most once, under an executor lease so that one
-    /// executor sends at a time:
+    /// the provider at most once, under a lease so that one executor sends
+    /// at a time. The store's clock judges the lease and the key window;
+    /// this process's clock is never read.
     ///
-    /// - settled (or waiting for review): returned as it is, no call;
+    /// - settled: returned as it is, no call;
     /// - the provider's id known: retrieved, never sent again;
-    /// - within the provider's key window (from the first send, which is
+    /// - keyed delivery within the window (from the first send, which is
     ///   recorded before it happens): sent, with the same key every time;
-    /// - past the window: never sent; `find` settles it, and no match or
-    ///   several mark it for review.
+    ///   past the window: never sent; [`Provider::find`] settles it, and no
+    ///   match or several mark it for review (no match: searched again on
+    ///   each reconciliation for the search period);
+    /// - at most once: sent once; unknown after that goes to review;
+    /// - at least once: sent until an answer settles it;
+    /// - waiting for review: searched again while its search period runs,
+    ///   else returned as it is.
     ///
     /// # Errors
     ///
     /// [`JournalError::NotFound`]; [`JournalError::Busy`] if another
-    /// executor holds it; [`JournalError::LostLease`] if one took it over
-    /// meanwhile; [`JournalError::Store`] when the store fails.
+    /// executor holds it (with its lease's time left);
+    /// [`JournalError::LostLease`] if one took it over meanwhile;
+    /// [`JournalError::Store`] when the store fails.
     pub async fn execute(
         &self,
         id: &OperationId,
         provider: &(impl Provider + ?Sized),
-    ) -> Result<Operation, JournalError> {
-        let me = uuid::Uuid::new_v4();
-        let now = self.now();
-        let until = (now + self.lease).as_unix_millis();
-        let done =
-            |op: &Operation| op.state.is_settled() || op.state == OperationState::NeedsReview;
-        let current = self
-            .get(id)
-            .await?
-            .ok_or_else(|| JournalError::NotFound(id.clone()))?;
-        // Settled, or waiting for a person: nothing to send, nothing to write.
-        if done(&current) {
-            return Ok(current);
-        }
-        let mut finished = None;
-        let held = self
-            .update(id, |op| {
-                if done(op) {
-                    finished = Some(op.clone());
-                    return Err(JournalError::Busy(id.clone()));
-                }
-                match op.lease {
-                    Some((owner, expires)) if owner != me && expires > now.as_unix_millis() => {
-                        Err(JournalError::Busy(id.clone()))
-                    }
-                    _ => {
-                        op.lease = Some((me, until));
-                        Ok(())
-                    }
-                }
-            })
-            .await;
-        let held = match (held, finished) {
-            // Settled by another executor since the read above.
-            (_, Some(finished)) => return Ok(finished),
-            (held, None) => held?,
+    ) -> Result<JournalRecord, JournalError> {
+        let owner = OwnerToken::generate();
+        let (record, now) = match self.take(id, owner).await? {
+            Ok(held) => held,
+            Err(settled) => return Ok(settled),
         };
-        let key = held.provider_key();
-        let window = provider.key_window();
-        let outcome = if let Some(provider_id) = &held.provider_id {
-            provider.retrieve(provider_id).await
-        } else if held
-            .first_sent_at_ms
-            .is_none_or(|first| now < Timestamp::from_unix_millis(first) + window)
-        {
-            // The attempt is recorded before the side effect: a crash after
-            // it leaves a record that the next executor resends, same key.
-            let sending = self
-                .update(id, |op| {
-                    owned(op, me)?;
-                    op.first_sent_at_ms.get_or_insert(now.as_unix_millis());
-                    op.sends += 1;
-                    Ok(())
-                })
-                .await?;
-            provider.send(&key, &sending.request).await
+        let delivery = provider.delivery();
+        let finish = if record.state() == OperationState::NeedsReview {
+            if record.parts().search_until.is_some_and(|until| now < until) {
+                self.search(&record, now, provider).await
+            } else {
+                // Resting in review: let go, unchanged.
+                unchanged(&record)
+            }
+        } else if let Some(provider_id) = record.parts().provider_id.clone() {
+            let outcome = provider.retrieve(&provider_id).await;
+            settle_with(&record, outcome, delivery)
         } else {
-            return self.reconcile_past_window(id, me, &key, provider).await;
+            let may_send = match delivery {
+                Delivery::Keyed { window } => record
+                    .parts()
+                    .first_sent_at
+                    .is_none_or(|first| now < first + window),
+                Delivery::AtMostOnce => record.parts().sends == 0,
+                _ => true,
+            };
+            if may_send {
+                let sending = self
+                    .store
+                    .mark_sent(record.key(), owner, record.parts().sends)
+                    .await
+                    .map_err(|e| JournalError::from_store(id, e))?;
+                // The send is recorded before it happens: a crash now leaves
+                // a record the next executor resends (same key) or, at most
+                // once, hands to a person.
+                let outcome = provider.send(&sending).await;
+                settle_with(&sending, outcome, delivery)
+            } else if delivery == Delivery::AtMostOnce {
+                review(
+                    "at most once: a send whose outcome is unknown is never repeated".into(),
+                    None,
+                )
+            } else {
+                self.search(&record, now, provider).await
+            }
         };
-        self.settle_with(id, me, outcome).await
+        self.store
+            .finish(record.key(), owner, &finish)
+            .await
+            .map_err(|e| JournalError::from_store(id, e))
     }
 
     /// Past the key window a send could repeat the effect: find it instead.
-    async fn reconcile_past_window(
+    async fn search(
         &self,
-        id: &OperationId,
-        me: uuid::Uuid,
-        key: &str,
+        record: &JournalRecord,
+        now: Timestamp,
         provider: &(impl Provider + ?Sized),
-    ) -> Result<Operation, JournalError> {
-        match provider.find(id, key).await {
-            Ok(matches) if matches.len() == 1 => {
-                let found = matches.into_iter().next().map(|m| match m.outcome {
+    ) -> Finish {
+        let search_until = record
+            .parts()
+            .search_until
+            .or(Some(now + self.search_period));
+        let found = match provider.find(record).await {
+            Ok(found) => found,
+            Err(reason) => {
+                return Finish::new(record.state(), Some(format!("search failed: {reason}")))
+                    .with_search_until(record.parts().search_until);
+            }
+        };
+        // A match under another key is another operation's effect.
+        let mut found: Vec<Match> = found
+            .into_iter()
+            .filter(|m| {
+                m.provider_key
+                    .as_deref()
+                    .is_none_or(|key| key == record.provider_key())
+            })
+            .collect();
+        match found.len() {
+            0 => review("no effect found past the key window".into(), search_until),
+            1 => {
+                let Some(found) = found.pop() else {
+                    return unchanged(record);
+                };
+                let outcome = match found.outcome {
                     // The effect exists: an unfinished one is still unknown,
                     // now with an id to retrieve.
                     ProviderOutcome::NotExecuted { reason } => ProviderOutcome::Ambiguous {
-                        provider_id: Some(m.provider_id),
+                        provider_id: Some(found.provider_id),
                         reason,
                     },
                     outcome => outcome,
-                });
-                match found {
-                    Some(outcome) => self.settle_with(id, me, outcome).await,
-                    None => {
-                        self.review(id, me, "no effect found past the key window".into())
-                            .await
-                    }
-                }
+                };
+                settle_with(record, outcome, Delivery::AtLeastOnce)
             }
-            Ok(matches) if matches.is_empty() => {
-                self.review(id, me, "no effect found past the key window".into())
-                    .await
-            }
-            Ok(matches) => {
-                let ids: Vec<&str> = matches.iter().map(|m| m.provider_id.as_str()).collect();
-                self.review(
-                    id,
-                    me,
-                    format!("{} effects found: {}", ids.len(), ids.join(", ")),
-                )
-                .await
-            }
-            Err(reason) => {
-                self.update(id, |op| {
-                    owned(op, me)?;
-                    op.lease = None;
-                    op.detail = Some(format!("search failed: {reason}"));
-                    Ok(())
-                })
-                .await
+            n => {
+                let ids: Vec<&str> = found.iter().map(|m| m.provider_id.as_str()).collect();
+                review(format!("{n} effects found: {}", ids.join(", ")), None)
             }
         }
     }
 
-    async fn review(
-        &self,
-        id: &OperationId,
-        me: uuid::Uuid,
-        why: String,
-    ) -> Result<Operation, JournalError> {
-        self.update(id, |op| {
-            owned(op, me)?;
-            op.state = OperationState::NeedsReview;
-            op.detail = Some(why.clone());
-            op.lease = None;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Records what the provider said and frees the operation.
-    async fn settle_with(
-        &self,
-        id: &OperationId,
-        me: uuid::Uuid,
-        outcome: ProviderOutcome,
-    ) -> Result<Operation, JournalError> {
-        self.update(id, |op| {
-            owned(op, me)?;
-            op.lease = None;
-            match &outcome {
-                ProviderOutcome::Succeeded {
-                    provider_id,
-                    status,
-                } => {
-                    op.state = OperationState::Succeeded;
-                    op.provider_id = Some(provider_id.clone());
-                    op.detail = Some(status.clone());
-                }
-                ProviderOutcome::Failed {
-                    provider_id,
-                    reason,
-                } => {
-                    op.state = OperationState::Failed;
-                    if provider_id.is_some() {
-                        op.provider_id.clone_from(provider_id);
-                    }
-                    op.detail = Some(reason.clone());
-                }
-                // Nothing happened: the state stays, the same key goes later.
-                ProviderOutcome::NotExecuted { reason } => {
-                    op.detail = Some(reason.clone());
-                }
-                // Never rounded to failure: find out.
-                ProviderOutcome::Ambiguous {
-                    provider_id,
-                    reason,
-                } => {
-                    op.state = OperationState::Unknown;
-                    if provider_id.is_some() {
-                        op.provider_id.clone_from(provider_id);
-                    }
-                    op.detail = Some(reason.clone());
-                }
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    /// Drives up to `batch` operations that stayed pending or unknown for
-    /// longer than `older_than`, oldest first, waiting `pace` between them
-    /// (the provider's rate), each toward a settled state or review.
+    /// Drives up to `batch` operations (1 to [`MAX_BATCH`]) that stayed
+    /// pending or unknown for longer than `older_than`, oldest first, and
+    /// those in review whose search period still runs, waiting `pace`
+    /// between them (the provider's rate). Operations settled, held or
+    /// taken over meanwhile are reported, never an error.
     ///
     /// # Errors
     ///
+    /// [`JournalError::InvalidInput`] for a batch out of range;
     /// [`JournalError::Store`] when the store fails.
     pub async fn reconcile(
         &self,
@@ -395,58 +411,82 @@ impl<S: JournalStore + ?Sized> Journal<S> {
         batch: usize,
         pace: Duration,
     ) -> Result<Reconciled, JournalError> {
-        let cutoff = (self.now() - older_than).as_unix_millis();
-        let open = self
-            .store
-            .list(
-                &[OperationState::Pending, OperationState::Unknown],
-                cutoff,
-                batch,
-            )
-            .await?;
+        let batch = validate_list_limit(batch)?;
+        let listed = |states: &'static [OperationState], limit: usize| async move {
+            self.store
+                .list(&self.namespace, states, older_than, limit)
+                .await
+                .map_err(JournalError::Store)
+        };
+        let mut due = listed(&[OperationState::Pending, OperationState::Unknown], batch).await?;
+        if due.len() < batch {
+            let review = listed(&[OperationState::NeedsReview], batch - due.len()).await?;
+            // Still searching: its last search came before its deadline.
+            due.extend(review.into_iter().filter(|r| {
+                r.parts()
+                    .search_until
+                    .is_some_and(|until| r.parts().updated_at < until)
+            }));
+        }
         let mut report = Reconciled::default();
-        for (i, op) in open.iter().enumerate() {
+        for (i, record) in due.iter().enumerate() {
             if i > 0 && !pace.is_zero() {
                 tokio::time::sleep(pace).await;
             }
-            report.examined += 1;
-            match self.execute(&op.id, provider).await {
-                Ok(done) if done.state.is_settled() => report.settled += 1,
-                Ok(done) if done.state == OperationState::NeedsReview => report.needs_review += 1,
-                Ok(_) => report.open += 1,
-                Err(JournalError::Busy(_) | JournalError::LostLease(_)) => report.busy += 1,
+            let step = match self.execute(record.id(), provider).await {
+                Ok(done) => match done.state() {
+                    state if state.is_settled() => Step::Settled(state),
+                    OperationState::NeedsReview => Step::NeedsReview,
+                    state => Step::Open(state),
+                },
+                Err(JournalError::Busy { retry_after, .. }) => Step::Busy { retry_after },
+                Err(JournalError::LostLease(_)) => Step::TakenOver,
                 Err(error) => return Err(error),
-            }
+            };
+            report.steps.push((record.id().clone(), step));
         }
         Ok(report)
     }
 
-    /// Operations waiting for a person, oldest first.
+    /// Operations waiting for a person, oldest first, at most `limit` (1 to
+    /// [`MAX_BATCH`]).
     ///
     /// # Errors
     ///
+    /// [`JournalError::InvalidInput`] for a limit out of range;
     /// [`JournalError::Store`] when the store fails.
-    pub async fn needs_review(&self, limit: usize) -> Result<Vec<Operation>, JournalError> {
+    pub async fn needs_review(&self, limit: usize) -> Result<Vec<JournalRecord>, JournalError> {
+        let limit = validate_list_limit(limit)?;
         self.store
-            .list(&[OperationState::NeedsReview], i64::MAX, limit)
+            .list(
+                &self.namespace,
+                &[OperationState::NeedsReview],
+                Duration::ZERO,
+                limit,
+            )
             .await
+            .map_err(JournalError::Store)
     }
 
     /// Settles an operation by hand (an operator who checked the provider's
     /// dashboard): `Succeeded` or `Failed`, with a note and the provider's id
-    /// if there is one.
+    /// if there is one. The operator takes the operation's lease to do it,
+    /// so it is refused while an executor holds it (a send may be in
+    /// flight): try again after `retry_after`.
     ///
     /// # Errors
     ///
     /// [`JournalError::InvalidInput`] for a state that is not settled;
-    /// [`JournalError::Settled`] if it is settled already.
+    /// [`JournalError::Busy`] while an executor holds it;
+    /// [`JournalError::Settled`] if it is settled already;
+    /// [`JournalError::NotFound`].
     pub async fn settle(
         &self,
         id: &OperationId,
         state: OperationState,
         provider_id: Option<String>,
         note: &str,
-    ) -> Result<Operation, JournalError> {
+    ) -> Result<JournalRecord, JournalError> {
         if !state.is_settled() {
             return Err(JournalError::InvalidInput(
                 idem_core::InvalidInput::OutOfRange {
@@ -455,36 +495,66 @@ impl<S: JournalStore + ?Sized> Journal<S> {
                 },
             ));
         }
-        self.update(id, |op| {
-            if op.state.is_settled() {
+        let operator = OwnerToken::generate();
+        let record = match self.take(id, operator).await? {
+            Ok((record, _)) => record,
+            Err(settled) => {
                 return Err(JournalError::Settled {
                     id: id.clone(),
-                    state: op.state,
+                    state: settled.state(),
                 });
             }
-            op.state = state;
-            if provider_id.is_some() {
-                op.provider_id.clone_from(&provider_id);
-            }
-            op.detail = Some(format!("settled by hand: {note}"));
-            op.lease = None;
-            Ok(())
-        })
-        .await
+        };
+        let finish = Finish::new(state, Some(format!("settled by hand: {note}")))
+            .with_provider_id(provider_id);
+        self.store
+            .finish(record.key(), operator, &finish)
+            .await
+            .map_err(|e| JournalError::from_store(id, e))
     }
 }
 
-/// The operation is still this executor's, and not settled (nothing
-/// overwrites a settled state).
-fn owned(op: &Operation, me: uuid::Uuid) -> Result<(), JournalError> {
-    if op.state.is_settled() {
-        return Err(JournalError::Settled {
-            id: op.id.clone(),
-            state: op.state,
-        });
-    }
-    match op.lease {
-        Some((owner, _)) if owner == me => Ok(()),
-        _ => Err(JournalError::LostLease(op.id.clone())),
+/// Lets go of `record` as it is.
+fn unchanged(record: &JournalRecord) -> Finish {
+    Finish::new(record.state(), record.parts().detail.clone())
+        .with_search_until(record.parts().search_until)
+}
+
+fn review(why: String, search_until: Option<Timestamp>) -> Finish {
+    Finish::new(OperationState::NeedsReview, Some(why)).with_search_until(search_until)
+}
+
+/// What the provider's answer writes.
+fn settle_with(record: &JournalRecord, outcome: ProviderOutcome, delivery: Delivery) -> Finish {
+    match outcome {
+        ProviderOutcome::Succeeded {
+            provider_id,
+            status,
+        } => {
+            Finish::new(OperationState::Succeeded, Some(status)).with_provider_id(Some(provider_id))
+        }
+        ProviderOutcome::Failed {
+            provider_id,
+            reason,
+        } => Finish::new(OperationState::Failed, Some(reason)).with_provider_id(provider_id),
+        // Nothing happened: the state stays, the same key goes later.
+        ProviderOutcome::NotExecuted { reason } => Finish::new(record.state(), Some(reason)),
+        // At most once, with nothing to retrieve: never sent again.
+        ProviderOutcome::Ambiguous {
+            provider_id: None,
+            reason,
+        } if delivery == Delivery::AtMostOnce && record.parts().provider_id.is_none() => review(
+            format!("at most once: the send's outcome is unknown ({reason})"),
+            None,
+        ),
+        // Never rounded to failure: find out.
+        ProviderOutcome::Ambiguous {
+            provider_id,
+            reason,
+        } => Finish::new(OperationState::Unknown, Some(reason)).with_provider_id(provider_id),
+        ProviderOutcome::KeyReused { reason } => review(
+            format!("the provider refused the key as reused with other parameters: {reason}"),
+            None,
+        ),
     }
 }

@@ -3,11 +3,21 @@
 use std::time::Duration;
 
 use idem_core::async_trait;
-
-use crate::operation::OperationId;
+use idem_core::store::JournalRecord;
 
 /// What the provider said, classified by whether the outcome is settled.
 /// Ambiguity is never rounded to failure.
+///
+/// How common answers map (Stripe's words; other providers have the same):
+///
+/// | the provider answered | outcome |
+/// |---|---|
+/// | 2xx with a final status | [`Succeeded`](Self::Succeeded) |
+/// | a decline, a validation error (4xx other than those below) | [`Failed`](Self::Failed) |
+/// | 429, or an error it documents as "not processed" | [`NotExecuted`](Self::NotExecuted) |
+/// | 409 "a request with this key is in progress" | [`Ambiguous`](Self::Ambiguous): the first request may still land; ask again later with the same key |
+/// | 400 "keys can only be used with the same parameters" | [`KeyReused`](Self::KeyReused) |
+/// | a timeout, a reset connection, a 5xx, "processing" | [`Ambiguous`](Self::Ambiguous) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ProviderOutcome {
@@ -33,69 +43,146 @@ pub enum ProviderOutcome {
         reason: String,
     },
     /// The effect may or may not have happened (a timeout, a lost
-    /// connection, a 5xx, or a status that is not final yet).
+    /// connection, a 5xx, a 409 "in progress", or a status that is not final
+    /// yet).
     Ambiguous {
         /// The provider's id, if the answer carried one.
         provider_id: Option<String>,
         /// Why.
         reason: String,
     },
+    /// The provider refused the key as already used with other parameters:
+    /// the key met another request (a provider-side mix-up, or a key reused
+    /// by hand). Nothing is sent again; a person looks.
+    KeyReused {
+        /// What the provider said.
+        reason: String,
+    },
 }
 
 /// A provider's record that may be this operation's effect, from
 /// [`Provider::find`].
+///
+/// ```
+/// use idem_journal::{Match, ProviderOutcome};
+///
+/// let found = Match::new("ch_1", ProviderOutcome::Succeeded {
+///     provider_id: "ch_1".into(),
+///     status: "succeeded".into(),
+/// })
+/// .with_provider_key("idem-op-3f2a");
+/// assert_eq!(found.provider_key.as_deref(), Some("idem-op-3f2a"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Match {
     /// The provider's id.
     pub provider_id: String,
     /// What it says of that effect.
     pub outcome: ProviderOutcome,
+    /// The idempotency key the provider recorded for it, where it shows
+    /// one: a match under another key is not this operation's, and the
+    /// journal drops it.
+    pub provider_key: Option<String>,
+}
+
+impl Match {
+    /// The effect `provider_id`, saying `outcome`.
+    pub fn new(provider_id: impl Into<String>, outcome: ProviderOutcome) -> Self {
+        Self {
+            provider_id: provider_id.into(),
+            outcome,
+            provider_key: None,
+        }
+    }
+
+    /// The same, with the idempotency key the provider recorded for it.
+    #[must_use]
+    pub fn with_provider_key(mut self, key: impl Into<String>) -> Self {
+        self.provider_key = Some(key.into());
+        self
+    }
+}
+
+/// How an effect may be delivered: what the journal does after a send whose
+/// outcome it does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// The provider keeps idempotency keys for `window` from the first send:
+    /// within it an unknown operation is sent again with the same key; past
+    /// it, never ([`Provider::find`] settles it).
+    Keyed {
+        /// How long the provider keeps keys, measured from the first send.
+        window: Duration,
+    },
+    /// The provider has no keys and the effect must not happen twice: sent
+    /// once; a send whose outcome is unknown (and that left no provider id
+    /// to retrieve) goes to review, never out again.
+    AtMostOnce,
+    /// The provider has no keys and the effect may happen twice (it is
+    /// harmless or the receiver deduplicates): sent again until an answer
+    /// settles it.
+    AtLeastOnce,
+}
+
+impl Delivery {
+    /// Keys kept for 23 hours: Stripe may prune keys after 24.
+    pub const STRIPE: Self = Self::Keyed {
+        window: Duration::from_secs(23 * 3600),
+    };
 }
 
 /// The provider the journal drives, implemented by the caller.
 ///
 /// ```
-/// use idem_core::async_trait;
-/// use idem_journal::{Match, OperationId, Provider, ProviderOutcome};
+/// use idem_journal::{async_trait, JournalRecord, Match, Provider, ProviderOutcome};
 ///
 /// struct Payments;
 ///
 /// #[async_trait]
 /// impl Provider for Payments {
-///     async fn send(&self, key: &str, request: &serde_json::Value) -> ProviderOutcome {
-///         // POST /charges with `Idempotency-Key: key`; map the answer.
-///         ProviderOutcome::Succeeded { provider_id: format!("ch_{key}"), status: "succeeded".into() }
+///     async fn send(&self, operation: &JournalRecord) -> ProviderOutcome {
+///         // POST /charges with `Idempotency-Key: operation.provider_key()` and
+///         // the operation's id in its metadata; map the answer.
+///         let _ = (operation.id(), operation.request());
+///         ProviderOutcome::Succeeded {
+///             provider_id: format!("ch_{}", operation.provider_key()),
+///             status: "succeeded".into(),
+///         }
 ///     }
 ///     async fn retrieve(&self, provider_id: &str) -> ProviderOutcome {
 ///         ProviderOutcome::Ambiguous { provider_id: Some(provider_id.into()), reason: "processing".into() }
 ///     }
-///     async fn find(&self, operation: &OperationId, key: &str) -> Result<Vec<Match>, String> {
-///         // Search by the metadata the request carried (our operation id).
+///     async fn find(&self, operation: &JournalRecord) -> Result<Vec<Match>, String> {
+///         // Search by the metadata the request carried.
+///         let _ = operation.key();
 ///         Ok(Vec::new())
 ///     }
 /// }
 /// ```
 #[async_trait]
 pub trait Provider: Send + Sync {
-    /// Sends the request with the operation's idempotency key.
-    async fn send(&self, key: &str, request: &serde_json::Value) -> ProviderOutcome;
+    /// Sends the operation's request with its idempotency key
+    /// ([`JournalRecord::provider_key`]); its id and namespace are there to
+    /// put in the request's metadata, for [`find`](Self::find).
+    async fn send(&self, operation: &JournalRecord) -> ProviderOutcome;
 
     /// Asks for the effect by the provider's id, once known.
     async fn retrieve(&self, provider_id: &str) -> ProviderOutcome;
 
-    /// Looks for effects made for this operation (by our id, which the
-    /// request carried), for reconciliation once the key may be forgotten.
+    /// Looks for effects made for this recorded operation (by the metadata
+    /// its sends carried), for reconciliation once the key may be
+    /// forgotten.
     ///
     /// # Errors
     ///
     /// The search could not be made (an answer of none is `Ok(vec![])`).
-    async fn find(&self, operation: &OperationId, key: &str) -> Result<Vec<Match>, String>;
+    async fn find(&self, operation: &JournalRecord) -> Result<Vec<Match>, String>;
 
-    /// How long the provider keeps idempotency keys, measured from the first
-    /// send. Within it an unknown operation is sent again with the same
-    /// key; past it, never. Stripe may prune keys after 24 h: the default is
-    /// 23 h.
-    fn key_window(&self) -> Duration {
-        Duration::from_secs(23 * 3600)
+    /// How this provider's effects are delivered (default:
+    /// [`Delivery::STRIPE`], keys kept 23 hours).
+    fn delivery(&self) -> Delivery {
+        Delivery::STRIPE
     }
 }

@@ -15,10 +15,44 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::ManualClock;
-use idem_core::async_trait;
-use idem_core::store::{Clock, Timestamp};
-use idem_journal::{Match, OperationId, Provider, ProviderOutcome};
+use idem_core::store::{Clock, SystemClock, Timestamp};
+use idem_journal::{Delivery, JournalRecord, Match, Provider, ProviderOutcome, async_trait};
 use tokio::sync::Notify;
+
+/// The passing of time in a test: a manual clock moved at once (memory), or
+/// real time waited out (stores whose server's clock judges).
+#[derive(Clone)]
+pub enum Time {
+    /// Moved by hand; the store and the provider read it.
+    Manual(ManualClock),
+    /// The system's: sleeping lets it pass.
+    Real,
+}
+
+impl Time {
+    /// A manual clock from a start of its own.
+    pub fn manual() -> Self {
+        Self::Manual(ManualClock::new(Timestamp::from_unix_millis(
+            1_800_000_000_000,
+        )))
+    }
+
+    /// Lets `by` pass (at least: real time may run further).
+    pub async fn pass(&self, by: Duration) {
+        match self {
+            Self::Manual(clock) => clock.advance(by),
+            Self::Real => tokio::time::sleep(by).await,
+        }
+    }
+
+    /// The clock the provider reads.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        match self {
+            Self::Manual(clock) => Arc::new(clock.clone()),
+            Self::Real => Arc::new(SystemClock),
+        }
+    }
+}
 
 /// What the next send does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,11 +71,13 @@ pub enum Fault {
     HangAfterCharge,
 }
 
-/// One effect at the provider: a charge.
+/// One effect at the provider: a charge, with the metadata the request
+/// carried (the operation's namespace and id) and the key it came with.
 #[derive(Debug, Clone)]
 pub struct Charge {
     pub id: String,
     pub operation: String,
+    pub key: String,
     pub status: &'static str,
     pub at: Timestamp,
 }
@@ -49,8 +85,9 @@ pub struct Charge {
 #[derive(Default)]
 struct State {
     charges: Vec<Charge>,
-    /// Key -> the first result, and when the key was first seen.
-    keys: HashMap<String, (ProviderOutcome, Timestamp)>,
+    /// Key -> the first result, when the key was first seen, and the
+    /// request it came with.
+    keys: HashMap<String, (ProviderOutcome, Timestamp, serde_json::Value)>,
     faults: VecDeque<Fault>,
     sends: usize,
     /// Retrieves of a processing charge before it settles.
@@ -60,21 +97,26 @@ struct State {
 #[derive(Clone)]
 pub struct FakeProvider {
     state: Arc<Mutex<State>>,
-    pub clock: ManualClock,
+    pub clock: Arc<dyn Clock>,
+    /// How long it keeps keys.
     pub window: Duration,
     /// How far behind its search runs.
     pub search_lag: Duration,
+    /// What the journal is told of its delivery (keyed by default, an hour
+    /// less than `window`).
+    pub delivery: Option<Delivery>,
     /// Wakes nothing: a hung call waits on it forever.
     never: Arc<Notify>,
 }
 
 impl FakeProvider {
-    pub fn new(clock: ManualClock) -> Self {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             state: Arc::default(),
             clock,
             window: Duration::from_secs(24 * 3600),
             search_lag: Duration::from_secs(5),
+            delivery: None,
             never: Arc::new(Notify::new()),
         }
     }
@@ -93,24 +135,32 @@ impl FakeProvider {
         self.state.lock().unwrap().sends
     }
 
-    /// A charge made outside the journal's knowledge (a duplicate by hand).
-    pub fn charge_by_hand(&self, operation: &OperationId) {
+    /// A charge made outside the journal's knowledge (a duplicate by hand,
+    /// with no key).
+    pub fn charge_by_hand(&self, operation: &JournalRecord) {
         let mut state = self.state.lock().unwrap();
-        let id = format!("ch_{}", state.charges.len() + 1);
         let at = self.clock.now();
-        state.charges.push(Charge {
-            id,
-            operation: operation.to_string(),
-            status: "succeeded",
+        Self::charge(
+            &mut state,
+            &operation.key().to_string(),
+            "",
+            "succeeded",
             at,
-        });
+        );
     }
 
-    fn charge(state: &mut State, operation: &str, status: &'static str, at: Timestamp) -> String {
+    fn charge(
+        state: &mut State,
+        operation: &str,
+        key: &str,
+        status: &'static str,
+        at: Timestamp,
+    ) -> String {
         let id = format!("ch_{}", state.charges.len() + 1);
         state.charges.push(Charge {
             id: id.clone(),
             operation: operation.to_string(),
+            key: key.to_string(),
             status,
             at,
         });
@@ -120,19 +170,22 @@ impl FakeProvider {
 
 #[async_trait]
 impl Provider for FakeProvider {
-    async fn send(&self, key: &str, request: &serde_json::Value) -> ProviderOutcome {
+    async fn send(&self, record: &JournalRecord) -> ProviderOutcome {
         let now = self.clock.now();
-        let operation = request["operation"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let (key, request) = (record.provider_key(), record.request());
+        let operation = record.key().to_string();
         let hang = {
             let mut state = self.state.lock().unwrap();
             state.sends += 1;
             // Keys older than the window are forgotten.
             let window = self.window;
-            state.keys.retain(|_, (_, seen)| now < *seen + window);
-            if let Some((first, _)) = state.keys.get(key) {
+            state.keys.retain(|_, (_, seen, _)| now < *seen + window);
+            if let Some((first, _, first_request)) = state.keys.get(key) {
+                if first_request != request {
+                    return ProviderOutcome::KeyReused {
+                        reason: "400: keys can only be used with the same parameters".into(),
+                    };
+                }
                 return first.clone();
             }
             let fault = state.faults.pop_front();
@@ -148,7 +201,7 @@ impl Provider for FakeProvider {
                     reason: "card declined".into(),
                 }),
                 Some(Fault::Processing) => {
-                    let id = Self::charge(&mut state, &operation, "processing", now);
+                    let id = Self::charge(&mut state, &operation, key, "processing", now);
                     state.processing_polls = 1;
                     Some(ProviderOutcome::Ambiguous {
                         provider_id: Some(id),
@@ -156,7 +209,7 @@ impl Provider for FakeProvider {
                     })
                 }
                 _ => {
-                    let id = Self::charge(&mut state, &operation, "succeeded", now);
+                    let id = Self::charge(&mut state, &operation, key, "succeeded", now);
                     Some(ProviderOutcome::Succeeded {
                         provider_id: id,
                         status: "succeeded".into(),
@@ -166,18 +219,24 @@ impl Provider for FakeProvider {
             match (fault, outcome) {
                 (_, None) => true,
                 (Some(Fault::LoseResponse), Some(outcome)) => {
-                    state.keys.insert(key.to_string(), (outcome, now));
+                    state
+                        .keys
+                        .insert(key.to_string(), (outcome, now, request.clone()));
                     return ProviderOutcome::Ambiguous {
                         provider_id: None,
                         reason: "timed out".into(),
                     };
                 }
                 (Some(Fault::HangAfterCharge), Some(outcome)) => {
-                    state.keys.insert(key.to_string(), (outcome, now));
+                    state
+                        .keys
+                        .insert(key.to_string(), (outcome, now, request.clone()));
                     true
                 }
                 (_, Some(outcome)) => {
-                    state.keys.insert(key.to_string(), (outcome.clone(), now));
+                    state
+                        .keys
+                        .insert(key.to_string(), (outcome.clone(), now, request.clone()));
                     return outcome;
                 }
             }
@@ -215,25 +274,35 @@ impl Provider for FakeProvider {
         }
     }
 
-    async fn find(&self, operation: &OperationId, _key: &str) -> Result<Vec<Match>, String> {
+    async fn find(&self, record: &JournalRecord) -> Result<Vec<Match>, String> {
         let now = self.clock.now();
         let state = self.state.lock().unwrap();
+        let operation = record.key().to_string();
         Ok(state
             .charges
             .iter()
-            .filter(|c| c.operation == operation.to_string() && c.at + self.search_lag <= now)
-            .map(|c| Match {
-                provider_id: c.id.clone(),
-                outcome: ProviderOutcome::Succeeded {
-                    provider_id: c.id.clone(),
-                    status: c.status.to_string(),
-                },
+            .filter(|c| c.operation == operation && c.at + self.search_lag <= now)
+            .map(|c| {
+                let found = Match::new(
+                    c.id.clone(),
+                    ProviderOutcome::Succeeded {
+                        provider_id: c.id.clone(),
+                        status: c.status.to_string(),
+                    },
+                );
+                if c.key.is_empty() {
+                    found
+                } else {
+                    found.with_provider_key(c.key.clone())
+                }
             })
             .collect())
     }
 
-    fn key_window(&self) -> Duration {
-        // The journal stops resending an hour before the provider forgets.
-        self.window - Duration::from_secs(3600)
+    fn delivery(&self) -> Delivery {
+        // The journal stops resending a margin before the provider forgets.
+        self.delivery.unwrap_or(Delivery::Keyed {
+            window: self.window.saturating_sub(self.window / 24),
+        })
     }
 }

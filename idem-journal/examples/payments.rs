@@ -1,16 +1,16 @@
 //! A checkout that charges cards through a flaky payment provider, and how
 //! each charge converged to exactly one effect.
 //!
-//! Run with `cargo run -p idem-journal --example checkout`.
+//! Run with `cargo run -p idem-journal --example payments`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use idem_core::async_trait;
 use idem_journal::{
-    Journal, Match, MemoryJournal, Operation, OperationId, OperationState, Provider,
-    ProviderOutcome,
+    Journal, JournalRecord, Match, OperationId, OperationState, Provider, ProviderOutcome,
+    async_trait,
 };
+use idem_memory::MemoryJournal;
 
 /// What the provider does to the first send of an order.
 #[derive(Clone, Copy)]
@@ -43,7 +43,8 @@ impl FlakyPayments {
 
 #[async_trait]
 impl Provider for FlakyPayments {
-    async fn send(&self, key: &str, request: &serde_json::Value) -> ProviderOutcome {
+    async fn send(&self, operation: &JournalRecord) -> ProviderOutcome {
+        let (key, request) = (operation.provider_key(), operation.request());
         if let Some(first) = self
             .results
             .lock()
@@ -124,24 +125,24 @@ impl Provider for FlakyPayments {
         }
     }
 
-    async fn find(&self, operation: &OperationId, _key: &str) -> Result<Vec<Match>, String> {
+    async fn find(&self, operation: &JournalRecord) -> Result<Vec<Match>, String> {
         let charges = self.charges.lock().unwrap_or_else(|e| e.into_inner());
         Ok(charges
             .iter()
-            .filter(|(_, order)| order == operation.subject())
-            .map(|(id, _)| Match {
-                provider_id: id.clone(),
-                outcome: ProviderOutcome::Succeeded {
+            .filter(|(_, order)| order == operation.id().subject())
+            .map(|(id, _)| {
+                let outcome = ProviderOutcome::Succeeded {
                     provider_id: id.clone(),
                     status: "succeeded".into(),
-                },
+                };
+                Match::new(id.clone(), outcome)
             })
             .collect())
     }
 }
 
-fn describe(op: &Operation) -> String {
-    let state = match op.state {
+fn describe(op: &JournalRecord) -> String {
+    let state = match op.state() {
         OperationState::Succeeded => "succeeded",
         OperationState::Failed => "failed",
         OperationState::Unknown => "unknown",
@@ -149,11 +150,12 @@ fn describe(op: &Operation) -> String {
         _ => "needs review",
     };
     let id = op
+        .parts()
         .provider_id
         .as_deref()
         .map(|id| format!(" {id}"))
         .unwrap_or_default();
-    let detail = op.detail.as_deref().unwrap_or_default();
+    let detail = op.parts().detail.as_deref().unwrap_or_default();
     format!("{state}{id} ({detail})")
 }
 
@@ -170,7 +172,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         behaviour: orders.iter().map(|(o, b)| (o.to_string(), *b)).collect(),
         ..FlakyPayments::default()
     };
-    let journal = Journal::new(Arc::new(MemoryJournal::new()));
+    let journal = Journal::new(Arc::new(MemoryJournal::new()), "checkout")?;
     for (order, _) in orders {
         let id = OperationId::new(order, "charge")?;
         // Recorded before the side effect, with the key derived from it.
@@ -181,14 +183,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut op = journal.execute(&id, &provider).await?;
         steps.push(describe(&op));
         // The caller retries what is not settled; a reconciler would too.
-        while !op.state.is_settled() && steps.len() < 5 {
+        while !op.state().is_settled() && steps.len() < 5 {
             op = journal.execute(&id, &provider).await?;
             steps.push(describe(&op));
         }
         println!(
             "{order} charge: {}  [{} send(s)]",
             steps.join(" -> "),
-            op.sends
+            op.parts().sends
         );
     }
     let charges = provider
