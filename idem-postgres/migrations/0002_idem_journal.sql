@@ -19,8 +19,9 @@ CREATE TABLE IF NOT EXISTS idem_journal (
     -- numbers and refuse \u0000. Operators can still query `request::jsonb`.
     request       text   NOT NULL,
     provider_key  text   NOT NULL,
-    state         text   NOT NULL
-        CHECK (state IN ('pending', 'unknown', 'succeeded', 'failed', 'needs_review')),
+    -- OperationState::as_str; unchecked here, so a state a later version
+    -- adds needs no migration (a name no version writes reads as corrupt).
+    state         text   NOT NULL,
     provider_id   text,
     detail        text,
     first_sent_at bigint,

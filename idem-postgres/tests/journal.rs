@@ -247,3 +247,28 @@ fn invalid_options_are_refused_at_construction() {
     );
     assert_eq!(caps.max_response_bytes, usize::MAX);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_records_of_one_key_all_get_the_one_stored() {
+    let journal = journal().await;
+    for _ in 0..5 {
+        let key = fresh_key();
+        let racers: Vec<_> = (0..16)
+            .map(|i| {
+                let journal = journal.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    journal
+                        .record(&NewOperation::new(key, json!({ "racer": i })))
+                        .await
+                })
+            })
+            .collect();
+        let mut recorded = Vec::new();
+        for racer in racers {
+            recorded.push(racer.await.unwrap().unwrap());
+        }
+        let stored = journal.get(&key).await.unwrap().unwrap();
+        assert!(recorded.iter().all(|r| *r == stored), "{recorded:?}");
+    }
+}

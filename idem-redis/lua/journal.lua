@@ -1,15 +1,16 @@
 -- Shared prelude of the journal's writing scripts. KEYS[1] is the
--- operation's hash; KEYS[2..6] are its namespace's listing indexes, one sorted
--- set per state, scored by updated_at (unix ms), whose members are the keys
--- of the operations' hashes. Every key shares the namespace's hash tag, so a
--- script touching them all stays in one cluster slot.
-local INDEX = {
-  pending = KEYS[2],
-  unknown = KEYS[3],
-  succeeded = KEYS[4],
-  failed = KEYS[5],
-  needs_review = KEYS[6],
-}
+-- operation's hash; KEYS[2..] are its namespace's listing indexes, one sorted
+-- set per state (`...:state:<state>`), scored by updated_at (unix ms), whose
+-- members are the keys of the operations' hashes. Every key shares the
+-- namespace's hash tag, so a script touching them all stays in one cluster
+-- slot. Each index is found by the state its key names, not by its place.
+local INDEX = {}
+for i = 2, #KEYS do
+  local state = string.match(KEYS[i], ':state:([a-z_]+)$')
+  if state then
+    INDEX[state] = KEYS[i]
+  end
+end
 
 -- A settled state is final: nothing overwrites it, nobody leases it.
 local function settled(state)

@@ -225,8 +225,8 @@ fn index_key(tag: &str, state: OperationState) -> String {
 
 impl Operations {
     /// A writing script's invocation: the operation's hash, then its
-    /// namespace's index of each state in [`OperationState::ALL`]'s order
-    /// (as `lua/journal.lua` reads them).
+    /// namespace's index of every state (`lua/journal.lua` tells them
+    /// apart by the state their keys name).
     fn invocation<'a>(&self, script: &'a Script, key: &OperationKey) -> ScriptInvocation<'a> {
         let mut invocation = script.key(operation_key(&self.prefix, key));
         let tag = namespace_tag(&self.prefix, key.namespace());
