@@ -102,8 +102,18 @@ pub enum Operation {
     MarkSent,
     /// Writing a journal operation's outcome and releasing it.
     Finish,
-    /// Listing a journal's operations.
+    /// Listing a journal's operations, or an outbox's parked messages.
     List,
+    /// Writing a message to an outbox.
+    Enqueue,
+    /// Counting a failed publish of an outbox message.
+    MarkFailed,
+    /// An operator's retry of a parked message.
+    Retry,
+    /// An operator's drop of a message.
+    Drop,
+    /// Reading an outbox's backlog.
+    Stats,
 }
 
 impl Operation {
@@ -126,6 +136,11 @@ impl Operation {
             Self::MarkSent => "mark_sent",
             Self::Finish => "finish",
             Self::List => "list",
+            Self::Enqueue => "enqueue",
+            Self::MarkFailed => "mark_failed",
+            Self::Retry => "retry",
+            Self::Drop => "drop",
+            Self::Stats => "stats",
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::journal::{
     Acquired, Finish, JournalRecord, JournalStore, NewOperation, OperationKey, OperationState,
 };
 use crate::observability::store_call;
+use crate::outbox::{MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore};
 use crate::record::{Checkpoint, Lease, OwnerToken, Record, StoredResponse};
 use crate::scope::{IdempotencyKey, Scope, Tenant};
 
@@ -447,6 +448,86 @@ impl<S: JournalStore> JournalStore for Layered<S> {
     }
 }
 
+#[async_trait]
+impl<S: OutboxStore> OutboxStore for Layered<S> {
+    async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
+        let enqueued = self.inner.enqueue(message);
+        self.layer
+            .traced(Operation::Enqueue, None, None, enqueued)
+            .await
+    }
+
+    async fn claim(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let claimed = self.inner.claim(owner, lease, limit);
+        self.layer
+            .traced(Operation::Claim, None, None, claimed)
+            .await
+    }
+
+    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let sent = self.inner.mark_sent(owner, ids);
+        self.layer
+            .traced(Operation::MarkSent, None, None, sent)
+            .await
+    }
+
+    async fn mark_failed(
+        &self,
+        owner: OwnerToken,
+        id: MessageId,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<MessageState, StoreError> {
+        let failed = self
+            .inner
+            .mark_failed(owner, id, error, retry_after, max_attempts);
+        self.layer
+            .traced(Operation::MarkFailed, None, None, failed)
+            .await
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        let parked = self.inner.parked(limit);
+        self.layer.traced(Operation::List, None, None, parked).await
+    }
+
+    async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
+        let retried = self.inner.retry(id);
+        self.layer
+            .traced(Operation::Retry, None, None, retried)
+            .await
+    }
+
+    async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        let dropped = self.inner.drop_message(id, reason);
+        self.layer
+            .traced(Operation::Drop, None, None, dropped)
+            .await
+    }
+
+    async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        let purged = self.inner.purge_sent(older_than, limit);
+        self.layer
+            .traced(Operation::Purge, None, None, purged)
+            .await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let stats = self.inner.stats();
+        self.layer.traced(Operation::Stats, None, None, stats).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
 /// A journal operation's span fields: its namespace as the tenant, and its
 /// identity hashed as the key is (an order number can be personal data).
 fn journal_scope(key: &OperationKey) -> Option<Scope> {
@@ -475,6 +556,84 @@ fn journal_scope(key: &OperationKey) -> Option<Scope> {
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __forward_store {
+    (outbox $ty:ty => $field:ident) => {
+        #[$crate::async_trait]
+        impl $crate::store::OutboxStore for $ty {
+            async fn enqueue(
+                &self,
+                message: &$crate::store::NewMessage,
+            ) -> ::core::result::Result<$crate::store::OutboxMessage, $crate::StoreError> {
+                self.$field.enqueue(message).await
+            }
+            async fn claim(
+                &self,
+                owner: $crate::store::OwnerToken,
+                lease: ::core::time::Duration,
+                limit: usize,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::store::OutboxMessage>,
+                $crate::StoreError,
+            > {
+                self.$field.claim(owner, lease, limit).await
+            }
+            async fn mark_sent(
+                &self,
+                owner: $crate::store::OwnerToken,
+                ids: &[$crate::store::MessageId],
+            ) -> ::core::result::Result<u64, $crate::StoreError> {
+                self.$field.mark_sent(owner, ids).await
+            }
+            async fn mark_failed(
+                &self,
+                owner: $crate::store::OwnerToken,
+                id: $crate::store::MessageId,
+                error: &str,
+                retry_after: ::core::time::Duration,
+                max_attempts: u32,
+            ) -> ::core::result::Result<$crate::store::MessageState, $crate::StoreError> {
+                self.$field
+                    .mark_failed(owner, id, error, retry_after, max_attempts)
+                    .await
+            }
+            async fn parked(
+                &self,
+                limit: usize,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::store::OutboxMessage>,
+                $crate::StoreError,
+            > {
+                self.$field.parked(limit).await
+            }
+            async fn retry(
+                &self,
+                id: $crate::store::MessageId,
+            ) -> ::core::result::Result<bool, $crate::StoreError> {
+                self.$field.retry(id).await
+            }
+            async fn drop_message(
+                &self,
+                id: $crate::store::MessageId,
+                reason: &str,
+            ) -> ::core::result::Result<bool, $crate::StoreError> {
+                self.$field.drop_message(id, reason).await
+            }
+            async fn purge_sent(
+                &self,
+                older_than: ::core::time::Duration,
+                limit: usize,
+            ) -> ::core::result::Result<u64, $crate::StoreError> {
+                self.$field.purge_sent(older_than, limit).await
+            }
+            async fn stats(
+                &self,
+            ) -> ::core::result::Result<$crate::store::OutboxStats, $crate::StoreError> {
+                self.$field.stats().await
+            }
+            fn capabilities(&self) -> $crate::store::Capabilities {
+                self.$field.capabilities()
+            }
+        }
+    };
     (journal $ty:ty => $field:ident) => {
         #[$crate::async_trait]
         impl $crate::store::JournalStore for $ty {
@@ -598,6 +757,16 @@ macro_rules! __forward_store {
                 self.$field.capabilities()
             }
         }
+    };
+}
+
+/// Implements [`OutboxStore`] for a type by forwarding every operation to a
+/// field that is an outbox store: `forward_outbox_store!(MyOutbox => field)`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __forward_outbox_store {
+    ($ty:ty => $field:ident) => {
+        $crate::__forward_store!(outbox $ty => $field);
     };
 }
 

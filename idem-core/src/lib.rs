@@ -57,6 +57,7 @@ mod fingerprint;
 mod journal;
 mod layer;
 mod options;
+mod outbox;
 mod outcome;
 mod record;
 mod runner;

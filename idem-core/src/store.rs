@@ -2,6 +2,9 @@
 /// Implements [`JournalStore`] for a type by forwarding every operation to
 /// a field that is a journal store; see [`Layered`].
 pub use crate::__forward_journal_store as forward_journal_store;
+/// Implements [`OutboxStore`] for a type by forwarding every operation to a
+/// field that is an outbox store; see [`Layered`].
+pub use crate::__forward_outbox_store as forward_outbox_store;
 /// Implements [`IdempotencyStore`] for a type by forwarding every operation
 /// to a field that is a store; see [`Layered`].
 pub use crate::__forward_store as forward_store;
@@ -28,4 +31,8 @@ pub use crate::journal::{
 };
 pub use crate::layer::{Layered, OperationLayer};
 pub use crate::options::validate_name;
+pub use crate::outbox::{
+    MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, validate_outbox_batch,
+};
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};

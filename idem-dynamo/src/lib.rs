@@ -1,7 +1,7 @@
 //! # idem-dynamo
 //!
-//! The DynamoDB store for [idem](idem_core), over your
-//! [`aws_sdk_dynamodb::Client`].
+//! The DynamoDB store for [idem](idem_core), and the store of its outbound
+//! operation journal, over your [`aws_sdk_dynamodb::Client`].
 //!
 //! - [`DynamoStore::new`] takes the client (table `idem-records`);
 //!   [`DynamoStore::with_options`] takes [`DynamoOptions`] (table, response
@@ -23,6 +23,18 @@
 //!   [`Idempotency::run_in`](idem_core::Idempotency::run_in).
 //! - A response that cannot fit a 400 KB item is refused with `TooLarge`
 //!   before anything is written.
+//! - [`DynamoJournal`] is the [`JournalStore`](idem_core::store::JournalStore)
+//!   (table `idem-journal`, [`DynamoJournalOptions`] beside
+//!   [`DynamoOptions`]): one item per operation under
+//!   [`OperationKey::storage_key`](idem_core::store::OperationKey::storage_key),
+//!   each part of the record an attribute; `record` one conditional
+//!   `PutItem`, `acquire`, `mark_sent` and `finish` one conditional
+//!   `UpdateItem` each, fenced on the lease's owner and end and answering a
+//!   second delivery from the item that refused it; `list` a query of a
+//!   global secondary index (namespace and state, oldest change first),
+//!   each operation found read again strongly consistent, since the index
+//!   lags. [`DynamoJournal::record_item`] records an operation inside your
+//!   own `TransactWriteItems`, with your business write.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -42,10 +54,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ```no_run
+//! use idem_core::Tenant;
+//! use idem_core::store::{JournalStore, NewOperation, OperationId, OperationKey};
+//! use idem_dynamo::{aws_sdk_dynamodb, DynamoJournal};
+//!
+//! # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
+//! let journal = DynamoJournal::new(aws_sdk_dynamodb::Client::from_conf(config));
+//! let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-7", "charge")?);
+//! let recorded = journal.record(&NewOperation::new(key, serde_json::json!({"amount": 700}))).await?;
+//! println!("send with Idempotency-Key: {}", recorded.provider_key());
+//! # Ok(()) }
+//! ```
+//!
 //! The modules, as in every idem store: `store` (the store and its trait
 //! implementation), `options`, `claim` (the one-round-trip claim), `codec`
 //! (item and record), `error` (driver error mapping), `commands` (the
-//! expressions sent) and `transaction`.
+//! expressions sent) and `transaction`; for the journal, `journal` (the
+//! store, its table and its transaction item) and `journal_item` (its item
+//! and expressions).
 
 mod claim;
 mod codec;
@@ -54,11 +81,17 @@ mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod journal;
+mod journal_item;
 mod options;
 mod store;
 mod transaction;
 
-pub use options::{DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TABLE, DynamoOptions, ITEM_LIMIT};
+pub use journal::DynamoJournal;
+pub use options::{
+    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TABLE, DynamoJournalOptions,
+    DynamoOptions, ITEM_LIMIT,
+};
 pub use store::DynamoStore;
 pub use transaction::DynamoTransaction;
 

@@ -1,5 +1,6 @@
-//! The store's settings: table, response limit and clock, validated once by
-//! [`DynamoStore::with_options`](crate::DynamoStore::with_options).
+//! The stores' settings: table, response limit and clock, validated once by
+//! [`DynamoStore::with_options`](crate::DynamoStore::with_options) and
+//! [`DynamoJournal::with_options`](crate::DynamoJournal::with_options).
 
 use std::sync::Arc;
 
@@ -138,6 +139,148 @@ impl DynamoOptions {
     }
 }
 
+/// The table [`DynamoJournal::new`](crate::DynamoJournal::new) uses.
+///
+/// ```
+/// assert_eq!(idem_dynamo::DEFAULT_JOURNAL_TABLE, "idem-journal");
+/// ```
+pub const DEFAULT_JOURNAL_TABLE: &str = "idem-journal";
+
+/// Settings of a [`DynamoJournal`](crate::DynamoJournal): its table, its
+/// clock and its [operation timeout](StoreOptions::with_operation_timeout),
+/// in the shape of [`DynamoOptions`].
+///
+/// The setters never fail: [`DynamoJournal::with_options`](crate::DynamoJournal::with_options)
+/// checks the whole set once.
+///
+/// The operation timeout bounds each
+/// [`JournalStore`](idem_core::store::JournalStore) operation as a whole, the
+/// SDK's retries included, and every request of it (a `list` is a few); not
+/// [`create_table`](crate::DynamoJournal::create_table). The SDK's own limits
+/// apply inside it, as for [`DynamoOptions`]. A journal keeps no responses,
+/// so the response limit of [`StoreOptions`] is not used (it is still
+/// checked, as everywhere: a zero one is refused).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{ManualClock, StoreOptions};
+/// use idem_core::store::Timestamp;
+/// use idem_dynamo::DynamoJournalOptions;
+///
+/// let options = DynamoJournalOptions::default()
+///     .table("payments-journal")
+///     .clock(ManualClock::new(Timestamp::from_unix_millis(0)))
+///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DynamoJournalOptions {
+    table: String,
+    clock: Arc<dyn Clock>,
+    store: StoreOptions,
+}
+
+impl Default for DynamoJournalOptions {
+    /// Table [`DEFAULT_JOURNAL_TABLE`], the system clock, a 5 s operation
+    /// timeout.
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_JOURNAL_TABLE.to_string(),
+            clock: Arc::new(SystemClock),
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+/// What a journal works with, once checked.
+#[derive(Debug, Clone)]
+pub(crate) struct JournalSettings {
+    pub(crate) table: String,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) layer: OperationLayer,
+}
+
+impl Default for JournalSettings {
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_JOURNAL_TABLE.to_string(),
+            clock: Arc::new(SystemClock),
+            layer: OperationLayer::new(STORE, StoreOptions::DEFAULT_OPERATION_TIMEOUT),
+        }
+    }
+}
+
+impl DynamoJournalOptions {
+    /// The table holding the operations: 3 to 255 characters of
+    /// `[A-Za-z0-9_.-]`. It may be the records' table of a
+    /// [`DynamoStore`](crate::DynamoStore) only if that table has the
+    /// journal's index (see [`create_table`](crate::DynamoJournal::create_table));
+    /// a table of its own is simpler.
+    ///
+    /// ```
+    /// use idem_dynamo::DynamoJournalOptions;
+    ///
+    /// let options = DynamoJournalOptions::default().table("payments-journal");
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn table(mut self, name: &str) -> Self {
+        self.table = name.to_string();
+        self
+    }
+
+    /// The clock that judges leases and stamps every time of a record
+    /// (DynamoDB has none to ask); tests inject a
+    /// [`ManualClock`](idem_core::ManualClock).
+    ///
+    /// ```
+    /// use idem_core::ManualClock;
+    /// use idem_core::store::Timestamp;
+    /// use idem_dynamo::DynamoJournalOptions;
+    ///
+    /// let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
+    /// let options = DynamoJournalOptions::default().clock(clock.clone());
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The operation timeout (the response limit is not used).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_dynamo::DynamoJournalOptions;
+    ///
+    /// let options = DynamoJournalOptions::default()
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Checks every setting against DynamoDB's rules.
+    pub(crate) fn validate(self) -> Result<JournalSettings, InvalidInput> {
+        // The one check of the timeout (and of a response limit, unused
+        // here but refused when zero, as by every store).
+        self.store
+            .checked(ITEM_LIMIT, usize::MAX, "unused by a journal")?;
+        validate_table(&self.table)?;
+        Ok(JournalSettings {
+            table: self.table,
+            clock: self.clock,
+            layer: OperationLayer::new(STORE, self.store.operation_timeout()),
+        })
+    }
+}
+
 /// DynamoDB's table name rules: 3 to 255 characters of `[A-Za-z0-9_.-]`.
 fn validate_table(name: &str) -> Result<(), InvalidInput> {
     let field = "table name";
@@ -168,6 +311,24 @@ mod tests {
         assert!(validate_table("ab").is_err());
         assert!(validate_table("no spaces").is_err());
         assert!(validate_table(&"t".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn journal_options_check_the_table_and_the_timeout() {
+        assert!(DynamoJournalOptions::default().validate().is_ok());
+        assert!(
+            DynamoJournalOptions::default()
+                .table("ab")
+                .validate()
+                .is_err()
+        );
+        let zero = StoreOptions::default().with_operation_timeout(std::time::Duration::ZERO);
+        assert!(
+            DynamoJournalOptions::default()
+                .store_options(zero)
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]

@@ -177,7 +177,7 @@ impl DynamoStore {
                 _ => Err(classify(OP, error)),
             };
         }
-        self.wait_until_active().await?;
+        wait_until_active(self.client(), self.table()).await?;
         self.client()
             .update_time_to_live()
             .table_name(self.table())
@@ -193,27 +193,27 @@ impl DynamoStore {
             .map_err(|e| classify(OP, e))?;
         Ok(())
     }
+}
 
-    async fn wait_until_active(&self) -> Result<(), StoreError> {
-        for _ in 0..600 {
-            let described = self
-                .client()
-                .describe_table()
-                .table_name(self.table())
-                .send()
-                .await
-                .map_err(|e| classify(Operation::Setup, e))?;
-            if described.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+/// Waits until `table` is active, for a minute at most.
+pub(crate) async fn wait_until_active(client: &Client, table: &str) -> Result<(), StoreError> {
+    for _ in 0..600 {
+        let described = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| classify(Operation::Setup, e))?;
+        if described.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+            return Ok(());
         }
-        Err(StoreError::unavailable(
-            STORE,
-            Operation::Setup,
-            "the table did not become active within a minute",
-        ))
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Err(StoreError::unavailable(
+        STORE,
+        Operation::Setup,
+        "the table did not become active within a minute",
+    ))
 }
 
 impl Records {

@@ -46,8 +46,10 @@ use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
 mod journal;
+mod outbox;
 
 pub use journal::MemoryJournal;
+pub use outbox::MemoryOutbox;
 
 /// The store's name in errors.
 const STORE: &str = "memory";

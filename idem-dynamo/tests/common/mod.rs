@@ -16,7 +16,7 @@ use idem_core::StoreOptions;
 use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
 use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
-use idem_dynamo::{DynamoOptions, DynamoStore};
+use idem_dynamo::{DynamoJournal, DynamoJournalOptions, DynamoOptions, DynamoStore};
 
 pub const ENDPOINT_VAR: &str = "IDEM_DYNAMO_ENDPOINT";
 
@@ -147,6 +147,32 @@ pub async fn order_item(store: &DynamoStore, id: &str) -> Option<HashMap<String,
         .await
         .expect("get the order item")
         .item
+}
+
+/// A journal on the shared journal table (cases use namespaces of their own).
+pub async fn shared_journal() -> DynamoJournal {
+    journal_with(DynamoJournalOptions::default().table("idem-journal-conformance")).await
+}
+
+/// A journal on a table of the test's own, for counting its requests.
+pub async fn own_journal(prefix: &str) -> DynamoJournal {
+    journal_with(DynamoJournalOptions::default().table(&own_table(prefix))).await
+}
+
+/// A journal with `options` and [`GENEROUS_OPERATION_TIMEOUT`], its table
+/// (and list index) created.
+pub async fn journal_with(options: DynamoJournalOptions) -> DynamoJournal {
+    let shared = StoreOptions::default().with_operation_timeout(GENEROUS_OPERATION_TIMEOUT);
+    let journal = DynamoJournal::with_options(client(), options.store_options(shared))
+        .expect("valid options");
+    journal.create_table().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",
+            journal.table(),
+            endpoint()
+        )
+    });
+    journal
 }
 
 /// A fresh table name for a test of its own.

@@ -1,0 +1,344 @@
+//! `MemoryOutbox`: the outbox store in process, on the caller's clock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use idem_core::store::{
+    Capabilities, Clock, ClockSource, Durability, Layered, MessageId, MessageParts, MessageState,
+    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, SystemClock,
+    Timestamp, TransactionSharing, forward_outbox_store, validate_lease, validate_outbox_batch,
+};
+use idem_core::{StoreError, async_trait};
+
+use crate::STORE;
+
+/// An in-process outbox store: tests, examples and single-process services
+/// (a message enqueued here is not in any database transaction). The
+/// caller's [`Clock`] judges leases and back-off. Every operation holds one
+/// lock, so each is atomic. Cloning is cheap and shares the messages.
+///
+/// ```
+/// use idem_core::store::{NewMessage, OutboxStore};
+/// use idem_memory::MemoryOutbox;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let outbox = MemoryOutbox::new();
+/// let first = outbox.enqueue(&NewMessage::new("order-1", "order.placed", b"{}".to_vec())?).await?;
+/// let second = outbox.enqueue(&NewMessage::new("order-1", "order.paid", b"{}".to_vec())?).await?;
+/// assert_eq!((first.parts().sequence, second.parts().sequence), (1, 2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryOutbox {
+    messages: Layered<Messages>,
+}
+
+forward_outbox_store!(MemoryOutbox => messages);
+
+#[derive(Default)]
+struct State {
+    messages: BTreeMap<MessageId, OutboxMessage>,
+    /// The last sequence of each aggregate.
+    sequences: HashMap<String, u64>,
+}
+
+#[derive(Clone)]
+struct Messages {
+    state: Arc<Mutex<State>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for Messages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryOutbox")
+            .field("messages", &self.locked().messages.len())
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl Default for MemoryOutbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryOutbox {
+    /// An empty outbox on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// An empty outbox on `clock`.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        let messages = Messages {
+            state: Arc::default(),
+            clock: Arc::new(clock),
+        };
+        Self {
+            messages: Layered::with_layer(messages, OperationLayer::unlimited(STORE)),
+        }
+    }
+}
+
+impl Messages {
+    fn locked(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere cannot leave a message half-written: keep using it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether someone holds `message` at `now`.
+fn leased(message: &OutboxMessage, now: Timestamp) -> bool {
+    message.parts().lease_until.is_some_and(|until| until > now)
+}
+
+fn with_parts(message: &OutboxMessage, edit: impl FnOnce(&mut MessageParts)) -> OutboxMessage {
+    let mut parts = message.parts().clone();
+    edit(&mut parts);
+    OutboxMessage::new(message.message().clone(), parts)
+}
+
+#[async_trait]
+impl OutboxStore for Messages {
+    async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        if let Some(existing) = state.messages.get(&message.id()) {
+            return Ok(existing.clone());
+        }
+        let sequence = state
+            .sequences
+            .entry(message.aggregate().to_string())
+            .or_insert(0);
+        *sequence += 1;
+        let stored = OutboxMessage::new(
+            message.clone(),
+            MessageParts {
+                sequence: *sequence,
+                state: MessageState::Pending,
+                attempts: 0,
+                last_error: None,
+                enqueued_at: now,
+                available_at: now,
+                lease_owner: None,
+                lease_until: None,
+                sent_at: None,
+            },
+        );
+        state.messages.insert(message.id(), stored.clone());
+        Ok(stored)
+    }
+
+    async fn claim(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let lease = validate_lease(lease)?;
+        let limit = validate_outbox_batch(limit)?;
+        let now = self.clock.now();
+        let mut state = self.locked();
+        // Each aggregate's head: its lowest sequence not yet sent or dropped.
+        let mut heads: HashMap<&str, &OutboxMessage> = HashMap::new();
+        for message in state.messages.values() {
+            if matches!(message.state(), MessageState::Sent | MessageState::Dropped) {
+                continue;
+            }
+            let aggregate = message.message().aggregate();
+            let head = heads.entry(aggregate).or_insert(message);
+            if message.parts().sequence < head.parts().sequence {
+                *head = message;
+            }
+        }
+        let mut due: Vec<&OutboxMessage> = heads
+            .into_values()
+            .filter(|head| {
+                head.state() == MessageState::Pending
+                    && !leased(head, now)
+                    && head.parts().available_at <= now
+            })
+            .collect();
+        due.sort_by_key(|head| (head.parts().enqueued_at, head.id()));
+        let claimed: Vec<OutboxMessage> = due
+            .into_iter()
+            .take(limit)
+            .map(|head| {
+                with_parts(head, |parts| {
+                    parts.lease_owner = Some(owner);
+                    parts.lease_until = Some(now + lease);
+                })
+            })
+            .collect();
+        for message in &claimed {
+            state.messages.insert(message.id(), message.clone());
+        }
+        Ok(claimed)
+    }
+
+    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let mut marked = 0;
+        for id in ids {
+            let Some(message) = state.messages.get(id) else {
+                continue;
+            };
+            let held = message.parts().lease_owner == Some(owner) && leased(message, now);
+            if message.state() == MessageState::Pending && held {
+                let sent = with_parts(message, |parts| {
+                    parts.state = MessageState::Sent;
+                    parts.sent_at = Some(now);
+                    parts.lease_until = None;
+                });
+                state.messages.insert(*id, sent);
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
+    async fn mark_failed(
+        &self,
+        owner: OwnerToken,
+        id: MessageId,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<MessageState, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let Some(message) = state.messages.get(&id) else {
+            return Err(StoreError::LostLease);
+        };
+        let held = message.parts().lease_owner == Some(owner) && leased(message, now);
+        if message.state() != MessageState::Pending || !held {
+            return Err(StoreError::LostLease);
+        }
+        let failed = with_parts(message, |parts| {
+            parts.attempts = parts.attempts.saturating_add(1);
+            parts.last_error = Some(error.to_string());
+            parts.lease_until = None;
+            parts.available_at = now + retry_after;
+            if parts.attempts >= max_attempts {
+                parts.state = MessageState::Parked;
+            }
+        });
+        let left = failed.state();
+        state.messages.insert(id, failed);
+        Ok(left)
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        let limit = validate_outbox_batch(limit)?;
+        let mut parked: Vec<OutboxMessage> = self
+            .locked()
+            .messages
+            .values()
+            .filter(|m| m.state() == MessageState::Parked)
+            .cloned()
+            .collect();
+        parked.sort_by_key(|m| (m.parts().enqueued_at, m.id()));
+        parked.truncate(limit);
+        Ok(parked)
+    }
+
+    async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let Some(message) = state.messages.get(&id) else {
+            return Ok(false);
+        };
+        if message.state() != MessageState::Parked {
+            return Ok(false);
+        }
+        let retried = with_parts(message, |parts| {
+            parts.state = MessageState::Pending;
+            parts.attempts = 0;
+            parts.available_at = now;
+        });
+        state.messages.insert(id, retried);
+        Ok(true)
+    }
+
+    async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        let mut state = self.locked();
+        let Some(message) = state.messages.get(&id) else {
+            return Ok(false);
+        };
+        if !matches!(
+            message.state(),
+            MessageState::Pending | MessageState::Parked
+        ) {
+            return Ok(false);
+        }
+        let dropped = with_parts(message, |parts| {
+            parts.state = MessageState::Dropped;
+            parts.last_error = Some(reason.to_string());
+            parts.lease_until = None;
+        });
+        state.messages.insert(id, dropped);
+        Ok(true)
+    }
+
+    async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        let limit = validate_outbox_batch(limit)?;
+        let cutoff = self.clock.now() - older_than;
+        let mut state = self.locked();
+        let done: Vec<MessageId> = state
+            .messages
+            .values()
+            .filter(|m| {
+                let finished = match m.state() {
+                    MessageState::Sent => m.parts().sent_at.unwrap_or(m.parts().enqueued_at),
+                    MessageState::Dropped => m.parts().enqueued_at,
+                    _ => return false,
+                };
+                finished <= cutoff
+            })
+            .map(OutboxMessage::id)
+            .take(limit)
+            .collect();
+        for id in &done {
+            state.messages.remove(id);
+        }
+        Ok(done.len() as u64)
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let now = self.clock.now();
+        let state = self.locked();
+        let pending = state
+            .messages
+            .values()
+            .filter(|m| m.state() == MessageState::Pending);
+        let (count, oldest) = pending.fold((0u64, None::<Timestamp>), |(n, oldest), m| {
+            let at = m.parts().enqueued_at;
+            (n + 1, Some(oldest.map_or(at, |o| o.min(at))))
+        });
+        let parked = state
+            .messages
+            .values()
+            .filter(|m| m.state() == MessageState::Parked)
+            .count() as u64;
+        Ok(OutboxStats::new(
+            count,
+            parked,
+            oldest.map(|at| now.saturating_duration_since(at)),
+        ))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            STORE,
+            TransactionSharing::None,
+            Durability::Volatile,
+            ClockSource::Caller,
+            usize::MAX,
+        )
+    }
+}
