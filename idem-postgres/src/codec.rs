@@ -13,7 +13,11 @@ use sqlx::query::Query;
 use crate::error::{classify, corrupt};
 
 /// Reads a column, mapping a driver error to the operation's.
-fn column<'r, T>(row: &'r PgRow, name: &str, operation: Operation) -> Result<T, StoreError>
+pub(crate) fn column<'r, T>(
+    row: &'r PgRow,
+    name: &str,
+    operation: Operation,
+) -> Result<T, StoreError>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {

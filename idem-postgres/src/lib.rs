@@ -18,6 +18,12 @@
 //! - [`IdempotencyStore::purge_expired`](idem_core::store::IdempotencyStore::purge_expired)
 //!   deletes in bounded `SKIP LOCKED` batches; run it on an interval with
 //!   [`idem_core::Sweeper`].
+//! - [`PostgresJournal`] is the outbound operation journal's store
+//!   ([`JournalStore`](idem_core::store::JournalStore)) in a table of its
+//!   own (`idem_journal`; [`PostgresJournalOptions`]): one PL/pgSQL call per
+//!   operation, on the server's clock, and
+//!   [`PostgresJournal::record_in`] records an operation inside the
+//!   caller's business transaction.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -42,13 +48,15 @@ mod codec;
 mod commands;
 mod error;
 mod fenced;
+mod journal;
 mod options;
 mod store;
 mod transaction;
 
+pub use journal::PostgresJournal;
 pub use options::{
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PURGE_BATCH, DEFAULT_TABLE, MAX_RESPONSE_BYTES_LIMIT,
-    MAX_TABLE_NAME, PostgresOptions, TableName,
+    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PURGE_BATCH, DEFAULT_TABLE,
+    MAX_RESPONSE_BYTES_LIMIT, MAX_TABLE_NAME, PostgresJournalOptions, PostgresOptions, TableName,
 };
 pub use store::PostgresStore;
 pub use transaction::PgTransaction;

@@ -9,8 +9,14 @@ use idem_core::{InvalidInput, StoreOptions};
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idem_records";
 
+/// The default table name of a [`PostgresJournal`](crate::PostgresJournal).
+pub const DEFAULT_JOURNAL_TABLE: &str = "idem_journal";
+
 /// The migration for the default table, as shipped in `migrations/`.
 const MIGRATION: &str = include_str!("../migrations/0001_idem_records.sql");
+
+/// The journal's migration for its default table, as shipped in `migrations/`.
+const JOURNAL_MIGRATION: &str = include_str!("../migrations/0002_idem_journal.sql");
 
 /// The longest table name accepted: Postgres identifiers hold 63 bytes, and
 /// the index and function names add a suffix to the table's.
@@ -86,14 +92,34 @@ impl TableName {
     /// The migration SQL for this table: the shipped migration with its names
     /// replaced.
     pub fn migration_sql(&self) -> String {
-        // Every object in the migration is named `idem_records` or
-        // `idem_records_<suffix>`; an index takes its table's schema and must
-        // not be qualified.
-        let index = "idem_records_expires_at_idx";
-        MIGRATION
-            .replace(index, "\u{0}")
-            .replace(DEFAULT_TABLE, &self.derived(""))
-            .replace('\u{0}', &format!("{}_expires_at_idx", self.table))
+        self.renamed(MIGRATION, DEFAULT_TABLE, "_expires_at_idx")
+    }
+
+    /// The journal's migration SQL for this table (see
+    /// [`PostgresJournal::migration_sql`](crate::PostgresJournal::migration_sql)).
+    pub(crate) fn journal_migration_sql(&self) -> String {
+        self.renamed(JOURNAL_MIGRATION, DEFAULT_JOURNAL_TABLE, "_list_idx")
+    }
+
+    /// `migration` with every object named `default` or `default<suffix>`
+    /// renamed after this table.
+    fn renamed(&self, migration: &str, default: &str, index_suffix: &str) -> String {
+        // Every object in a migration is named `<default>` or
+        // `<default>_<suffix>`; an index takes its table's schema and must
+        // not be qualified, so it is set aside before the qualified rename.
+        let index = format!("{default}{index_suffix}");
+        migration
+            .replace(&index, "\u{0}")
+            .replace(default, &self.derived(""))
+            .replace('\u{0}', &format!("{}{index_suffix}", self.table))
+    }
+
+    /// The default table of a journal, `idem_journal`.
+    pub(crate) fn journal_default() -> Self {
+        Self {
+            schema: None,
+            table: DEFAULT_JOURNAL_TABLE.to_string(),
+        }
     }
 }
 
@@ -220,6 +246,69 @@ impl PostgresOptions {
     }
 }
 
+/// How a [`PostgresJournal`](crate::PostgresJournal) is built; validated once
+/// by [`PostgresJournal::with_options`](crate::PostgresJournal::with_options).
+///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+/// journal operation as a whole (acquiring a connection from the pool
+/// included), and [`record_in`](crate::PostgresJournal::record_in) inside
+/// the caller's transaction; not [`migrate`](crate::PostgresJournal::migrate),
+/// which may wait for a concurrent migration. The journal keeps no
+/// responses: a response limit set in the store options is only checked to
+/// be at least 1.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::StoreOptions;
+/// use idem_postgres::PostgresJournalOptions;
+///
+/// let options = PostgresJournalOptions::default()
+///     .table("billing.idem_journal")
+///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresJournalOptions {
+    pub(crate) table: String,
+    pub(crate) store: StoreOptions,
+}
+
+impl Default for PostgresJournalOptions {
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_JOURNAL_TABLE.to_string(),
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+impl PostgresJournalOptions {
+    /// The table: `table` or `schema.table`, lowercase SQL identifiers
+    /// (default [`DEFAULT_JOURNAL_TABLE`]; see [`TableName`]).
+    #[must_use]
+    pub fn table(mut self, name: &str) -> Self {
+        self.table = name.to_string();
+        self
+    }
+
+    /// The operation timeout (default 5 s, more than zero).
+    #[must_use]
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// The table name, validated with the timeout.
+    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
+        // One check of the shared options for every store; no ceiling on
+        // responses, which a journal never stores.
+        self.store
+            .checked(usize::MAX, usize::MAX, "a journal keeps no responses")?;
+        TableName::new(&self.table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +343,50 @@ mod tests {
         assert!(sql.contains("billing.keys%ROWTYPE"));
         assert!(sql.contains("INDEX IF NOT EXISTS keys_expires_at_idx ON billing.keys"));
         assert_eq!(TableName::default().migration_sql(), MIGRATION);
+    }
+
+    #[test]
+    fn journal_migration_for_another_table_renames_every_object() {
+        let sql = TableName::new("app.ops").unwrap().journal_migration_sql();
+        assert!(!sql.contains("idem_journal"));
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.ops ("));
+        for function in ["now", "record", "acquire", "mark_sent", "finish"] {
+            assert!(
+                sql.contains(&format!("FUNCTION app.ops_{function}(")),
+                "{function}"
+            );
+        }
+        assert!(sql.contains("app.ops%ROWTYPE"));
+        assert!(sql.contains("SETOF app.ops\n"));
+        assert!(sql.contains("INDEX IF NOT EXISTS ops_list_idx ON app.ops ("));
+        assert_eq!(
+            TableName::journal_default().journal_migration_sql(),
+            JOURNAL_MIGRATION
+        );
+    }
+
+    #[test]
+    fn journal_options_refuse_a_bad_table_and_a_zero_timeout() {
+        use std::time::Duration;
+        assert_eq!(
+            PostgresJournalOptions::default().validate(),
+            Ok(TableName::journal_default())
+        );
+        assert!(
+            PostgresJournalOptions::default()
+                .table("Bad")
+                .validate()
+                .is_err()
+        );
+        let zero = StoreOptions::default().with_operation_timeout(Duration::ZERO);
+        assert!(matches!(
+            PostgresJournalOptions::default()
+                .store_options(zero)
+                .validate(),
+            Err(InvalidInput::OutOfRange {
+                field: "operation timeout",
+                ..
+            })
+        ));
     }
 }

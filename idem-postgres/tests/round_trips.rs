@@ -102,3 +102,105 @@ async fn every_operation_and_claim_outcome_is_one_statement_round_trip() {
         assert_eq!(n, 1, "{what} took {n} statement round trips");
     }
 }
+
+/// Every journal operation, for every outcome, is one statement round trip:
+/// each runs the sequence twice over one connection, the first to prepare
+/// the statements, and counts the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_journal_operation_and_outcome_is_one_statement_round_trip() {
+    use idem_core::Tenant;
+    use idem_core::store::{
+        Acquired, Finish, JournalStore, NewOperation, OperationId, OperationKey, OperationState,
+        OwnerToken,
+    };
+    use idem_postgres::PostgresJournal;
+
+    let (options, upstream) = common::server();
+    let proxy = CountingProxy::start(upstream).await;
+    let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(common::via_proxy(options, proxy.port))
+        .await
+        .unwrap();
+    let journal = PostgresJournal::new(pool);
+    journal.migrate().await.unwrap();
+    let mut report = Vec::new();
+    for _ in 0..2 {
+        report.clear();
+        macro_rules! cost {
+            ($what:expr, $op:expr) => {{
+                let before = proxy.statements();
+                let value = $op;
+                report.push(($what, proxy.statements() - before));
+                value
+            }};
+        }
+        let namespace = Tenant::new(format!("rt-{}", uuid::Uuid::new_v4())).unwrap();
+        let key = OperationKey::new(
+            namespace.clone(),
+            OperationId::new("order-1", "charge").unwrap(),
+        );
+        let new = NewOperation::new(key.clone(), serde_json::json!({"amount": 1}));
+        let (owner, other) = (OwnerToken::generate(), OwnerToken::generate());
+        let lease = Duration::from_secs(60);
+        let finish = Finish::new(OperationState::Succeeded, Some("paid".into()));
+        cost!(
+            "acquire: absent",
+            journal.acquire(&key, owner, lease).await.unwrap()
+        );
+        cost!("record: new", journal.record(&new).await.unwrap());
+        cost!("record: existing", journal.record(&new).await.unwrap());
+        cost!("get", journal.get(&key).await.unwrap());
+        let held = cost!(
+            "acquire: held",
+            journal.acquire(&key, owner, lease).await.unwrap()
+        );
+        assert!(matches!(held, Acquired::Held { .. }), "{held:?}");
+        let busy = cost!(
+            "acquire: busy",
+            journal.acquire(&key, other, lease).await.unwrap()
+        );
+        assert!(matches!(busy, Acquired::Busy { .. }), "{busy:?}");
+        cost!(
+            "mark_sent",
+            journal.mark_sent(&key, owner, 0).await.unwrap()
+        );
+        cost!(
+            "mark_sent: again",
+            journal.mark_sent(&key, owner, 0).await.unwrap()
+        );
+        cost!(
+            "mark_sent: lost lease",
+            journal.mark_sent(&key, other, 1).await.unwrap_err()
+        );
+        cost!(
+            "finish",
+            journal.finish(&key, owner, &finish).await.unwrap()
+        );
+        cost!(
+            "finish: again",
+            journal.finish(&key, owner, &finish).await.unwrap()
+        );
+        cost!(
+            "finish: lost lease",
+            journal.finish(&key, other, &finish).await.unwrap_err()
+        );
+        let settled = cost!(
+            "acquire: settled",
+            journal.acquire(&key, owner, lease).await.unwrap()
+        );
+        assert!(matches!(settled, Acquired::Settled(_)), "{settled:?}");
+        cost!(
+            "list",
+            journal
+                .list(&namespace, &OperationState::ALL, Duration::ZERO, 10)
+                .await
+                .unwrap()
+        );
+    }
+    println!("{report:#?}");
+    for (what, n) in &report {
+        assert_eq!(*n, 1, "{what} took {n} statement round trips: {report:?}");
+    }
+}

@@ -45,3 +45,35 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     delete: script(&[NOW], include_str!("../lua/delete.lua")),
     now: script(&[NOW], "return server_now()"),
 });
+
+/// The journal's writing scripts' prelude: its indexes and fences.
+const JOURNAL: &str = include_str!("../lua/journal.lua");
+
+/// Every script of the journal store, with its preludes.
+pub(crate) struct JournalScripts {
+    /// `lua/journal_record.lua`.
+    pub(crate) record: Script,
+    /// `lua/journal_get.lua`.
+    pub(crate) get: Script,
+    /// `lua/journal_acquire.lua`.
+    pub(crate) acquire: Script,
+    /// `lua/journal_mark_sent.lua`.
+    pub(crate) mark_sent: Script,
+    /// `lua/journal_finish.lua`.
+    pub(crate) finish: Script,
+    /// `lua/journal_list.lua`.
+    pub(crate) list: Script,
+}
+
+/// The journal's scripts, built on first use.
+pub(crate) static JOURNAL_SCRIPTS: LazyLock<JournalScripts> = LazyLock::new(|| JournalScripts {
+    record: script(&[NOW, JOURNAL], include_str!("../lua/journal_record.lua")),
+    get: script(&[], include_str!("../lua/journal_get.lua")),
+    acquire: script(&[NOW, JOURNAL], include_str!("../lua/journal_acquire.lua")),
+    mark_sent: script(
+        &[NOW, JOURNAL],
+        include_str!("../lua/journal_mark_sent.lua"),
+    ),
+    finish: script(&[NOW, JOURNAL], include_str!("../lua/journal_finish.lua")),
+    list: script(&[NOW], include_str!("../lua/journal_list.lua")),
+});

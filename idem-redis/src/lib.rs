@@ -17,6 +17,12 @@
 //!   [`RedisOptions::accept_eviction_risk`] says otherwise.
 //! - Nothing to share with the caller's transactions; `purge_expired` has
 //!   nothing to do, since Redis expires records by `PEXPIREAT`.
+//! - [`RedisJournal`] is the outbound operation journal's store
+//!   ([`JournalStore`](idem_core::store::JournalStore)), on one node or a
+//!   cluster alike: one hash per operation and one sorted set per namespace
+//!   and state for listings, all under the namespace's hash tag, each
+//!   operation one script on the server's `TIME` (`lua/journal_*.lua`);
+//!   [`RedisJournalOptions`] sets its prefix (`idem-journal`).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -37,11 +43,14 @@ mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod journal;
 mod options;
 mod store;
 
+pub use journal::RedisJournal;
 pub use options::{
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PREFIX, MAX_RESPONSE_BYTES_LIMIT, RedisOptions,
+    DEFAULT_JOURNAL_PREFIX, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PREFIX, MAX_RESPONSE_BYTES_LIMIT,
+    RedisJournalOptions, RedisOptions,
 };
 pub use store::{RedisConnection, RedisStore};
 

@@ -5,6 +5,8 @@ use idem_core::{InvalidInput, StoreOptions};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem";
+/// The default key prefix of a [`RedisJournal`](crate::RedisJournal).
+pub const DEFAULT_JOURNAL_PREFIX: &str = "idem-journal";
 /// The default [`Capabilities::max_response_bytes`](idem_core::store::Capabilities::max_response_bytes): 8 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
 /// The largest response limit accepted: a Redis string holds 512 MiB, and
@@ -111,14 +113,83 @@ impl RedisOptions {
             MAX_RESPONSE_BYTES_LIMIT,
             "Redis strings hold 512 MiB; the limit is 256 MiB",
         )?;
-        validate_name(
-            "key prefix",
-            &self.prefix,
-            MAX_PREFIX_BYTES,
-            |c| !matches!(c, '{' | '}' | ':'),
-            "must not contain '{', '}' or ':'",
-        )?;
+        validate_prefix(&self.prefix)?;
         Ok(max_response_bytes)
+    }
+}
+
+/// Checks a key prefix: 1 to 64 bytes, no braces (which would move the hash
+/// tag), colons (which separate a key's parts) or control characters.
+fn validate_prefix(prefix: &str) -> Result<(), InvalidInput> {
+    validate_name(
+        "key prefix",
+        prefix,
+        MAX_PREFIX_BYTES,
+        |c| !matches!(c, '{' | '}' | ':'),
+        "must not contain '{', '}' or ':'",
+    )
+}
+
+/// How a [`RedisJournal`](crate::RedisJournal) is set up.
+///
+/// The setters never fail: [`RedisJournal::with_options`](crate::RedisJournal::with_options)
+/// checks the whole set once, and refuses an invalid one with
+/// [`StoreError::InvalidInput`](idem_core::StoreError::InvalidInput).
+///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+/// journal operation as a whole, as [`RedisOptions`] says of the store's.
+/// The journal keeps no responses: a response limit set in the store options
+/// is only checked to be at least 1.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::StoreOptions;
+/// use idem_redis::RedisJournalOptions;
+///
+/// let options = RedisJournalOptions::default()
+///     .prefix("billing-journal")
+///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisJournalOptions {
+    pub(crate) prefix: String,
+    pub(crate) store: StoreOptions,
+}
+
+impl Default for RedisJournalOptions {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_JOURNAL_PREFIX.to_string(),
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+impl RedisJournalOptions {
+    /// Sets the prefix of every key (default [`DEFAULT_JOURNAL_PREFIX`]): 1
+    /// to 64 bytes, no braces, colons or control characters.
+    #[must_use]
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_string();
+        self
+    }
+
+    /// The operation timeout (default 5 s, more than zero).
+    #[must_use]
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Checks every option against its rule.
+    pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+        // One check of the shared options for every store; no ceiling on
+        // responses, which a journal never stores.
+        self.store
+            .checked(usize::MAX, usize::MAX, "a journal keeps no responses")?;
+        validate_prefix(&self.prefix)
     }
 }
 
@@ -165,6 +236,30 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn journal_options_check_the_prefix_and_the_timeout() {
+        assert_eq!(RedisJournalOptions::default().validate(), Ok(()));
+        for bad in ["", "a:b", "a{b"] {
+            assert!(
+                RedisJournalOptions::default()
+                    .prefix(bad)
+                    .validate()
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        let zero = StoreOptions::default().with_operation_timeout(std::time::Duration::ZERO);
+        assert!(matches!(
+            RedisJournalOptions::default()
+                .store_options(zero)
+                .validate(),
+            Err(InvalidInput::OutOfRange {
+                field: "operation timeout",
+                ..
+            })
+        ));
     }
 
     #[test]

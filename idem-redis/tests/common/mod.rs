@@ -51,17 +51,21 @@ pub async fn single_store() -> RedisStore {
         .expect("store over IDEM_REDIS_URL")
 }
 
-pub async fn cluster_store() -> RedisStore {
+/// A connection to the cluster named by `IDEM_REDIS_CLUSTER_URLS`.
+pub async fn cluster_connection() -> redis::cluster_async::ClusterConnection {
     let urls = var("IDEM_REDIS_CLUSTER_URLS");
     let client = ClusterClientBuilder::new(urls.split(',').map(str::trim).collect::<Vec<_>>())
         .connection_timeout(Duration::from_secs(2))
         .response_timeout(Duration::from_secs(5))
         .build()
         .expect("cluster client");
-    let conn = client.get_async_connection().await.unwrap_or_else(|e| {
+    client.get_async_connection().await.unwrap_or_else(|e| {
         panic!("cannot connect to the cluster at IDEM_REDIS_CLUSTER_URLS={urls}: {e}")
-    });
-    RedisStore::with_options(conn, volatile())
+    })
+}
+
+pub async fn cluster_store() -> RedisStore {
+    RedisStore::with_options(cluster_connection().await, volatile())
         .await
         .expect("store over the cluster")
 }

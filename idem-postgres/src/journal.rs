@@ -1,0 +1,546 @@
+//! `PostgresJournal`: the outbound operation journal's store, one row per
+//! operation, each operation one statement (a call of a PL/pgSQL function
+//! that `migrate()` installs; see `migrations/0002_idem_journal.sql`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::store::{
+    Acquired, Capabilities, ClockSource, Durability, Finish, JournalParts, JournalRecord,
+    JournalStore, Layered, NewOperation, OperationId, OperationKey, OperationLayer, OperationState,
+    OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis, validate_lease,
+    validate_list_limit,
+};
+use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Postgres};
+
+use crate::codec::column;
+use crate::error::{STORE, classify, corrupt};
+use crate::options::{PostgresJournalOptions, TableName};
+
+/// Serialises concurrent `migrate()` calls of journals (CREATE OR REPLACE
+/// FUNCTION races otherwise); not the records' lock, so neither waits for
+/// the other.
+const MIGRATION_LOCK: i64 = 0x1de3_0002;
+
+/// The columns every statement reads back, one per part of a record.
+const COLUMNS: [&str; 15] = [
+    "namespace",
+    "subject",
+    "effect",
+    "request",
+    "provider_key",
+    "state",
+    "provider_id",
+    "detail",
+    "first_sent_at",
+    "sends",
+    "created_at",
+    "updated_at",
+    "lease_owner",
+    "lease_until",
+    "search_until",
+];
+
+/// The journal store on Postgres, over the caller's `sqlx::PgPool`: one row
+/// per operation in the table `idem_journal` (or another, see
+/// [`PostgresJournalOptions`]), in the same database as the business data,
+/// so [`record_in`](Self::record_in) can record an operation inside the
+/// caller's business transaction.
+///
+/// Every operation is one statement and one round trip (after the
+/// connection has prepared it once), for every outcome: `record`,
+/// `acquire`, `mark_sent` and `finish` each call one PL/pgSQL function that
+/// [`migrate`](Self::migrate) installs. Leases, the key window and every
+/// time in a record are the database server's clock's. For exactly one
+/// round trip per operation, build the pool with
+/// `test_before_acquire(false)`: otherwise sqlx pings the connection before
+/// every use.
+///
+/// Every operation goes through the store's
+/// [`OperationLayer`]: it is bounded by the
+/// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
+/// by default), acquiring its connection included, ends in a retryable
+/// [`StoreError::Unavailable`] past it, and gets its span and metrics.
+///
+/// ```no_run
+/// use idem_core::Tenant;
+/// use idem_core::store::{JournalStore, NewOperation, OperationId, OperationKey};
+/// use idem_postgres::PostgresJournal;
+/// use idem_postgres::sqlx::postgres::PgPoolOptions;
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = PgPoolOptions::new()
+///     .test_before_acquire(false)
+///     .connect("postgres://localhost/app")
+///     .await?;
+/// let journal = PostgresJournal::new(pool);
+/// journal.migrate().await?;
+/// let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-42", "charge")?);
+/// let recorded = journal
+///     .record(&NewOperation::new(key.clone(), serde_json::json!({"amount": 500})))
+///     .await?;
+/// assert_eq!(journal.get(&key).await?, Some(recorded));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PostgresJournal {
+    operations: Layered<Operations>,
+}
+
+forward_journal_store!(PostgresJournal => operations);
+
+/// The pool, the table and its statements, inside the journal's layer.
+#[derive(Clone)]
+struct Operations {
+    pool: PgPool,
+    table: TableName,
+    sql: Arc<Statements>,
+}
+
+impl fmt::Debug for Operations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresJournal")
+            .field("table", &self.table)
+            .field("pool_size", &self.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every statement the journal runs, built once per table name from a
+/// validated name.
+#[derive(Debug)]
+struct Statements {
+    record: Arc<str>,
+    get: Arc<str>,
+    acquire: Arc<str>,
+    mark_sent: Arc<str>,
+    finish: Arc<str>,
+    list: Arc<str>,
+}
+
+/// The columns of a record, each read from `of` (a row alias and a dot,
+/// or a composite's `(x).`) under its own name.
+fn columns(of: &str) -> String {
+    COLUMNS
+        .iter()
+        .map(|name| format!("{of}{name} AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = table.derived("");
+        let row = columns("r.");
+        let key = "r.namespace = $1 AND r.subject = $2 AND r.effect = $3";
+        Self {
+            record: format!(
+                "SELECT {row} FROM {}($1, $2, $3, $4, $5) AS r",
+                table.derived("_record")
+            )
+            .into(),
+            get: format!("SELECT {row} FROM {t} AS r WHERE {key}").into(),
+            acquire: format!(
+                "SELECT a.o_outcome, a.o_now, {} FROM {}($1, $2, $3, $4, $5) AS a",
+                columns("(a.o_record)."),
+                table.derived("_acquire")
+            )
+            .into(),
+            mark_sent: format!(
+                "SELECT {row} FROM {}($1, $2, $3, $4, $5) AS r",
+                table.derived("_mark_sent")
+            )
+            .into(),
+            finish: format!(
+                "SELECT {row} FROM {}($1, $2, $3, $4, $5, $6, $7, $8) AS r",
+                table.derived("_finish")
+            )
+            .into(),
+            // The scalar subquery reads the clock once, and lets the cutoff
+            // bound the index scan. Ties in time go by identity, so pages of
+            // a listing come in one order.
+            list: format!(
+                "SELECT {row} FROM {t} AS r WHERE r.namespace = $1 AND r.state = ANY($2) \
+                 AND r.updated_at <= (SELECT {}()) - $3 \
+                 ORDER BY r.updated_at, r.subject, r.effect LIMIT $4",
+                table.derived("_now")
+            )
+            .into(),
+        }
+    }
+}
+
+impl PostgresJournal {
+    /// A journal store on `pool` with the default options: table
+    /// `idem_journal`, a 5 s operation timeout. Run
+    /// [`migrate`](Self::migrate) once (or apply
+    /// [`migration_sql`](Self::migration_sql) with your own tool).
+    ///
+    /// ```no_run
+    /// use idem_postgres::PostgresJournal;
+    ///
+    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
+    /// let journal = PostgresJournal::new(pool);
+    /// journal.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: PgPool) -> Self {
+        Self::from_parts(
+            pool,
+            TableName::journal_default(),
+            &PostgresJournalOptions::default(),
+        )
+    }
+
+    /// A journal store built from `options`.
+    ///
+    /// ```no_run
+    /// use idem_postgres::{PostgresJournal, PostgresJournalOptions};
+    ///
+    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
+    /// let journal = PostgresJournal::with_options(
+    ///     pool,
+    ///     PostgresJournalOptions::default().table("billing.idem_journal"),
+    /// )?;
+    /// journal.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] if the table is not a lowercase
+    /// identifier (optionally schema-qualified) or the operation timeout is
+    /// zero.
+    pub fn with_options(pool: PgPool, options: PostgresJournalOptions) -> Result<Self, StoreError> {
+        let table = options.validate()?;
+        Ok(Self::from_parts(pool, table, &options))
+    }
+
+    fn from_parts(pool: PgPool, table: TableName, options: &PostgresJournalOptions) -> Self {
+        let layer = OperationLayer::new(STORE, options.store.operation_timeout());
+        let operations = Operations {
+            sql: Arc::new(Statements::new(&table)),
+            pool,
+            table,
+        };
+        Self {
+            operations: Layered::with_layer(operations, layer),
+        }
+    }
+
+    fn parts(&self) -> &Operations {
+        self.operations.get_ref()
+    }
+
+    /// The table.
+    ///
+    /// ```no_run
+    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
+    /// let journal = idem_postgres::PostgresJournal::new(pool);
+    /// assert_eq!(journal.table().to_string(), "idem_journal");
+    /// # }
+    /// ```
+    pub fn table(&self) -> &TableName {
+        &self.parts().table
+    }
+
+    /// The pool.
+    ///
+    /// ```no_run
+    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
+    /// let journal = idem_postgres::PostgresJournal::new(pool);
+    /// let _pool = journal.pool().clone();
+    /// # }
+    /// ```
+    pub fn pool(&self) -> &PgPool {
+        &self.parts().pool
+    }
+
+    /// The SQL that [`migrate`](Self::migrate) runs, for your own migration
+    /// tool: `migrations/0002_idem_journal.sql` with the table's name (and
+    /// its index's and functions') in place of `idem_journal`.
+    ///
+    /// ```no_run
+    /// # fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
+    /// use idem_postgres::{PostgresJournal, PostgresJournalOptions};
+    ///
+    /// let journal = PostgresJournal::with_options(pool, PostgresJournalOptions::default().table("app.ops"))?;
+    /// assert!(journal.migration_sql().contains("CREATE TABLE IF NOT EXISTS app.ops ("));
+    /// # Ok(()) }
+    /// ```
+    pub fn migration_sql(&self) -> String {
+        self.parts().table.journal_migration_sql()
+    }
+
+    /// Creates the table, its index and the functions if missing, and
+    /// replaces the functions with this version's. Safe to run concurrently;
+    /// the schema of a qualified table must exist.
+    ///
+    /// ```no_run
+    /// # async fn example(journal: idem_postgres::PostgresJournal) -> Result<(), idem_core::StoreError> {
+    /// journal.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let fail = |e| classify(Operation::Setup, e);
+        let mut tx = self.pool().begin().await.map_err(fail)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        sqlx::raw_sql(AssertSqlSafe(self.migration_sql()))
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        tx.commit().await.map_err(fail)
+    }
+
+    /// Records `operation` inside the caller's transaction: the operation
+    /// and the business writes that call for it commit together, or vanish
+    /// together. As [`JournalStore::record`] otherwise: a key recorded
+    /// already returns what is stored. A racing record of the same key
+    /// waits on the row until this transaction ends. Needs READ COMMITTED,
+    /// the default isolation. The wait counts against the
+    /// [operation timeout](idem_core::StoreOptions::with_operation_timeout).
+    ///
+    /// ```no_run
+    /// use idem_core::Tenant;
+    /// use idem_core::store::{NewOperation, OperationId, OperationKey};
+    /// use idem_postgres::PostgresJournal;
+    ///
+    /// # async fn example(journal: PostgresJournal) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = journal.pool().begin().await?;
+    /// sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
+    /// let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-42", "charge")?);
+    /// journal
+    ///     .record_in(&mut tx, &NewOperation::new(key, serde_json::json!({"amount": 500})))
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`JournalStore::record`]. After a timeout the record's outcome
+    /// within your transaction is unknown: roll the transaction back.
+    pub async fn record_in(
+        &self,
+        conn: &mut PgConnection,
+        operation: &NewOperation,
+    ) -> Result<JournalRecord, StoreError> {
+        let scope = span_scope(operation.key());
+        let recorded = self.parts().record_on(conn, operation);
+        self.operations
+            .layer()
+            .call(Operation::Record, scope.as_ref(), recorded)
+            .await
+    }
+}
+
+/// A journal operation's span fields, as the core's layer gives its own
+/// calls: the namespace as the tenant, the identity as the (hashed) key.
+fn span_scope(key: &OperationKey) -> Option<Scope> {
+    let id = IdempotencyKey::new(key.id().to_string()).ok()?;
+    Some(Scope::new(key.namespace().clone(), id))
+}
+
+/// `sql` with the key's namespace, subject and effect bound as `$1..$3`.
+fn keyed<'q>(sql: &Arc<str>, key: &'q OperationKey) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+        .bind(key.namespace().as_str())
+        .bind(key.id().subject())
+        .bind(key.id().effect())
+}
+
+impl Operations {
+    /// Records on `executor` (the pool, or the caller's transaction); the
+    /// caller's layer bounds it.
+    async fn record_on<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        operation: &NewOperation,
+    ) -> Result<JournalRecord, StoreError> {
+        const OP: Operation = Operation::Record;
+        let request = serde_json::to_string(operation.request())
+            .map_err(|e| StoreError::backend(STORE, OP, format!("request: {e}")))?;
+        let row = keyed(&self.sql.record, operation.key())
+            .bind(request)
+            .bind(operation.provider_key())
+            .fetch_one(executor)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        record(&row, OP)
+    }
+
+    /// A fenced function's row: the record, or none for a lost lease.
+    fn fenced(row: Option<PgRow>, operation: Operation) -> Result<JournalRecord, StoreError> {
+        match row {
+            Some(row) => record(&row, operation),
+            None => Err(StoreError::LostLease),
+        }
+    }
+}
+
+/// A timestamp column, or none.
+fn time(row: &PgRow, name: &str, operation: Operation) -> Result<Option<Timestamp>, StoreError> {
+    let millis: Option<i64> = column(row, name, operation)?;
+    Ok(millis.map(Timestamp::from_unix_millis))
+}
+
+/// The record in `row`, its columns named as [`COLUMNS`] are.
+fn record(row: &PgRow, op: Operation) -> Result<JournalRecord, StoreError> {
+    let text = |name: &str| column::<String>(row, name, op);
+    let namespace = Tenant::new(text("namespace")?).map_err(|_| corrupt(op, "namespace"))?;
+    let id = OperationId::new(&text("subject")?, &text("effect")?)
+        .map_err(|_| corrupt(op, "operation id"))?;
+    let request = serde_json::from_str(&text("request")?).map_err(|_| corrupt(op, "request"))?;
+    let state = OperationState::parse(&text("state")?).ok_or_else(|| corrupt(op, "state"))?;
+    let sends: i64 = column(row, "sends", op)?;
+    let required = |name: &str, field| time(row, name, op)?.ok_or_else(|| corrupt(op, field));
+    let parts = JournalParts {
+        state,
+        provider_id: column(row, "provider_id", op)?,
+        detail: column(row, "detail", op)?,
+        first_sent_at: time(row, "first_sent_at", op)?,
+        sends: u32::try_from(sends).map_err(|_| corrupt(op, "sends"))?,
+        created_at: required("created_at", "created at")?,
+        updated_at: required("updated_at", "updated at")?,
+        lease_owner: column::<Option<uuid::Uuid>>(row, "lease_owner", op)?
+            .map(OwnerToken::from_uuid),
+        lease_until: time(row, "lease_until", op)?,
+        search_until: time(row, "search_until", op)?,
+    };
+    let operation = NewOperation::from_stored(
+        OperationKey::new(namespace, id),
+        request,
+        text("provider_key")?,
+    );
+    Ok(JournalRecord::new(operation, parts))
+}
+
+#[async_trait]
+impl JournalStore for Operations {
+    async fn record(&self, operation: &NewOperation) -> Result<JournalRecord, StoreError> {
+        self.record_on(&self.pool, operation).await
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<JournalRecord>, StoreError> {
+        let row = keyed(&self.sql.get, key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(Operation::Get, e))?;
+        row.map(|row| record(&row, Operation::Get)).transpose()
+    }
+
+    async fn acquire(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        const OP: Operation = Operation::Acquire;
+        let lease = validate_lease(lease)?;
+        let row = keyed(&self.sql.acquire, key)
+            .bind(owner.as_uuid())
+            .bind(millis(lease))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        let outcome: String = column(&row, "o_outcome", OP)?;
+        let now = Timestamp::from_unix_millis(column(&row, "o_now", OP)?);
+        Ok(match outcome.as_str() {
+            "absent" => Acquired::Absent,
+            "settled" => Acquired::Settled(record(&row, OP)?),
+            "busy" => {
+                let record = record(&row, OP)?;
+                // The function answered busy only for another owner's live
+                // lease, so this is that lease's time left.
+                let retry_after = record
+                    .held_by_other(owner, now)
+                    .ok_or_else(|| corrupt(OP, "lease"))?;
+                Acquired::Busy {
+                    record,
+                    retry_after,
+                }
+            }
+            "held" => Acquired::Held {
+                record: record(&row, OP)?,
+                now,
+            },
+            _ => return Err(corrupt(OP, "acquire outcome")),
+        })
+    }
+
+    async fn mark_sent(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        sends: u32,
+    ) -> Result<JournalRecord, StoreError> {
+        let row = keyed(&self.sql.mark_sent, key)
+            .bind(owner.as_uuid())
+            .bind(i64::from(sends))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(Operation::MarkSent, e))?;
+        Self::fenced(row, Operation::MarkSent)
+    }
+
+    async fn finish(
+        &self,
+        key: &OperationKey,
+        owner: OwnerToken,
+        finish: &Finish,
+    ) -> Result<JournalRecord, StoreError> {
+        let row = keyed(&self.sql.finish, key)
+            .bind(owner.as_uuid())
+            .bind(finish.state.as_str())
+            .bind(finish.provider_id.as_deref())
+            .bind(finish.detail.as_deref())
+            .bind(finish.search_until.map(Timestamp::as_unix_millis))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(Operation::Finish, e))?;
+        Self::fenced(row, Operation::Finish)
+    }
+
+    async fn list(
+        &self,
+        namespace: &Tenant,
+        states: &[OperationState],
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<JournalRecord>, StoreError> {
+        const OP: Operation = Operation::List;
+        let limit = validate_list_limit(limit)?;
+        let states: Vec<&str> = states.iter().map(|state| state.as_str()).collect();
+        let rows = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
+            .bind(namespace.as_str())
+            .bind(states)
+            .bind(millis(older_than))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        rows.iter().map(|row| record(row, OP)).collect()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            STORE,
+            TransactionSharing::SameDatabase,
+            Durability::Durable,
+            ClockSource::Server,
+            usize::MAX,
+        )
+    }
+}
