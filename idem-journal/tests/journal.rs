@@ -35,7 +35,6 @@ impl Env {
 
     /// For stores whose server's clock judges: real time, waited out; the
     /// lease long enough that a loaded machine still checks within it.
-    #[allow(dead_code)]
     fn real() -> Self {
         Self {
             time: Time::Real,
@@ -214,10 +213,11 @@ async fn a_lagging_search_is_made_again_until_it_finds_the_effect<S: JournalStor
     env: Env,
 ) {
     let (journal, _) = env.setup(store);
-    let journal = journal.with_search_period(env.short_window * 20);
+    let w = env.short_window;
+    let journal = journal.with_search_period(w * 6);
     let mut provider = env.forgetful();
     // The search sees a charge only a while after it was made.
-    provider.search_lag = env.short_window * 3;
+    provider.search_lag = w * 3;
     let id = operation("charge");
     recorded(&journal, &id).await;
     provider.then(Fault::LoseResponse);
@@ -226,7 +226,7 @@ async fn a_lagging_search_is_made_again_until_it_finds_the_effect<S: JournalStor
     let parked = journal.execute(&id, &provider).await.unwrap();
     assert_eq!(parked.state(), OperationState::NeedsReview);
     assert!(parked.parts().search_until.is_some(), "{parked:?}");
-    env.time.pass(env.short_window * 3).await;
+    env.time.pass(w * 3).await;
     let report = journal
         .reconcile(&provider, Duration::ZERO, 100, Duration::ZERO)
         .await
@@ -248,7 +248,7 @@ async fn a_lagging_search_is_made_again_until_it_finds_the_effect<S: JournalStor
         journal.execute(&lost, &provider).await.unwrap().state(),
         OperationState::NeedsReview
     );
-    env.time.pass(env.short_window * 21).await;
+    env.time.pass(w * 7).await;
     journal
         .reconcile(&provider, Duration::ZERO, 100, Duration::ZERO)
         .await
@@ -623,3 +623,142 @@ async fn memory(env: &Env) -> Arc<idem_memory::MemoryJournal> {
 }
 
 journal_tests!(memory, Env::manual(), memory);
+
+fn env_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set (scripts/test sets it)"))
+}
+
+async fn postgres_pool() -> idem_postgres::sqlx::PgPool {
+    idem_postgres::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&env_var("IDEM_POSTGRES_URL"))
+        .await
+        .expect("connect to IDEM_POSTGRES_URL")
+}
+
+/// A table of the test's own: the reconciler lists a namespace, and a
+/// recreated store is a table of its own.
+async fn postgres(_: &Env) -> Arc<idem_postgres::PostgresJournal> {
+    let table = format!(
+        "journal_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    );
+    let options = idem_postgres::PostgresJournalOptions::default().table(&table);
+    let store =
+        idem_postgres::PostgresJournal::with_options(postgres_pool().await, options).unwrap();
+    store.migrate().await.unwrap();
+    Arc::new(store)
+}
+
+async fn redis(_: &Env) -> Arc<idem_redis::RedisJournal> {
+    let client = idem_redis::redis::Client::open(env_var("IDEM_REDIS_URL")).unwrap();
+    let conn = idem_redis::redis::aio::ConnectionManager::new(client)
+        .await
+        .expect("connect to IDEM_REDIS_URL");
+    let prefix = format!("journal-{}", uuid::Uuid::new_v4().simple());
+    let options = idem_redis::RedisJournalOptions::default().prefix(&prefix);
+    Arc::new(idem_redis::RedisJournal::with_options(conn, options).unwrap())
+}
+
+async fn dynamo(_: &Env) -> Arc<idem_dynamo::DynamoJournal> {
+    use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region};
+    let config = idem_dynamo::aws_sdk_dynamodb::Config::builder()
+        .behavior_version_latest()
+        .endpoint_url(env_var("IDEM_DYNAMO_ENDPOINT"))
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
+        .build();
+    let client = idem_dynamo::aws_sdk_dynamodb::Client::from_conf(config);
+    // moto serves one request at a time: generous limits.
+    let shared = idem_core::StoreOptions::default().with_operation_timeout(Duration::from_secs(20));
+    let table = format!("journal-{}", uuid::Uuid::new_v4().simple());
+    let options = idem_dynamo::DynamoJournalOptions::default()
+        .table(&table)
+        .store_options(shared);
+    let store = idem_dynamo::DynamoJournal::with_options(client, options).unwrap();
+    store.create_table().await.unwrap();
+    Arc::new(store)
+}
+
+journal_tests!(postgres, Env::real(), postgres);
+journal_tests!(redis, Env::real(), redis);
+journal_tests!(dynamo, Env::real(), dynamo);
+
+/// An executor whose clock is hours behind cannot resend past the window:
+/// the journal reads no clock of its own, and the server's says the first
+/// send was 25 hours ago.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_clock_judges_the_window_whatever_an_executors_clock_says() {
+    use idem_postgres::sqlx::{self, AssertSqlSafe};
+    let env = Env::real();
+    let store = postgres(&env).await;
+    let (journal, mut provider) = env.setup(Arc::clone(&store));
+    provider.search_lag = Duration::ZERO;
+    let id = operation("charge");
+    recorded(&journal, &id).await;
+    provider.then(Fault::LoseResponse);
+    journal.execute(&id, &provider).await.unwrap();
+    // By the server's clock the first send is now 25 hours old.
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET first_sent_at = first_sent_at - $1 WHERE namespace = $2",
+        store.table()
+    )))
+    .bind(25 * 3_600_000_i64)
+    .bind(journal.namespace().as_str())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let settled = journal.execute(&id, &provider).await.unwrap();
+    assert_eq!(settled.state(), OperationState::Succeeded);
+    assert_eq!(provider.sends(), 1, "resent past the server's window");
+    assert_eq!(settled.parts().sends, 1);
+}
+
+/// On Postgres the operation can be recorded inside the business
+/// transaction: the order and its charge commit, or vanish, together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_recorded_in_a_business_transaction_commits_with_it() {
+    use idem_postgres::sqlx::{self, AssertSqlSafe};
+    let env = Env::real();
+    let store = postgres(&env).await;
+    let pool = store.pool().clone();
+    let (journal, provider) = env.setup(Arc::clone(&store));
+    let orders = format!("jorders_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (id text NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for commit in [false, true] {
+        let id = operation("charge");
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!("INSERT INTO {orders} VALUES ($1)")))
+            .bind(id.subject())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let new = journal.new_operation(&id, json!({"amount": 1000}));
+        let stored = store.record_in(&mut tx, &new).await.unwrap();
+        journal.recorded(&new, stored).unwrap();
+        if commit {
+            tx.commit().await.unwrap();
+            let charged = journal.execute(&id, &provider).await.unwrap();
+            assert_eq!(charged.state(), OperationState::Succeeded);
+        } else {
+            tx.rollback().await.unwrap();
+            assert_eq!(
+                journal.get(&id).await.unwrap(),
+                None,
+                "the charge outlived its order"
+            );
+        }
+    }
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {orders}")))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    assert_eq!(provider.charges().len(), 1);
+}
