@@ -153,6 +153,14 @@ impl OperationKey {
         &self.id
     }
 
+    /// The operation as a span names it: the namespace as the tenant, the
+    /// identity as the key (so spans carry its hash, never the identity,
+    /// which can be personal data). `None` for an identity over 255 bytes.
+    pub fn span_scope(&self) -> Option<crate::scope::Scope> {
+        let id = crate::scope::IdempotencyKey::new(self.id.to_string()).ok()?;
+        Some(crate::scope::Scope::new(self.namespace.clone(), id))
+    }
+
     /// The parts as one unambiguous string, for a store's key or row: each
     /// part length-prefixed, so no two keys meet whatever they hold.
     pub fn storage_key(&self) -> String {
@@ -406,21 +414,32 @@ pub struct Finish {
     pub search_until: Option<Timestamp>,
 }
 
+/// Provider text as every store can keep it: no NUL (a Postgres `text`
+/// refuses one).
+fn storable(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
+}
+
 impl Finish {
-    /// Leaves `state` with `detail`.
+    /// Leaves `state` with `detail` (a NUL in it becomes U+FFFD, so every
+    /// store keeps it alike).
     pub fn new(state: OperationState, detail: Option<String>) -> Self {
         Self {
             state,
             provider_id: None,
-            detail,
+            detail: detail.map(storable),
             search_until: None,
         }
     }
 
-    /// The same with the provider's id.
+    /// The same with the provider's id (a NUL in it becomes U+FFFD).
     #[must_use]
     pub fn with_provider_id(mut self, provider_id: Option<String>) -> Self {
-        self.provider_id = provider_id;
+        self.provider_id = provider_id.map(storable);
         self
     }
 
@@ -477,24 +496,31 @@ pub enum Acquired {
 ///   write only under a live lease of their owner, and are `LostLease`
 ///   otherwise, writing nothing.
 /// - **Sends.** `mark_sent` counts one send after `sends` and starts the key
-///   window at the store's time on the first; delivered twice, it counts once.
+///   window at the store's time on the first; delivered twice while the
+///   lease lives, it counts once and answers as the first (after the lease
+///   lapsed it is `LostLease`, as every write under a lapsed lease).
 /// - **Finish.** `finish` writes the state, the provider's id (a `None`
 ///   keeps the stored one), the detail and the search deadline, and releases
 ///   the lease; delivered twice, the second answers as the first. A settled
 ///   state never changes.
 /// - **List.** [`list`](Self::list) returns the operations of one namespace
 ///   in the given states, last changed at least `older_than` ago by the
-///   store's clock, oldest change first, at most `limit` (1 to [`MAX_LIST`]).
+///   store's clock, oldest change first (ties in any order), at most `limit`
+///   (1 to [`MAX_LIST`]), each as stored when it is read. A store that lists
+///   from an eventually consistent index may miss a change of the last
+///   moments; a later listing finds it.
 /// - **Time.** Leases, the key window and every time in a record are the
 ///   store's clock's ([`Capabilities::clock`]): the server's where it has
-///   one.
+///   one. A record's `updated_at` never moves back, whatever the clock of a
+///   writer on a caller-clock store.
 ///
 /// # Errors
 ///
 /// Every operation: [`StoreError::Unavailable`] when the store cannot be
 /// reached (the operation may or may not have happened; each is safe to
 /// deliver again), [`StoreError::Backend`], [`StoreError::InvalidInput`]
-/// for a `limit` outside 1 to [`MAX_LIST`].
+/// for a `limit` outside 1 to [`MAX_LIST`], a lease outside 1 ms to 7 days,
+/// or a record larger than the store holds (a DynamoDB item's 400 KB).
 #[async_trait]
 pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// Stores `operation` unless its key exists; returns what is stored.

@@ -18,7 +18,7 @@ use crate::journal::{
 use crate::observability::store_call;
 use crate::outbox::{MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore};
 use crate::record::{Checkpoint, Lease, OwnerToken, Record, StoredResponse};
-use crate::scope::{IdempotencyKey, Scope, Tenant};
+use crate::scope::{Scope, Tenant};
 
 /// What a store does around each of its operations: bounds it in time,
 /// opens its `idem.store` span and records its metrics (see
@@ -528,11 +528,9 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
     }
 }
 
-/// A journal operation's span fields: its namespace as the tenant, and its
-/// identity hashed as the key is (an order number can be personal data).
+/// A journal operation's span fields ([`OperationKey::span_scope`]).
 fn journal_scope(key: &OperationKey) -> Option<Scope> {
-    let id = IdempotencyKey::new(key.id().to_string()).ok()?;
-    Some(Scope::new(key.namespace().clone(), id))
+    key.span_scope()
 }
 
 /// Implements [`IdempotencyStore`] for a type by forwarding every operation

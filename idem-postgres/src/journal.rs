@@ -12,7 +12,7 @@ use idem_core::store::{
     OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis, validate_lease,
     validate_list_limit,
 };
-use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
+use idem_core::{Operation, StoreError, Tenant, async_trait};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Postgres};
@@ -337,20 +337,13 @@ impl PostgresJournal {
         conn: &mut PgConnection,
         operation: &NewOperation,
     ) -> Result<JournalRecord, StoreError> {
-        let scope = span_scope(operation.key());
+        let scope = operation.key().span_scope();
         let recorded = self.parts().record_on(conn, operation);
         self.operations
             .layer()
             .call(Operation::Record, scope.as_ref(), recorded)
             .await
     }
-}
-
-/// A journal operation's span fields, as the core's layer gives its own
-/// calls: the namespace as the tenant, the identity as the (hashed) key.
-fn span_scope(key: &OperationKey) -> Option<Scope> {
-    let id = IdempotencyKey::new(key.id().to_string()).ok()?;
-    Some(Scope::new(key.namespace().clone(), id))
 }
 
 /// `sql` with the key's namespace, subject and effect bound as `$1..$3`.
