@@ -49,6 +49,7 @@ mod commands;
 mod error;
 mod fenced;
 mod journal;
+mod migrate;
 mod options;
 mod store;
 mod transaction;

@@ -52,7 +52,7 @@ pub type CaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 #[doc(hidden)]
 pub fn __run_case<S, Make, Case, CaseFut>(make: Make, case: Case)
 where
-    S: IdempotencyStore,
+    S: Send + Sync + 'static,
     Make: Future<Output = S>,
     Case: FnOnce(Arc<S>) -> CaseFut,
     CaseFut: Future<Output = ()>,
@@ -83,12 +83,34 @@ macro_rules! conformance_suite {
     };
 }
 
+/// Expands a list of cases of the module `$module` as tests or as values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __expand_cases {
+    ($module:ident tests($make:expr) [$($case:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__run_case($make, $crate::$module::$case);
+            }
+        )*
+    };
+    ($module:ident list() [$($case:ident),* $(,)?]) => {
+        vec![$(
+            (stringify!($case), {
+                let case: $crate::CaseFn<S> = |store| Box::pin($crate::$module::$case(store));
+                case
+            })
+        ),*]
+    };
+}
+
 /// The one list of cases, expanded as tests or as a list of values.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
     ($mode:ident $args:tt) => {
-        $crate::__conformance_cases! {@expand $mode $args [
+        $crate::__expand_cases! {cases $mode $args [
             absent_record_is_claimed_at_attempt_one,
             duplicate_while_lease_valid_is_in_progress,
             in_progress_waits_only_the_remaining_lease,
@@ -159,22 +181,6 @@ macro_rules! __conformance_cases {
             runner_auto_renewal_holds_the_key_past_the_lease,
         ]}
     };
-    (@expand tests($make:expr) [$($case:ident),* $(,)?]) => {
-        $(
-            #[test]
-            fn $case() {
-                $crate::__run_case($make, $crate::cases::$case);
-            }
-        )*
-    };
-    (@expand list() [$($case:ident),* $(,)?]) => {
-        vec![$(
-            (stringify!($case), {
-                let case: $crate::CaseFn<S> = |store| Box::pin($crate::cases::$case(store));
-                case
-            })
-        ),*]
-    };
 }
 
 /// Every case with its name, boxed for the store type `S`.
@@ -204,9 +210,20 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
+    failing_of(all_cases::<S>(), make).await
+}
+
+/// Runs `cases` concurrently, each on a fresh store from `make` and within
+/// a time limit; the names of those that failed.
+async fn failing_of<S, F, Fut>(cases: Vec<(&'static str, CaseFn<S>)>, make: F) -> Vec<&'static str>
+where
+    S: Send + Sync + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
     let limit = support::DEADLINE * 3;
     let mut running = Vec::new();
-    for (name, case) in all_cases::<S>() {
+    for (name, case) in cases {
         let work = case(Arc::new(make().await));
         running.push((name, tokio::spawn(tokio::time::timeout(limit, work))));
     }
@@ -217,30 +234,6 @@ where
         }
     }
     failed
-}
-
-/// A journal case boxed for a journal store type `S`.
-pub type JournalCaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// Runs one journal case on a fresh multi-threaded runtime; what each
-/// generated test calls.
-#[doc(hidden)]
-pub fn __run_journal_case<S, Make, Case, CaseFut>(make: Make, case: Case)
-where
-    S: JournalStore,
-    Make: Future<Output = S>,
-    Case: FnOnce(Arc<S>) -> CaseFut,
-    CaseFut: Future<Output = ()>,
-{
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async move {
-        let store = Arc::new(make.await);
-        case(store).await;
-    });
 }
 
 /// Expands to one `#[test]` per case of the journal store's contract
@@ -264,7 +257,7 @@ macro_rules! journal_suite {
 #[macro_export]
 macro_rules! __journal_cases {
     ($mode:ident $args:tt) => {
-        $crate::__journal_cases! {@expand $mode $args [
+        $crate::__expand_cases! {journal $mode $args [
             record_stores_a_new_operation_pending_and_unsent,
             record_of_an_existing_key_returns_the_first_unchanged,
             namespaces_never_share_an_operation,
@@ -291,22 +284,6 @@ macro_rules! __journal_cases {
             journal_store_name_is_one_short_lowercase_word,
         ]}
     };
-    (@expand tests($make:expr) [$($case:ident),* $(,)?]) => {
-        $(
-            #[test]
-            fn $case() {
-                $crate::__run_journal_case($make, $crate::journal::$case);
-            }
-        )*
-    };
-    (@expand list() [$($case:ident),* $(,)?]) => {
-        vec![$(
-            (stringify!($case), {
-                let case: $crate::JournalCaseFn<S> = |store| Box::pin($crate::journal::$case(store));
-                case
-            })
-        ),*]
-    };
 }
 
 /// Every journal case with its name, boxed for the store type `S`.
@@ -315,7 +292,7 @@ macro_rules! __journal_cases {
 /// let cases = idem_conformance::all_journal_cases::<idem_memory::MemoryJournal>();
 /// assert!(cases.len() >= 20);
 /// ```
-pub fn all_journal_cases<S: JournalStore + ?Sized>() -> Vec<(&'static str, JournalCaseFn<S>)> {
+pub fn all_journal_cases<S: JournalStore + ?Sized>() -> Vec<(&'static str, CaseFn<S>)> {
     __journal_cases!(list())
 }
 
@@ -335,42 +312,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
-    let limit = support::DEADLINE * 3;
-    let mut running = Vec::new();
-    for (name, case) in all_journal_cases::<S>() {
-        let work = case(Arc::new(make().await));
-        running.push((name, tokio::spawn(tokio::time::timeout(limit, work))));
-    }
-    let mut failed = Vec::new();
-    for (name, handle) in running {
-        if !matches!(handle.await, Ok(Ok(()))) {
-            failed.push(name);
-        }
-    }
-    failed
-}
-
-/// An outbox case boxed for an outbox store type `S`.
-pub type OutboxCaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// Runs one outbox case on a fresh multi-threaded runtime.
-#[doc(hidden)]
-pub fn __run_outbox_case<S, Make, Case, CaseFut>(make: Make, case: Case)
-where
-    S: OutboxStore,
-    Make: Future<Output = S>,
-    Case: FnOnce(Arc<S>) -> CaseFut,
-    CaseFut: Future<Output = ()>,
-{
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async move {
-        let store = Arc::new(make.await);
-        case(store).await;
-    });
+    failing_of(all_journal_cases::<S>(), make).await
 }
 
 /// Expands to one `#[test]` per case of the outbox store's contract
@@ -395,7 +337,7 @@ macro_rules! outbox_suite {
 #[macro_export]
 macro_rules! __outbox_cases {
     ($mode:ident $args:tt) => {
-        $crate::__outbox_cases! {@expand $mode $args [
+        $crate::__expand_cases! {outbox $mode $args [
             enqueue_stores_a_pending_message_with_its_aggregates_next_sequence,
             enqueue_delivered_twice_stores_once,
             a_claim_gives_each_aggregate_its_head_only,
@@ -416,22 +358,6 @@ macro_rules! __outbox_cases {
             concurrent_claims_never_share_an_aggregate,
         ]}
     };
-    (@expand tests($make:expr) [$($case:ident),* $(,)?]) => {
-        $(
-            #[test]
-            fn $case() {
-                $crate::__run_outbox_case($make, $crate::outbox::$case);
-            }
-        )*
-    };
-    (@expand list() [$($case:ident),* $(,)?]) => {
-        vec![$(
-            (stringify!($case), {
-                let case: $crate::OutboxCaseFn<S> = |store| Box::pin($crate::outbox::$case(store));
-                case
-            })
-        ),*]
-    };
 }
 
 /// Every outbox case with its name, boxed for the store type `S`.
@@ -440,6 +366,6 @@ macro_rules! __outbox_cases {
 /// let cases = idem_conformance::all_outbox_cases::<idem_memory::MemoryOutbox>();
 /// assert!(cases.len() >= 15);
 /// ```
-pub fn all_outbox_cases<S: OutboxStore + ?Sized>() -> Vec<(&'static str, OutboxCaseFn<S>)> {
+pub fn all_outbox_cases<S: OutboxStore + ?Sized>() -> Vec<(&'static str, CaseFn<S>)> {
     __outbox_cases!(list())
 }
