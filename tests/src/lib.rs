@@ -369,3 +369,22 @@ macro_rules! __outbox_cases {
 pub fn all_outbox_cases<S: OutboxStore + ?Sized>() -> Vec<(&'static str, CaseFn<S>)> {
     __outbox_cases!(list())
 }
+
+/// Runs every outbox case concurrently, each against a fresh store from
+/// `make` and within a time limit, and returns the names of those that
+/// failed.
+///
+/// ```
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let failed = idem_conformance::failing_outbox_cases(|| async { idem_memory::MemoryOutbox::new() }).await;
+/// assert_eq!(failed, Vec::<&str>::new());
+/// # });
+/// ```
+pub async fn failing_outbox_cases<S, F, Fut>(make: F) -> Vec<&'static str>
+where
+    S: OutboxStore,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    failing_of(all_outbox_cases::<S>(), make).await
+}

@@ -8,8 +8,10 @@
 //! must catch, which `idem-conformance`'s own tests prove.
 
 mod journal;
+mod outbox;
 
 pub use journal::{JournalDefect, OwnJournal};
+pub use outbox::{OutboxDefect, OwnOutbox};
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -1,0 +1,426 @@
+//! An outbox store of one's own, written against [`idem_core::store`]
+//! alone, with the realistic bugs the public outbox suite must catch.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use idem_core::store::{
+    Capabilities, Clock, ClockSource, Durability, MessageId, MessageParts, MessageState,
+    NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, SystemClock, Timestamp,
+    TransactionSharing, validate_lease, validate_outbox_batch,
+};
+use idem_core::{StoreError, async_trait};
+
+/// A deliberate bug of an outbox store, for proving that the outbox suite
+/// catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutboxDefect {
+    /// No bug: the store keeps the whole contract.
+    None,
+    /// Numbers messages across the whole outbox, not per aggregate.
+    GlobalSequence,
+    /// Stores a message again when its id is enqueued twice.
+    DuplicateIds,
+    /// Claims every pending message of an aggregate, not its head alone.
+    WholeAggregate,
+    /// Claims aggregates that another relay holds.
+    IgnoresLeases,
+    /// Never lets a lapsed claim go to another relay.
+    NoTakeover,
+    /// Marks sent whatever relay asks.
+    SentIgnoresOwner,
+    /// Makes a failed message available at once, whatever its back-off.
+    NoBackOff,
+    /// Parks the message but lets the rest of its aggregate flow.
+    ParkedAggregateFlows,
+    /// Fails whoever asks.
+    FailureIgnoresOwner,
+    /// Keeps the attempts of a retried message.
+    RetryKeepsAttempts,
+    /// Drops the message but forgets it was dropped: it flows again.
+    DropResends,
+    /// Purges whatever is old, sent or not.
+    PurgesUnsent,
+    /// Ignores `older_than` when purging.
+    PurgeIgnoresAge,
+    /// Counts parked messages as pending.
+    StatsMixParked,
+    /// Accepts any batch limit.
+    LimitUnchecked,
+    /// Reads and writes a claim under two acquisitions of the lock, a
+    /// rival's read between them.
+    NonAtomicClaim,
+}
+
+#[derive(Default)]
+struct State {
+    messages: Vec<OutboxMessage>,
+    last_sequence: u64,
+}
+
+/// The outbox store: a list under one lock, on the system clock.
+pub struct OwnOutbox {
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+    defect: OutboxDefect,
+    reads: AtomicUsize,
+}
+
+impl std::fmt::Debug for OwnOutbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnOutbox")
+            .field("defect", &self.defect)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for OwnOutbox {
+    fn default() -> Self {
+        Self::with_defect(OutboxDefect::None)
+    }
+}
+
+impl OwnOutbox {
+    /// A correct store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store with `defect`.
+    pub fn with_defect(defect: OutboxDefect) -> Self {
+        Self {
+            state: Mutex::default(),
+            clock: Arc::new(SystemClock),
+            defect,
+            reads: AtomicUsize::new(0),
+        }
+    }
+
+    fn locked(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is(&self, defect: OutboxDefect) -> bool {
+        self.defect == defect
+    }
+
+    /// The messages a claim at `now` takes, by index.
+    fn due(&self, messages: &[OutboxMessage], now: Timestamp, limit: usize) -> Vec<usize> {
+        let mut due = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
+        let mut order: Vec<usize> = (0..messages.len()).collect();
+        order.sort_by_key(|&i| {
+            (
+                messages[i].parts().sequence,
+                messages[i].parts().enqueued_at,
+            )
+        });
+        for i in order {
+            let m = &messages[i];
+            let aggregate = m.message().aggregate();
+            if matches!(m.state(), MessageState::Sent | MessageState::Dropped) {
+                continue;
+            }
+            if m.state() == MessageState::Parked && self.is(OutboxDefect::ParkedAggregateFlows) {
+                continue;
+            }
+            let first = !seen.contains(&aggregate);
+            seen.push(aggregate);
+            if !first && !self.is(OutboxDefect::WholeAggregate) {
+                continue;
+            }
+            let leased = m
+                .parts()
+                .lease_until
+                .is_some_and(|until| until > now || self.is(OutboxDefect::NoTakeover));
+            if m.state() == MessageState::Pending
+                && (!leased || self.is(OutboxDefect::IgnoresLeases))
+                && m.parts().available_at <= now
+            {
+                due.push(i);
+            }
+        }
+        due.truncate(limit);
+        due
+    }
+
+    async fn wait_for_a_rival_read(&self) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while self.reads.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+fn edited(message: &OutboxMessage, edit: impl FnOnce(&mut MessageParts)) -> OutboxMessage {
+    let mut parts = message.parts().clone();
+    edit(&mut parts);
+    OutboxMessage::new(message.message().clone(), parts)
+}
+
+#[async_trait]
+impl OutboxStore for OwnOutbox {
+    async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        if !self.is(OutboxDefect::DuplicateIds)
+            && let Some(existing) = state.messages.iter().find(|m| m.id() == message.id())
+        {
+            return Ok(existing.clone());
+        }
+        let sequence = if self.is(OutboxDefect::GlobalSequence) {
+            state.last_sequence += 1;
+            state.last_sequence
+        } else {
+            1 + state
+                .messages
+                .iter()
+                .filter(|m| m.message().aggregate() == message.aggregate())
+                .map(|m| m.parts().sequence)
+                .max()
+                .unwrap_or(0)
+        };
+        let stored = OutboxMessage::new(
+            message.clone(),
+            MessageParts {
+                sequence,
+                state: MessageState::Pending,
+                attempts: 0,
+                last_error: None,
+                enqueued_at: now,
+                available_at: now,
+                lease_owner: None,
+                lease_until: None,
+                sent_at: None,
+            },
+        );
+        state.messages.push(stored.clone());
+        Ok(stored)
+    }
+
+    async fn claim(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let lease = validate_lease(lease)?;
+        let limit = if self.is(OutboxDefect::LimitUnchecked) {
+            limit.max(1)
+        } else {
+            validate_outbox_batch(limit)?
+        };
+        let now = self.clock.now();
+        let due = {
+            let state = self.locked();
+            self.due(&state.messages, now, limit)
+        };
+        if self.is(OutboxDefect::NonAtomicClaim) {
+            self.wait_for_a_rival_read().await;
+        } else {
+            // Decided again under the lock the write holds: atomic.
+            let mut state = self.locked();
+            let due = self.due(&state.messages, now, limit);
+            return Ok(take(&mut state, &due, owner, now + lease));
+        }
+        let mut state = self.locked();
+        Ok(take(&mut state, &due, owner, now + lease))
+    }
+
+    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let mut marked = 0;
+        for m in state.messages.iter_mut() {
+            let held = m.parts().lease_owner == Some(owner)
+                && m.parts().lease_until.is_some_and(|u| u > now);
+            if ids.contains(&m.id())
+                && m.state() == MessageState::Pending
+                && (held || self.is(OutboxDefect::SentIgnoresOwner))
+            {
+                *m = edited(m, |p| {
+                    p.state = MessageState::Sent;
+                    p.sent_at = Some(now);
+                    p.lease_until = None;
+                });
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
+    async fn mark_failed(
+        &self,
+        owner: OwnerToken,
+        id: MessageId,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<MessageState, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
+            return Err(StoreError::LostLease);
+        };
+        let held =
+            m.parts().lease_owner == Some(owner) && m.parts().lease_until.is_some_and(|u| u > now);
+        if m.state() != MessageState::Pending
+            || !(held || self.is(OutboxDefect::FailureIgnoresOwner))
+        {
+            return Err(StoreError::LostLease);
+        }
+        let back_off = if self.is(OutboxDefect::NoBackOff) {
+            Duration::ZERO
+        } else {
+            retry_after
+        };
+        *m = edited(m, |p| {
+            p.attempts += 1;
+            p.last_error = Some(error.to_string());
+            p.lease_until = None;
+            p.available_at = now + back_off;
+            if p.attempts >= max_attempts {
+                p.state = MessageState::Parked;
+            }
+        });
+        Ok(m.state())
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        let limit = if self.is(OutboxDefect::LimitUnchecked) {
+            limit.max(1)
+        } else {
+            validate_outbox_batch(limit)?
+        };
+        let state = self.locked();
+        Ok(state
+            .messages
+            .iter()
+            .filter(|m| m.state() == MessageState::Parked)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
+            return Ok(false);
+        };
+        if m.state() != MessageState::Parked {
+            return Ok(false);
+        }
+        let keep = self.is(OutboxDefect::RetryKeepsAttempts);
+        *m = edited(m, |p| {
+            p.state = MessageState::Pending;
+            if !keep {
+                p.attempts = 0;
+            }
+            p.available_at = now;
+        });
+        Ok(true)
+    }
+
+    async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        let mut state = self.locked();
+        let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
+            return Ok(false);
+        };
+        if !matches!(m.state(), MessageState::Pending | MessageState::Parked) {
+            return Ok(false);
+        }
+        let resend = self.is(OutboxDefect::DropResends);
+        *m = edited(m, |p| {
+            p.state = if resend {
+                MessageState::Pending
+            } else {
+                MessageState::Dropped
+            };
+            p.last_error = Some(reason.to_string());
+            p.lease_until = None;
+        });
+        Ok(true)
+    }
+
+    async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        let limit = if self.is(OutboxDefect::LimitUnchecked) {
+            limit.max(1)
+        } else {
+            validate_outbox_batch(limit)?
+        };
+        let older_than = if self.is(OutboxDefect::PurgeIgnoresAge) {
+            Duration::ZERO
+        } else {
+            older_than
+        };
+        let cutoff = self.clock.now() - older_than;
+        let mut state = self.locked();
+        let mut purged = 0;
+        state.messages.retain(|m| {
+            let done = matches!(m.state(), MessageState::Sent | MessageState::Dropped)
+                || self.is(OutboxDefect::PurgesUnsent);
+            let at = m.parts().sent_at.unwrap_or(m.parts().enqueued_at);
+            if done && at <= cutoff && purged < limit {
+                purged += 1;
+                false
+            } else {
+                true
+            }
+        });
+        Ok(purged as u64)
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let now = self.clock.now();
+        let state = self.locked();
+        let counted = |m: &&OutboxMessage| {
+            m.state() == MessageState::Pending
+                || (self.is(OutboxDefect::StatsMixParked) && m.state() == MessageState::Parked)
+        };
+        let pending: Vec<&OutboxMessage> = state.messages.iter().filter(counted).collect();
+        let parked = state
+            .messages
+            .iter()
+            .filter(|m| m.state() == MessageState::Parked)
+            .count() as u64;
+        let oldest = pending.iter().map(|m| m.parts().enqueued_at).min();
+        Ok(OutboxStats::new(
+            pending.len() as u64,
+            parked,
+            oldest.map(|at| now.saturating_duration_since(at)),
+        ))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            "ownoutbox",
+            TransactionSharing::None,
+            Durability::Volatile,
+            ClockSource::Caller,
+            usize::MAX,
+        )
+    }
+}
+
+/// Leases the messages at `due` to `owner` until `until`; what it took.
+fn take(
+    state: &mut State,
+    due: &[usize],
+    owner: OwnerToken,
+    until: Timestamp,
+) -> Vec<OutboxMessage> {
+    due.iter()
+        .filter_map(|&i| {
+            let m = state.messages.get_mut(i)?;
+            *m = edited(m, |p| {
+                p.lease_owner = Some(owner);
+                p.lease_until = Some(until);
+            });
+            Some(m.clone())
+        })
+        .collect()
+}
