@@ -75,6 +75,10 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///   connection has prepared it once), for every outcome. Leases, back-off
 ///   and ages are the database server's clock's. For exactly one round trip
 ///   per operation, build the pool with `test_before_acquire(false)`.
+/// - **Purges.** [`purge_sent`](OutboxStore::purge_sent) deletes one
+///   bounded batch of sent and dropped messages (`SKIP LOCKED`, so racing
+///   purges share the work). The counter rows stay, one small row per
+///   aggregate ever seen, so an aggregate's sequences never start again.
 /// - **Wake-ups.** An enqueue notifies the table's channel, which Postgres
 ///   delivers when the transaction commits; [`listen`](Self::listen) turns
 ///   those notifications into wake-ups of a relay.
