@@ -24,6 +24,14 @@
 //!   operation, on the server's clock, and
 //!   [`PostgresJournal::record_in`] records an operation inside the
 //!   caller's business transaction.
+//! - [`PostgresOutbox`] is the transactional outbox's store
+//!   ([`OutboxStore`](idem_core::store::OutboxStore)) in a table of its own
+//!   (`idem_outbox`, with a counter row per aggregate in
+//!   `idem_outbox_aggregates`; [`PostgresOutboxOptions`]):
+//!   [`PostgresOutbox::enqueue_in`] writes a message inside the business
+//!   transaction, sequences follow the commit order per aggregate, claims
+//!   are one `FOR UPDATE SKIP LOCKED` statement, and
+//!   [`PostgresOutbox::listen`] wakes a relay when a message commits.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -51,14 +59,17 @@ mod fenced;
 mod journal;
 mod migrate;
 mod options;
+mod outbox;
 mod store;
 mod transaction;
 
 pub use journal::PostgresJournal;
 pub use options::{
-    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PURGE_BATCH, DEFAULT_TABLE,
-    MAX_RESPONSE_BYTES_LIMIT, MAX_TABLE_NAME, PostgresJournalOptions, PostgresOptions, TableName,
+    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_OUTBOX_TABLE, DEFAULT_PURGE_BATCH,
+    DEFAULT_TABLE, MAX_RESPONSE_BYTES_LIMIT, MAX_TABLE_NAME, PostgresJournalOptions,
+    PostgresOptions, PostgresOutboxOptions, TableName,
 };
+pub use outbox::{OutboxListener, PostgresOutbox};
 pub use store::PostgresStore;
 pub use transaction::PgTransaction;
 

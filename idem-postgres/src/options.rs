@@ -12,11 +12,23 @@ pub const DEFAULT_TABLE: &str = "idem_records";
 /// The default table name of a [`PostgresJournal`](crate::PostgresJournal).
 pub const DEFAULT_JOURNAL_TABLE: &str = "idem_journal";
 
+/// The default table name of a [`PostgresOutbox`](crate::PostgresOutbox).
+pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
+
 /// The migration for the default table, as shipped in `migrations/`.
 const MIGRATION: &str = include_str!("../migrations/0001_idem_records.sql");
 
 /// The journal's migration for its default table, as shipped in `migrations/`.
 const JOURNAL_MIGRATION: &str = include_str!("../migrations/0002_idem_journal.sql");
+
+/// The outbox's migration for its default table, as shipped in `migrations/`.
+const OUTBOX_MIGRATION: &str = include_str!("../migrations/0003_idem_outbox.sql");
+
+/// The indexes of the outbox's migration, by their suffix to the table's name.
+const OUTBOX_INDEXES: [&str; 3] = ["_open_idx", "_waiting_idx", "_finished_idx"];
+
+/// The longest notification channel Postgres accepts (`NAMEDATALEN - 1`).
+const MAX_CHANNEL: usize = 63;
 
 /// The longest table name accepted: Postgres identifiers hold 63 bytes, and
 /// the index and function names add a suffix to the table's.
@@ -92,26 +104,66 @@ impl TableName {
     /// The migration SQL for this table: the shipped migration with its names
     /// replaced.
     pub fn migration_sql(&self) -> String {
-        self.renamed(MIGRATION, DEFAULT_TABLE, "_expires_at_idx")
+        self.renamed(MIGRATION, DEFAULT_TABLE, &["_expires_at_idx"])
     }
 
     /// The journal's migration SQL for this table (see
     /// [`PostgresJournal::migration_sql`](crate::PostgresJournal::migration_sql)).
     pub(crate) fn journal_migration_sql(&self) -> String {
-        self.renamed(JOURNAL_MIGRATION, DEFAULT_JOURNAL_TABLE, "_list_idx")
+        self.renamed(JOURNAL_MIGRATION, DEFAULT_JOURNAL_TABLE, &["_list_idx"])
+    }
+
+    /// The outbox's migration SQL for this table (see
+    /// [`PostgresOutbox::migration_sql`](crate::PostgresOutbox::migration_sql)):
+    /// its tables, indexes and functions renamed, and its notification
+    /// channel this table's [`outbox_channel`](Self::outbox_channel).
+    pub(crate) fn outbox_migration_sql(&self) -> String {
+        // The channel is a string, not a name: set aside before the rename.
+        let channel = format!("'{DEFAULT_OUTBOX_TABLE}'");
+        let renamed = self.renamed(
+            &OUTBOX_MIGRATION.replace(&channel, "\u{1}"),
+            DEFAULT_OUTBOX_TABLE,
+            &OUTBOX_INDEXES,
+        );
+        renamed.replace('\u{1}', &format!("'{}'", self.outbox_channel()))
+    }
+
+    /// The channel an outbox on this table notifies when a message commits:
+    /// the table's name as written (`schema.table` when qualified), cut to
+    /// the 63 bytes Postgres keeps of a channel's name. (Two long names
+    /// that share their first 63 bytes share a channel, which costs only
+    /// wake-ups.)
+    pub(crate) fn outbox_channel(&self) -> String {
+        let mut channel = self.derived("");
+        // Identifiers are ASCII, so any byte is a character boundary.
+        channel.truncate(MAX_CHANNEL);
+        channel
     }
 
     /// `migration` with every object named `default` or `default<suffix>`
     /// renamed after this table.
-    fn renamed(&self, migration: &str, default: &str, index_suffix: &str) -> String {
+    fn renamed(&self, migration: &str, default: &str, index_suffixes: &[&str]) -> String {
         // Every object in a migration is named `<default>` or
         // `<default>_<suffix>`; an index takes its table's schema and must
-        // not be qualified, so it is set aside before the qualified rename.
-        let index = format!("{default}{index_suffix}");
-        migration
-            .replace(&index, "\u{0}")
-            .replace(default, &self.derived(""))
-            .replace('\u{0}', &format!("{}{index_suffix}", self.table))
+        // not be qualified, so each is set aside before the qualified rename.
+        let mark = |i: usize| format!("\u{0}{i}\u{0}");
+        let mut sql = migration.to_string();
+        for (i, suffix) in index_suffixes.iter().enumerate() {
+            sql = sql.replace(&format!("{default}{suffix}"), &mark(i));
+        }
+        sql = sql.replace(default, &self.derived(""));
+        for (i, suffix) in index_suffixes.iter().enumerate() {
+            sql = sql.replace(&mark(i), &format!("{}{suffix}", self.table));
+        }
+        sql
+    }
+
+    /// The default table of an outbox, `idem_outbox`.
+    pub(crate) fn outbox_default() -> Self {
+        Self {
+            schema: None,
+            table: DEFAULT_OUTBOX_TABLE.to_string(),
+        }
     }
 
     /// The default table of a journal, `idem_journal`.
@@ -309,6 +361,84 @@ impl PostgresJournalOptions {
     }
 }
 
+/// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
+/// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
+///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+/// outbox operation as a whole (acquiring a connection from the pool
+/// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
+/// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
+/// which may wait for a concurrent migration, nor the
+/// [`listen`](crate::PostgresOutbox::listen)er, which runs until dropped.
+/// The outbox keeps no responses: a response limit set in the store options
+/// is only checked to be at least 1 (a message's payload is bounded by
+/// [`MAX_PAYLOAD_BYTES`](idem_core::store::MAX_PAYLOAD_BYTES)).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::StoreOptions;
+/// use idem_postgres::PostgresOutboxOptions;
+///
+/// let options = PostgresOutboxOptions::default()
+///     .table("billing.idem_outbox")
+///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresOutboxOptions {
+    pub(crate) table: String,
+    pub(crate) store: StoreOptions,
+}
+
+impl Default for PostgresOutboxOptions {
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_OUTBOX_TABLE.to_string(),
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+impl PostgresOutboxOptions {
+    /// The table: `table` or `schema.table`, lowercase SQL identifiers
+    /// (default [`DEFAULT_OUTBOX_TABLE`]; see [`TableName`]). The counter
+    /// table is named after it, `<table>_aggregates`, in the same schema.
+    ///
+    /// ```
+    /// let options = idem_postgres::PostgresOutboxOptions::default().table("app.events");
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn table(mut self, name: &str) -> Self {
+        self.table = name.to_string();
+        self
+    }
+
+    /// The operation timeout (default 5 s, more than zero).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    ///
+    /// let options = idem_postgres::PostgresOutboxOptions::default()
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// The table name, validated with the timeout.
+    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
+        self.store
+            .checked(usize::MAX, usize::MAX, "an outbox keeps no responses")?;
+        TableName::new(&self.table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,6 +492,53 @@ mod tests {
         assert_eq!(
             TableName::journal_default().journal_migration_sql(),
             JOURNAL_MIGRATION
+        );
+    }
+
+    #[test]
+    fn outbox_migration_for_another_table_renames_every_object() {
+        let sql = TableName::new("app.events").unwrap().outbox_migration_sql();
+        assert!(!sql.contains("idem_outbox"), "{sql}");
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events ("));
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events_aggregates ("));
+        for function in ["now", "enqueue"] {
+            assert!(
+                sql.contains(&format!("FUNCTION app.events_{function}(")),
+                "{function}"
+            );
+        }
+        for index in OUTBOX_INDEXES {
+            assert!(
+                sql.contains(&format!(
+                    "INDEX IF NOT EXISTS events{index} ON app.events ("
+                )),
+                "{index}"
+            );
+        }
+        assert!(sql.contains("app.events%ROWTYPE"));
+        assert!(sql.contains("SETOF app.events\n"));
+        assert!(sql.contains("pg_notify('app.events', '')"));
+        assert_eq!(
+            TableName::outbox_default().outbox_migration_sql(),
+            OUTBOX_MIGRATION
+        );
+    }
+
+    #[test]
+    fn an_outbox_channel_is_the_qualified_name_within_63_bytes() {
+        assert_eq!(TableName::outbox_default().outbox_channel(), "idem_outbox");
+        assert_eq!(
+            TableName::new("app.events").unwrap().outbox_channel(),
+            "app.events"
+        );
+        let long = format!("{}.{}", "s".repeat(63), "t".repeat(MAX_TABLE_NAME));
+        let channel = TableName::new(&long).unwrap().outbox_channel();
+        assert_eq!(channel.len(), 63);
+        assert!(
+            TableName::new(&long)
+                .unwrap()
+                .outbox_migration_sql()
+                .contains(&format!("pg_notify('{channel}', '')"))
         );
     }
 

@@ -1,0 +1,132 @@
+-- idem: the transactional outbox's tables and its enqueue function
+-- (PostgreSQL 12+), for PostgresOutbox.
+--
+-- Every statement is idempotent. Run this file as it is for the default table
+-- name `idem_outbox`, or take PostgresOutbox::migration_sql(), which is this
+-- text with the table name (and the notification channel) replaced, for
+-- another name.
+--
+-- Every time is a bigint of whole milliseconds since the Unix epoch, by the
+-- server's clock_timestamp() (now() is frozen at the start of a transaction,
+-- and an enqueue may run late inside a caller's long one).
+--
+-- Ordering. Each aggregate has a counter row in idem_outbox_aggregates; an
+-- enqueue takes the next sequence by updating that row, and so holds its lock
+-- until the enqueuing transaction ends. A second transaction enqueueing for
+-- the same aggregate waits for the first to commit (or roll back) and then
+-- takes the next number: sequences follow the commit order, and a message
+-- that has not committed yet is always the highest of its aggregate. The
+-- relay claims each aggregate's head (its lowest sequence not sent or
+-- dropped), so a message that commits late is never skipped: it becomes the
+-- head in its turn.
+
+CREATE TABLE IF NOT EXISTS idem_outbox (
+    id            uuid   PRIMARY KEY,
+    aggregate     text   NOT NULL,
+    sequence      bigint NOT NULL CHECK (sequence >= 1),
+    kind          text   NOT NULL,
+    header_names  text[] NOT NULL,
+    header_values text[] NOT NULL,
+    payload       bytea  NOT NULL,
+    -- MessageState::as_str; unchecked here, so a state a later version adds
+    -- needs no migration (a name no version writes reads as corrupt).
+    state         text   NOT NULL,
+    attempts      bigint NOT NULL CHECK (attempts BETWEEN 0 AND 4294967295),
+    last_error    text,
+    enqueued_at   bigint NOT NULL,
+    available_at  bigint NOT NULL,
+    lease_owner   uuid,
+    lease_until   bigint,
+    sent_at       bigint,
+    UNIQUE (aggregate, sequence)
+);
+
+-- The last sequence of each aggregate: the row an enqueue locks. Kept after
+-- a purge, so an aggregate's sequences never start again.
+CREATE TABLE IF NOT EXISTS idem_outbox_aggregates (
+    aggregate     text   PRIMARY KEY,
+    last_sequence bigint NOT NULL
+);
+
+-- Whether an aggregate has an open message below a candidate head.
+CREATE INDEX IF NOT EXISTS idem_outbox_open_idx ON idem_outbox (aggregate, sequence)
+    WHERE state IN ('pending', 'parked');
+
+-- A claim walks the pending messages oldest first; parked lists the parked
+-- ones; stats counts both.
+CREATE INDEX IF NOT EXISTS idem_outbox_waiting_idx ON idem_outbox (state, enqueued_at, id)
+    WHERE state IN ('pending', 'parked');
+
+-- A purge finds finished messages by when they finished (a dropped message
+-- keeps no sent_at, and counts from its enqueue).
+CREATE INDEX IF NOT EXISTS idem_outbox_finished_idx ON idem_outbox ((coalesce(sent_at, enqueued_at)))
+    WHERE state IN ('sent', 'dropped');
+
+-- The server's clock in whole milliseconds: the one clock of every lease,
+-- back-off and age.
+CREATE OR REPLACE FUNCTION idem_outbox_now()
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT (extract(epoch FROM date_trunc('milliseconds', clock_timestamp())) * 1000)::bigint
+$$;
+
+-- Enqueues a message pending with its aggregate's next sequence, unless its
+-- id is stored already; returns the stored row either way, and notifies the
+-- table's channel when it stored one (delivered when the transaction commits).
+--
+-- The counter row's upsert holds its lock until the caller's transaction
+-- ends: the ordering described above. An id that a racing transaction stored
+-- first (seen by the INSERT after that transaction committed) gives its
+-- sequence back, under the lock this transaction still holds, so sequences
+-- keep no gaps.
+CREATE OR REPLACE FUNCTION idem_outbox_enqueue(
+    p_id            uuid,
+    p_aggregate     text,
+    p_kind          text,
+    p_header_names  text[],
+    p_header_values text[],
+    p_payload       bytea
+)
+RETURNS SETOF idem_outbox
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_sequence bigint;
+    v_now      bigint;
+    v_row      idem_outbox%ROWTYPE;
+BEGIN
+    SELECT * INTO v_row FROM idem_outbox AS r WHERE r.id = p_id;
+    IF FOUND THEN
+        RETURN NEXT v_row;
+        RETURN;
+    END IF;
+    INSERT INTO idem_outbox_aggregates AS a (aggregate, last_sequence)
+    VALUES (p_aggregate, 1)
+    ON CONFLICT (aggregate) DO UPDATE SET last_sequence = a.last_sequence + 1
+    RETURNING a.last_sequence INTO v_sequence;
+    -- After the lock: within an aggregate, enqueue times follow sequences.
+    v_now := idem_outbox_now();
+    INSERT INTO idem_outbox AS r
+        (id, aggregate, sequence, kind, header_names, header_values, payload, state, attempts,
+         enqueued_at, available_at)
+    VALUES (p_id, p_aggregate, v_sequence, p_kind, p_header_names, p_header_values, p_payload,
+            'pending', 0, v_now, v_now)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING * INTO v_row;
+    IF FOUND THEN
+        PERFORM pg_notify('idem_outbox', '');
+        RETURN NEXT v_row;
+        RETURN;
+    END IF;
+    UPDATE idem_outbox_aggregates AS a SET last_sequence = a.last_sequence - 1
+    WHERE a.aggregate = p_aggregate;
+    SELECT * INTO v_row FROM idem_outbox AS r WHERE r.id = p_id;
+    IF FOUND THEN
+        RETURN NEXT v_row;
+        RETURN;
+    END IF;
+    RAISE EXCEPTION 'idem: outbox message % vanished while enqueued again', p_id
+        USING ERRCODE = '40001';
+END
+$$;

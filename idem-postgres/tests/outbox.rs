@@ -1,0 +1,913 @@
+//! The public outbox suite against a real Postgres, and what only the
+//! Postgres outbox does: enqueueing inside the caller's transaction, late
+//! commits, wake-ups on commit, racing relays.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+mod common;
+#[path = "common/proxy.rs"]
+#[allow(dead_code)] // the round-trip counts only
+mod proxy;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::store::{
+    MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
+};
+use idem_core::{StoreError, async_trait};
+use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions};
+use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
+use idem_postgres::{PostgresOutbox, PostgresOutboxOptions};
+use proxy::CountingProxy;
+use tokio::sync::{Notify, watch};
+
+/// Generous: the machine running these is busy.
+const DEADLINE: Duration = Duration::from_secs(30);
+const LONG_LEASE: Duration = Duration::from_secs(60);
+
+/// A table name of its own: a claim sees the whole table.
+fn fresh_table() -> String {
+    format!("ob_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A migrated outbox on a fresh table of its own, over `pool`.
+async fn outbox_on(pool: PgPool, table: &str) -> PostgresOutbox {
+    let outbox =
+        PostgresOutbox::with_options(pool, PostgresOutboxOptions::default().table(table)).unwrap();
+    outbox.migrate().await.expect("migrate");
+    outbox
+}
+
+/// A migrated outbox on a fresh table of its own.
+async fn outbox() -> PostgresOutbox {
+    outbox_on(common::pool().await, &fresh_table()).await
+}
+
+mod suite {
+    idem_conformance::outbox_suite!(super::outbox());
+}
+
+fn message(aggregate: &str, kind: &str) -> NewMessage {
+    NewMessage::new(aggregate, kind, format!("{aggregate}:{kind}").into_bytes()).unwrap()
+}
+
+/// Polls `check` until it yields a value, failing after `within`.
+async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A broker that accepts everything and remembers it, in publish order.
+#[derive(Default)]
+struct Recorder {
+    got: Mutex<Vec<OutboxMessage>>,
+}
+
+impl Recorder {
+    fn got(&self) -> Vec<OutboxMessage> {
+        self.got.lock().unwrap().clone()
+    }
+
+    fn kinds(&self) -> Vec<String> {
+        self.got()
+            .iter()
+            .map(|m| format!("{}/{}", m.message().aggregate(), m.message().kind()))
+            .collect()
+    }
+
+    /// Waits until it holds `n` messages.
+    async fn wait_for(&self, n: usize, within: Duration) -> Vec<OutboxMessage> {
+        until(&format!("{n} messages published"), within, || async {
+            let got = self.got();
+            (got.len() >= n).then_some(got)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Publisher for Recorder {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+        self.got.lock().unwrap().extend(batch.iter().cloned());
+        batch.iter().map(|_| Ok(Published::stored())).collect()
+    }
+}
+
+fn relay_options(poll: Duration) -> RelayOptions {
+    RelayOptions::default()
+        .with_lease(LONG_LEASE)
+        .unwrap()
+        .with_poll_interval(poll)
+        .unwrap()
+}
+
+/// Runs `relay` until the returned sender is dropped or sent to.
+fn spawn_relay<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static>(
+    relay: Relay<S, P>,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        relay
+            .run(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            })
+            .await;
+    });
+    (stop, task)
+}
+
+async fn state_of(outbox: &PostgresOutbox, id: MessageId) -> Option<String> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT state FROM {} WHERE id = $1",
+        outbox.table()
+    )))
+    .bind(id.as_uuid())
+    .fetch_optional(outbox.pool())
+    .await
+    .unwrap()
+}
+
+async fn stats(outbox: &PostgresOutbox) -> OutboxStats {
+    outbox.stats().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_transaction_enqueues_nothing_and_keeps_no_sequence() {
+    let outbox = outbox().await;
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let inside = outbox
+        .enqueue_in(&mut tx, &message("order-1", "placed"))
+        .await
+        .unwrap();
+    assert_eq!(inside.parts().sequence, 1);
+    tx.rollback().await.unwrap();
+    assert_eq!(stats(&outbox).await.pending, 0);
+    assert_eq!(state_of(&outbox, inside.id()).await, None);
+    assert!(
+        outbox
+            .claim(OwnerToken::generate(), LONG_LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let after = outbox
+        .enqueue(&message("order-1", "placed-again"))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.parts().sequence,
+        1,
+        "the rollback kept its sequence taken"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_a_transaction_commits_with_it_and_returns_the_first_when_repeated() {
+    let outbox = outbox().await;
+    let placed = message("order-1", "placed");
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let first = outbox.enqueue_in(&mut tx, &placed).await.unwrap();
+    // Invisible to everyone else until the commit.
+    assert_eq!(stats(&outbox).await.pending, 0);
+    let again = outbox.enqueue_in(&mut tx, &placed).await.unwrap();
+    assert_eq!(again, first);
+    tx.commit().await.unwrap();
+    assert_eq!(outbox.enqueue(&placed).await.unwrap(), first);
+    assert_eq!(stats(&outbox).await.pending, 1);
+    let headers = message("order-1", "paid")
+        .with_header("content-type", "application/json")
+        .unwrap()
+        .with_header("x-trace", "")
+        .unwrap();
+    let stored = outbox.enqueue(&headers).await.unwrap();
+    assert_eq!(stored.message(), &headers);
+    assert_eq!(stored.parts().sequence, 2);
+}
+
+/// T1 enqueues first and commits last; T2, for another aggregate, commits
+/// first. The relay publishes T2's at once, and T1's once it commits:
+/// nothing is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_commits_late_is_published_too() {
+    let outbox = outbox().await;
+    let recorder = Arc::new(Recorder::default());
+    let mut t1 = outbox.pool().begin().await.unwrap();
+    let late = outbox
+        .enqueue_in(&mut t1, &message("order-1", "placed"))
+        .await
+        .unwrap();
+    let mut t2 = outbox.pool().begin().await.unwrap();
+    let early = outbox
+        .enqueue_in(&mut t2, &message("order-2", "placed"))
+        .await
+        .unwrap();
+    t2.commit().await.unwrap();
+
+    let relay = Relay::new(
+        Arc::new(outbox.clone()),
+        Arc::clone(&recorder),
+        relay_options(Duration::from_millis(50)),
+    );
+    let (stop, task) = spawn_relay(relay);
+    let got = recorder.wait_for(1, DEADLINE).await;
+    assert_eq!(got[0].id(), early.id());
+    // Several more polls while T1 is open: its message stays invisible.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(recorder.kinds(), ["order-2/placed"]);
+    assert_eq!(stats(&outbox).await.pending, 0);
+
+    t1.commit().await.unwrap();
+    let got = recorder.wait_for(2, DEADLINE).await;
+    assert_eq!(got[1].id(), late.id());
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(recorder.got().len(), 2, "{:?}", recorder.kinds());
+    assert_eq!(state_of(&outbox, late.id()).await.as_deref(), Some("sent"));
+}
+
+/// The process id of the connection under `tx`.
+async fn backend_pid(tx: &mut sqlx::Transaction<'static, sqlx::Postgres>) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut **tx)
+        .await
+        .unwrap()
+}
+
+/// Waits until the backend `pid` waits for a lock.
+async fn wait_until_blocked(pool: &PgPool, pid: i32) {
+    until(
+        "the second enqueue to wait for a lock",
+        DEADLINE,
+        || async {
+            let waiting: Option<String> =
+                sqlx::query_scalar("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_optional(pool)
+                    .await
+                    .unwrap()
+                    .flatten();
+            (waiting.as_deref() == Some("Lock")).then_some(())
+        },
+    )
+    .await;
+}
+
+/// T1 and T2 on one aggregate: T2 waits for T1's counter row, so its
+/// sequence follows T1's commit, and the relay publishes them in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_of_one_aggregate_take_sequences_in_commit_order() {
+    let outbox = outbox().await;
+    let mut t1 = outbox.pool().begin().await.unwrap();
+    let first = outbox
+        .enqueue_in(&mut t1, &message("order-1", "placed"))
+        .await
+        .unwrap();
+    let mut t2 = outbox.pool().begin().await.unwrap();
+    let pid = backend_pid(&mut t2).await;
+    let racer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let second = outbox
+                .enqueue_in(&mut t2, &message("order-1", "paid"))
+                .await;
+            (t2, second)
+        })
+    };
+    wait_until_blocked(outbox.pool(), pid).await;
+    assert!(!racer.is_finished(), "T2 did not wait for T1");
+    t1.commit().await.unwrap();
+    let (t2, second) = racer.await.unwrap();
+    let second = second.unwrap();
+    t2.commit().await.unwrap();
+    assert_eq!((first.parts().sequence, second.parts().sequence), (1, 2));
+    assert!(second.parts().enqueued_at >= first.parts().enqueued_at);
+
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        Arc::new(outbox.clone()),
+        Arc::clone(&recorder),
+        relay_options(Duration::from_millis(50)),
+    );
+    let (stop, task) = spawn_relay(relay);
+    recorder.wait_for(2, DEADLINE).await;
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(recorder.kinds(), ["order-1/placed", "order-1/paid"]);
+}
+
+/// T2 waits for T1's counter row; T1 rolls back; T2 takes sequence 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_enqueue_takes_the_sequence_a_rollback_gave_back() {
+    let outbox = outbox().await;
+    let mut t1 = outbox.pool().begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut t1, &message("order-1", "placed"))
+        .await
+        .unwrap();
+    let mut t2 = outbox.pool().begin().await.unwrap();
+    let pid = backend_pid(&mut t2).await;
+    let racer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let second = outbox
+                .enqueue_in(&mut t2, &message("order-1", "paid"))
+                .await;
+            (t2, second)
+        })
+    };
+    wait_until_blocked(outbox.pool(), pid).await;
+    t1.rollback().await.unwrap();
+    let (t2, second) = racer.await.unwrap();
+    t2.commit().await.unwrap();
+    assert_eq!(second.unwrap().parts().sequence, 1);
+}
+
+/// An outbox store that counts the claims it answered.
+#[derive(Debug)]
+struct Counted {
+    inner: PostgresOutbox,
+    claims: watch::Sender<u64>,
+}
+
+#[async_trait]
+impl OutboxStore for Counted {
+    async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
+        self.inner.enqueue(message).await
+    }
+
+    async fn claim(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let claimed = self.inner.claim(owner, lease, limit).await;
+        self.claims.send_modify(|n| *n += 1);
+        claimed
+    }
+
+    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        self.inner.mark_sent(owner, ids).await
+    }
+
+    async fn mark_failed(
+        &self,
+        owner: OwnerToken,
+        id: MessageId,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<MessageState, StoreError> {
+        self.inner
+            .mark_failed(owner, id, error, retry_after, max_attempts)
+            .await
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        self.inner.parked(limit).await
+    }
+
+    async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
+        self.inner.retry(id).await
+    }
+
+    async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        self.inner.drop_message(id, reason).await
+    }
+
+    async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        self.inner.purge_sent(older_than, limit).await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        self.inner.stats().await
+    }
+
+    fn capabilities(&self) -> idem_core::store::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// A relay polling once a minute publishes a committed message within
+/// seconds: the listener woke it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_wakes_a_relay_when_a_message_commits() {
+    let outbox = outbox().await;
+    let (claims, mut claimed) = watch::channel(0u64);
+    let store = Arc::new(Counted {
+        inner: outbox.clone(),
+        claims,
+    });
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        store,
+        Arc::clone(&recorder),
+        relay_options(Duration::from_secs(60)),
+    );
+    let listener = outbox.listen(relay.waker()).await.unwrap();
+    let (stop, task) = spawn_relay(relay);
+    // The relay's first pass found nothing; it now sleeps for a minute
+    // unless something wakes it.
+    tokio::time::timeout(DEADLINE, claimed.wait_for(|n| *n >= 1))
+        .await
+        .expect("the relay's first pass")
+        .unwrap();
+
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let placed = outbox
+        .enqueue_in(&mut tx, &message("order-1", "placed"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let got = recorder.wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(got[0].id(), placed.id());
+    assert!(!listener.is_finished());
+
+    let _ = stop.send(true);
+    task.await.unwrap();
+    drop(listener);
+}
+
+/// The listener survives the loss of its connection: after its backend is
+/// terminated it listens again, and wakes the relay for the next commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_listens_again_after_losing_its_connection() {
+    let outbox = outbox().await;
+    let waker = Arc::new(Notify::new());
+    let listener = outbox.listen(Arc::clone(&waker)).await.unwrap();
+    let channel = outbox.channel();
+    let listening = || async {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE $1 AND datname = current_database()",
+        )
+        // `LISTEN "channel"`, or `LISTEN "channel";` once sqlx listens again.
+        .bind(format!(r#"LISTEN "{channel}"%"#))
+        .fetch_all(outbox.pool())
+        .await
+        .unwrap()
+    };
+    let pids = until("the listener's backend", DEADLINE, || async {
+        let pids = listening().await;
+        (!pids.is_empty()).then_some(pids)
+    })
+    .await;
+    for pid in &pids {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(outbox.pool())
+            .await
+            .unwrap();
+    }
+    // The reconnection itself wakes the relay (what was sent meanwhile is lost).
+    tokio::time::timeout(DEADLINE, waker.notified())
+        .await
+        .expect("a wake-up on reconnection");
+    until("the listener to listen again", DEADLINE, || async {
+        let again = listening().await;
+        (!again.is_empty() && again.iter().all(|pid| !pids.contains(pid))).then_some(())
+    })
+    .await;
+    outbox.enqueue(&message("order-1", "placed")).await.unwrap();
+    tokio::time::timeout(DEADLINE, waker.notified())
+        .await
+        .expect("a wake-up after the reconnection");
+    assert!(!listener.is_finished());
+}
+
+/// A broker that holds its first batch until released.
+struct Stalled {
+    entered: Notify,
+    release: Notify,
+}
+
+#[async_trait]
+impl Publisher for Stalled {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+        self.entered.notify_one();
+        self.release.notified().await;
+        batch.iter().map(|_| Ok(Published::stored())).collect()
+    }
+}
+
+/// A relay whose lease lapsed while it published marks nothing sent: the
+/// relay that took the message over does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_relay_cannot_mark_messages_sent() {
+    let outbox = Arc::new(outbox().await);
+    let placed = outbox.enqueue(&message("order-1", "placed")).await.unwrap();
+    let stalled = Arc::new(Stalled {
+        entered: Notify::new(),
+        release: Notify::new(),
+    });
+    let short = RelayOptions::default()
+        .with_lease(Duration::from_millis(300))
+        .unwrap();
+    let stale = Relay::new(Arc::clone(&outbox), Arc::clone(&stalled), short);
+    let stale_pass = tokio::spawn(async move { stale.relay_once().await });
+    tokio::time::timeout(DEADLINE, stalled.entered.notified())
+        .await
+        .expect("the stale relay to publish");
+
+    let recorder = Arc::new(Recorder::default());
+    let fresh = Relay::new(
+        Arc::clone(&outbox),
+        Arc::clone(&recorder),
+        relay_options(Duration::from_secs(60)),
+    );
+    until(
+        "the fresh relay to take the message over",
+        DEADLINE,
+        || async {
+            let pass = fresh.relay_once().await.unwrap();
+            (pass.published == 1).then_some(())
+        },
+    )
+    .await;
+
+    stalled.release.notify_one();
+    let pass = stale_pass.await.unwrap().unwrap();
+    assert_eq!((pass.claimed, pass.published, pass.lost), (1, 0, 1));
+    assert_eq!(recorder.got()[0].id(), placed.id());
+    assert_eq!(
+        state_of(&outbox, placed.id()).await.as_deref(),
+        Some("sent")
+    );
+    assert_eq!(stats(&outbox).await.pending, 0);
+}
+
+/// Only sent and dropped messages are purged, in bounded batches; pending
+/// (leased or not) and parked ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_never_deletes_an_unsent_message() {
+    let outbox = outbox().await;
+    let leased = outbox.enqueue(&message("leased", "m")).await.unwrap();
+    let parked = outbox.enqueue(&message("parked", "m")).await.unwrap();
+    let sent = outbox.enqueue(&message("sent", "m")).await.unwrap();
+    let dropped = outbox.enqueue(&message("dropped", "m")).await.unwrap();
+    let owner = OwnerToken::generate();
+    let claimed = outbox.claim(owner, LONG_LEASE, 100).await.unwrap();
+    assert_eq!(claimed.len(), 4);
+    let pending = outbox.enqueue(&message("pending", "m")).await.unwrap();
+    let later = outbox.enqueue(&message("sent", "later")).await.unwrap();
+    let left = outbox
+        .mark_failed(owner, parked.id(), "refused", Duration::ZERO, 1)
+        .await
+        .unwrap();
+    assert_eq!(left, MessageState::Parked);
+    assert_eq!(outbox.mark_sent(owner, &[sent.id()]).await.unwrap(), 1);
+    assert!(outbox.drop_message(dropped.id(), "obsolete").await.unwrap());
+
+    assert_eq!(
+        outbox
+            .purge_sent(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(outbox.purge_sent(Duration::ZERO, 1).await.unwrap(), 1);
+    assert_eq!(outbox.purge_sent(Duration::ZERO, 100).await.unwrap(), 1);
+    assert_eq!(outbox.purge_sent(Duration::ZERO, 100).await.unwrap(), 0);
+    for (m, state) in [
+        (&leased, Some("pending")),
+        (&parked, Some("parked")),
+        (&pending, Some("pending")),
+        (&later, Some("pending")),
+        (&sent, None),
+        (&dropped, None),
+    ] {
+        assert_eq!(
+            state_of(&outbox, m.id()).await.as_deref(),
+            state,
+            "{}",
+            m.message().aggregate()
+        );
+    }
+    // The purged head's aggregate goes on from its next sequence.
+    let next = outbox.claim(owner, LONG_LEASE, 100).await.unwrap();
+    let kinds: HashSet<(String, u64)> = next
+        .iter()
+        .map(|m| (m.message().aggregate().to_string(), m.parts().sequence))
+        .collect();
+    assert_eq!(
+        kinds,
+        HashSet::from([("pending".to_string(), 1), ("sent".to_string(), 2)])
+    );
+    let stats = stats(&outbox).await;
+    assert_eq!((stats.pending, stats.parked), (3, 1));
+}
+
+/// Every operation, for every outcome, is one statement round trip: the
+/// sequence runs twice over one connection, the first to prepare the
+/// statements, and the second is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
+    let (options, upstream) = common::server();
+    let proxy = CountingProxy::start(upstream).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(common::via_proxy(options, proxy.port))
+        .await
+        .unwrap();
+    let outbox = outbox_on(pool, &fresh_table()).await;
+    let mut report = Vec::new();
+    for lap in 0..2 {
+        report.clear();
+        macro_rules! cost {
+            ($what:expr, $op:expr) => {{
+                let before = proxy.statements();
+                let value = $op;
+                report.push(($what, proxy.statements() - before));
+                value
+            }};
+        }
+        let aggregate = format!("order-{lap}");
+        let (owner, other) = (OwnerToken::generate(), OwnerToken::generate());
+        let a = message(&aggregate, "a");
+        let stored = cost!("enqueue: new", outbox.enqueue(&a).await.unwrap());
+        cost!("enqueue: existing", outbox.enqueue(&a).await.unwrap());
+        let claimed = cost!("claim", outbox.claim(owner, LONG_LEASE, 10).await.unwrap());
+        assert_eq!(claimed.len(), 1);
+        let none = cost!(
+            "claim: nothing",
+            outbox.claim(other, LONG_LEASE, 10).await.unwrap()
+        );
+        assert!(none.is_empty());
+        cost!(
+            "mark_sent",
+            assert_eq!(outbox.mark_sent(owner, &[stored.id()]).await.unwrap(), 1)
+        );
+        cost!(
+            "mark_sent: again",
+            assert_eq!(outbox.mark_sent(owner, &[stored.id()]).await.unwrap(), 0)
+        );
+        let b = outbox.enqueue(&message(&aggregate, "b")).await.unwrap();
+        outbox.claim(owner, LONG_LEASE, 10).await.unwrap();
+        cost!(
+            "mark_failed: lost lease",
+            outbox
+                .mark_failed(other, b.id(), "x", Duration::ZERO, 5)
+                .await
+                .unwrap_err()
+        );
+        cost!(
+            "mark_failed: pending",
+            outbox
+                .mark_failed(owner, b.id(), "x", Duration::ZERO, 5)
+                .await
+                .unwrap()
+        );
+        outbox.claim(owner, LONG_LEASE, 10).await.unwrap();
+        let left = cost!(
+            "mark_failed: parked",
+            outbox
+                .mark_failed(owner, b.id(), "x", Duration::ZERO, 1)
+                .await
+                .unwrap()
+        );
+        assert_eq!(left, MessageState::Parked);
+        cost!("parked", outbox.parked(10).await.unwrap());
+        cost!("retry", assert!(outbox.retry(b.id()).await.unwrap()));
+        cost!("retry: not parked", outbox.retry(b.id()).await.unwrap());
+        cost!(
+            "drop_message",
+            assert!(outbox.drop_message(b.id(), "r").await.unwrap())
+        );
+        cost!(
+            "drop_message: not open",
+            outbox.drop_message(b.id(), "r").await.unwrap()
+        );
+        // The sent and dropped messages of this lap (and the last's last).
+        let purged = cost!(
+            "purge_sent",
+            outbox.purge_sent(Duration::ZERO, 100).await.unwrap()
+        );
+        assert_eq!(purged, 2 + lap);
+        cost!("stats", outbox.stats().await.unwrap());
+        let mut tx = outbox.pool().begin().await.unwrap();
+        let c = cost!(
+            "enqueue_in",
+            outbox
+                .enqueue_in(&mut tx, &message(&aggregate, "c"))
+                .await
+                .unwrap()
+        );
+        tx.commit().await.unwrap();
+        assert!(outbox.drop_message(c.id(), "done").await.unwrap());
+    }
+    println!("{report:#?}");
+    for (what, n) in &report {
+        assert_eq!(*n, 1, "{what} took {n} statement round trips: {report:?}");
+    }
+}
+
+/// Four relays at once over 2,000 messages of 50 aggregates, enqueued while
+/// they run: every message published once, each aggregate's in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_relays_publish_every_message_once_in_order_per_aggregate() {
+    const AGGREGATES: usize = 50;
+    const PER_AGGREGATE: usize = 40;
+    const ENQUEUERS: usize = 10;
+    let outbox = Arc::new(outbox().await);
+    let recorder = Arc::new(Recorder::default());
+    let options = relay_options(Duration::from_millis(50))
+        .with_batch(25)
+        .unwrap();
+    let mut relays = Vec::new();
+    let mut listeners = Vec::new();
+    for i in 0..4 {
+        let relay = Relay::new(Arc::clone(&outbox), Arc::clone(&recorder), options);
+        if i < 2 {
+            listeners.push(outbox.listen(relay.waker()).await.unwrap());
+        }
+        relays.push(spawn_relay(relay));
+    }
+    let enqueuers: Vec<_> = (0..ENQUEUERS)
+        .map(|e| {
+            let outbox = Arc::clone(&outbox);
+            tokio::spawn(async move {
+                for n in 1..=PER_AGGREGATE {
+                    for a in (e..AGGREGATES).step_by(ENQUEUERS) {
+                        let m = message(&format!("agg-{a}"), &format!("k{n}"));
+                        // Every third one inside a transaction of its own.
+                        if n % 3 == 0 {
+                            let mut tx = outbox.pool().begin().await.unwrap();
+                            outbox.enqueue_in(&mut tx, &m).await.unwrap();
+                            tx.commit().await.unwrap();
+                        } else {
+                            outbox.enqueue(&m).await.unwrap();
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for enqueuer in enqueuers {
+        enqueuer.await.unwrap();
+    }
+    let total = AGGREGATES * PER_AGGREGATE;
+    recorder.wait_for(total, Duration::from_secs(300)).await;
+    until("the outbox to drain", DEADLINE, || async {
+        (stats(&outbox).await.pending == 0).then_some(())
+    })
+    .await;
+    for (stop, task) in relays {
+        let _ = stop.send(true);
+        task.await.unwrap();
+    }
+    drop(listeners);
+
+    let got = recorder.got();
+    assert_eq!(got.len(), total, "a message was published twice");
+    let ids: HashSet<MessageId> = got.iter().map(OutboxMessage::id).collect();
+    assert_eq!(ids.len(), total, "a message was published twice");
+    let mut per_aggregate: HashMap<&str, Vec<u64>> = HashMap::new();
+    for m in &got {
+        let sequence = m.parts().sequence;
+        assert_eq!(
+            m.message().kind(),
+            format!("k{sequence}"),
+            "sequence and enqueue order differ"
+        );
+        per_aggregate
+            .entry(m.message().aggregate())
+            .or_default()
+            .push(sequence);
+    }
+    assert_eq!(per_aggregate.len(), AGGREGATES);
+    let expected: Vec<u64> = (1..=PER_AGGREGATE as u64).collect();
+    for (aggregate, sequences) in per_aggregate {
+        assert_eq!(sequences, expected, "{aggregate} published out of order");
+    }
+}
+
+/// A schema-qualified table: every object in the schema, and its channel
+/// named after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_qualified_table_migrates_works_and_notifies() {
+    let pool = common::pool().await;
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS app")
+        .execute(&pool)
+        .await
+        // Racing test binaries may both create it: one of them wins.
+        .or_else(|e| match &e {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
+                Ok(Default::default())
+            }
+            _ => Err(e),
+        })
+        .unwrap();
+    let table = fresh_table();
+    let qualified = format!("app.{table}");
+    let outbox = PostgresOutbox::with_options(
+        pool.clone(),
+        PostgresOutboxOptions::default().table(&qualified),
+    )
+    .unwrap();
+    assert_eq!(outbox.table().to_string(), qualified);
+    assert_eq!(outbox.channel(), qualified);
+    outbox.migrate().await.unwrap();
+    outbox.migrate().await.unwrap();
+
+    for (kind, name) in [
+        ("r", table.clone()),
+        ("r", format!("{table}_aggregates")),
+        ("i", format!("{table}_open_idx")),
+        ("i", format!("{table}_waiting_idx")),
+        ("i", format!("{table}_finished_idx")),
+    ] {
+        let found: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'app' AND c.relname = $1 AND c.relkind::text = $2",
+        )
+        .bind(&name)
+        .bind(kind)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(found, 1, "app.{name}");
+    }
+    for function in ["now", "enqueue"] {
+        let found: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'app' AND p.proname = $1",
+        )
+        .bind(format!("{table}_{function}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(found, 1, "app.{table}_{function}");
+    }
+
+    let waker = Arc::new(Notify::new());
+    let _listener = outbox.listen(Arc::clone(&waker)).await.unwrap();
+    let placed = outbox.enqueue(&message("order-1", "placed")).await.unwrap();
+    tokio::time::timeout(DEADLINE, waker.notified())
+        .await
+        .expect("a notification on the qualified table's channel");
+    let owner = OwnerToken::generate();
+    let claimed = outbox.claim(owner, LONG_LEASE, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id(), placed.id());
+    assert_eq!(outbox.mark_sent(owner, &[placed.id()]).await.unwrap(), 1);
+}
+
+#[test]
+fn invalid_options_are_refused_at_construction() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy_with(common::server().0);
+        for bad in ["Outbox", "a.b.c", "x; drop table y", ""] {
+            assert!(
+                matches!(
+                    PostgresOutbox::with_options(
+                        pool.clone(),
+                        PostgresOutboxOptions::default().table(bad)
+                    ),
+                    Err(StoreError::InvalidInput(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let zero = idem_core::StoreOptions::default().with_operation_timeout(Duration::ZERO);
+        assert!(matches!(
+            PostgresOutbox::with_options(
+                pool,
+                PostgresOutboxOptions::default().store_options(zero)
+            ),
+            Err(StoreError::InvalidInput(_))
+        ));
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_name_a_durable_store_on_the_servers_clock() {
+    use idem_core::store::{ClockSource, Durability, TransactionSharing};
+    let outbox = PostgresOutbox::new(
+        sqlx::postgres::PgPoolOptions::new().connect_lazy_with(common::server().0),
+    );
+    let caps = outbox.capabilities();
+    assert_eq!(caps.store, "postgres");
+    assert_eq!(caps.clock, ClockSource::Server);
+    assert_eq!(caps.durability, Durability::Durable);
+    assert_eq!(caps.transactions, TransactionSharing::SameDatabase);
+}
