@@ -294,6 +294,8 @@ async fn the_broker_cut_off_for_two_seconds_then_back_loses_nothing() {
     proxy.stall();
     proxy.cut_all();
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let stranded = outbox.stats().await.unwrap().pending;
+    assert!(stranded > 0, "the cut came while a backlog was left");
     proxy.resume();
     drained(&outbox).await;
     relays.stop().await;
