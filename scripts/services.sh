@@ -163,3 +163,74 @@ ensure_moto() {
   export IDEM_DYNAMO_ENDPOINT=http://127.0.0.1:$port
   log "dynamodb: $IDEM_DYNAMO_ENDPOINT"
 }
+
+# RabbitMQ from Debian's packages on 127.0.0.1:5672, user guest/guest (which
+# RabbitMQ lets in from loopback only).
+amqp_answers() {
+  # The broker answers the AMQP 0-9-1 protocol header with connection.start:
+  # a method frame (type 1) on channel 0.
+  timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672 && printf "AMQP\x00\x00\x09\x01" >&3 && head -c 3 <&3' \
+    2>/dev/null | od -An -tx1 | tr -d ' \n' | grep -qx 010000
+}
+
+ensure_rabbitmq() {
+  if [ -n "${IDEM_AMQP_URL:-}" ]; then
+    log "rabbitmq: using IDEM_AMQP_URL"
+    return
+  fi
+  if ! amqp_answers && ! [ -x /usr/sbin/rabbitmq-server ]; then
+    apt_install rabbitmq-server
+    # Where an init system runs, the package started the broker already.
+    for _ in $(seq 1 20); do amqp_answers && break; sleep 0.5; done
+  fi
+  if ! amqp_answers; then
+    log "rabbitmq: starting a broker on 127.0.0.1:5672"
+    # Debian's wrapper runs the broker as the rabbitmq user; -detached
+    # returns once the node is launched, long before it listens.
+    as_root env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672 \
+      /usr/sbin/rabbitmq-server -detached >"${TMPDIR:-/tmp}/idem-rabbitmq.log" 2>&1 \
+      || die "rabbitmq-server did not start (see ${TMPDIR:-/tmp}/idem-rabbitmq.log)"
+    for _ in $(seq 1 120); do amqp_answers && break; sleep 0.5; done
+    amqp_answers || die "rabbitmq is not answering on 127.0.0.1:5672 (see ${TMPDIR:-/tmp}/idem-rabbitmq.log and /var/log/rabbitmq)"
+  fi
+  # The tests log in as guest: make sure that works before they run.
+  if command -v rabbitmqctl >/dev/null; then
+    timeout 30 rabbitmqctl -q authenticate_user guest guest >/dev/null 2>&1 \
+      || die "rabbitmq answers on 127.0.0.1:5672 but refuses guest/guest"
+  fi
+  export IDEM_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
+  log "rabbitmq: $IDEM_AMQP_URL"
+}
+
+# NATS with JetStream from Debian's packages on 127.0.0.1:4222.
+nats_info() { timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/4222 && head -n 1 <&3' 2>/dev/null; }
+
+ensure_nats() {
+  if [ -n "${IDEM_NATS_URL:-}" ]; then
+    log "nats: using IDEM_NATS_URL"
+    return
+  fi
+  if ! nats_info | grep -q '^INFO ' && ! command -v nats-server >/dev/null; then
+    apt_install nats-server
+    # Where systemd runs, the package started its own server, without
+    # JetStream: stop that one (it is ours, just installed) for one with it.
+    sleep 1
+    if nats_info | grep -q '^INFO ' && ! nats_info | grep -q '"jetstream":true'; then
+      as_root systemctl stop nats-server >/dev/null 2>&1 || as_root service nats-server stop >/dev/null 2>&1 || true
+      for _ in $(seq 1 20); do nats_info | grep -q '^INFO ' || break; sleep 0.25; done
+    fi
+  fi
+  if ! nats_info | grep -q '^INFO '; then
+    local store=${IDEM_NATS_STORE:-${TMPDIR:-/tmp}/idem-nats-jetstream}
+    mkdir -p "$store" || die "cannot create the JetStream store $store"
+    log "nats: starting a server with JetStream on 127.0.0.1:4222 (store $store)"
+    nohup nats-server -a 127.0.0.1 -p 4222 -js -sd "$store" \
+      >"${TMPDIR:-/tmp}/idem-nats-4222.log" 2>&1 &
+    for _ in $(seq 1 60); do nats_info | grep -q '^INFO ' && break; sleep 0.25; done
+    nats_info | grep -q '^INFO ' || die "nats is not answering on 127.0.0.1:4222 (see ${TMPDIR:-/tmp}/idem-nats-4222.log)"
+  fi
+  nats_info | grep -q '"jetstream":true' \
+    || die "the NATS server on 127.0.0.1:4222 runs without JetStream (start it with -js)"
+  export IDEM_NATS_URL=nats://127.0.0.1:4222
+  log "nats: $IDEM_NATS_URL"
+}
