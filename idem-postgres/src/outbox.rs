@@ -394,18 +394,7 @@ impl PostgresOutbox {
     ///
     /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let fail = |e| classify(Operation::Setup, e);
-        let mut tx = self.pool().begin().await.map_err(fail)?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(MIGRATION_LOCK)
-            .execute(&mut *tx)
-            .await
-            .map_err(fail)?;
-        sqlx::raw_sql(AssertSqlSafe(self.migration_sql()))
-            .execute(&mut *tx)
-            .await
-            .map_err(fail)?;
-        tx.commit().await.map_err(fail)
+        crate::migrate::migrate(self.pool(), MIGRATION_LOCK, self.migration_sql()).await
     }
 
     /// Enqueues `message` inside the caller's transaction: the message and
