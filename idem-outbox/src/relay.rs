@@ -27,11 +27,14 @@ pub struct RelayOptions {
     first_retry: Duration,
     max_retry: Duration,
     poll_interval: Duration,
+    retention: Duration,
+    purge_every: Duration,
 }
 
 impl Default for RelayOptions {
     /// Batches of 100, a 30 s lease, 10 attempts with back-off from 1 s
-    /// doubling to 5 min, a look every second when nothing wakes it.
+    /// doubling to 5 min, a look every second when nothing wakes it, sent
+    /// messages kept 7 days and purged (a batch at a time) every minute.
     fn default() -> Self {
         Self {
             batch: 100,
@@ -40,6 +43,8 @@ impl Default for RelayOptions {
             first_retry: Duration::from_secs(1),
             max_retry: Duration::from_secs(300),
             poll_interval: Duration::from_secs(1),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            purge_every: Duration::from_secs(60),
         }
     }
 }
@@ -106,6 +111,33 @@ impl RelayOptions {
         }
         self.poll_interval = every;
         Ok(self)
+    }
+
+    /// How long sent (and dropped) messages are kept, and how often an idle
+    /// relay deletes a batch of the older ones (more than zero).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] for a zero interval.
+    pub fn with_retention(
+        mut self,
+        keep: Duration,
+        purge_every: Duration,
+    ) -> Result<Self, InvalidInput> {
+        if purge_every.is_zero() {
+            return Err(InvalidInput::OutOfRange {
+                field: "purge interval",
+                reason: "must be more than zero",
+            });
+        }
+        self.retention = keep;
+        self.purge_every = purge_every;
+        Ok(self)
+    }
+
+    /// How long a relay holds what it claimed.
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// The back-off after the `attempts`-th failure.
@@ -314,11 +346,13 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
 
     /// Relays until `shutdown` completes: a pass, then another at once while
     /// batches come back full, else a wait for a wake-up or the poll
-    /// interval. A failing store is retried at the poll interval, with a
+    /// interval; when idle, a batch of sent messages past their retention
+    /// is purged at most every purge interval. A failing store is retried at the poll interval, with a
     /// warning. Gauges (with the `metrics` feature) are refreshed after each
     /// idle pass.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let mut next_purge = tokio::time::Instant::now();
         loop {
             let full = match self.relay_once().await {
                 Ok(pass) => pass.claimed >= self.options.batch,
@@ -331,11 +365,26 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                 continue;
             }
             self.refresh_gauges().await;
+            if tokio::time::Instant::now() >= next_purge {
+                next_purge = tokio::time::Instant::now() + self.options.purge_every;
+                self.purge().await;
+            }
             tokio::select! {
                 () = &mut shutdown => return,
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(self.options.poll_interval) => {}
             }
+        }
+    }
+
+    /// Deletes one batch of sent messages past their retention.
+    async fn purge(&self) {
+        let purged = self
+            .store
+            .purge_sent(self.options.retention, self.options.batch)
+            .await;
+        if let Err(error) = purged {
+            tracing::warn!(%error, "the outbox relay could not purge sent messages");
         }
     }
 

@@ -279,3 +279,162 @@ fn options_out_of_range_are_refused() {
             .is_err()
     );
 }
+
+/// The in-process outbox, counting what purges delete.
+#[derive(Debug, Default)]
+struct PurgeCounting {
+    inner: MemoryOutbox,
+    purged: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl OutboxStore for PurgeCounting {
+    async fn enqueue(&self, m: &NewMessage) -> Result<OutboxMessage, idem_core::StoreError> {
+        self.inner.enqueue(m).await
+    }
+    async fn claim(
+        &self,
+        owner: idem_core::store::OwnerToken,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
+        self.inner.claim(owner, lease, limit).await
+    }
+    async fn mark_sent(
+        &self,
+        owner: idem_core::store::OwnerToken,
+        ids: &[idem_core::store::MessageId],
+    ) -> Result<u64, idem_core::StoreError> {
+        self.inner.mark_sent(owner, ids).await
+    }
+    async fn mark_failed(
+        &self,
+        owner: idem_core::store::OwnerToken,
+        id: idem_core::store::MessageId,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<idem_core::store::MessageState, idem_core::StoreError> {
+        self.inner
+            .mark_failed(owner, id, error, retry_after, max_attempts)
+            .await
+    }
+    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
+        self.inner.parked(limit).await
+    }
+    async fn retry(&self, id: idem_core::store::MessageId) -> Result<bool, idem_core::StoreError> {
+        self.inner.retry(id).await
+    }
+    async fn drop_message(
+        &self,
+        id: idem_core::store::MessageId,
+        reason: &str,
+    ) -> Result<bool, idem_core::StoreError> {
+        self.inner.drop_message(id, reason).await
+    }
+    async fn purge_sent(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<u64, idem_core::StoreError> {
+        let purged = self.inner.purge_sent(older_than, limit).await?;
+        self.purged
+            .fetch_add(purged, std::sync::atomic::Ordering::SeqCst);
+        Ok(purged)
+    }
+    async fn stats(&self) -> Result<idem_core::store::OutboxStats, idem_core::StoreError> {
+        self.inner.stats().await
+    }
+    fn capabilities(&self) -> idem_core::store::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+#[tokio::test]
+async fn an_idle_relay_purges_sent_messages_past_their_retention() {
+    let outbox = Arc::new(PurgeCounting::default());
+    outbox.enqueue(&message("order-1", 1)).await.unwrap();
+    outbox.enqueue(&message("order-2", 1)).await.unwrap();
+    let publisher = Arc::new(Recording::default());
+    publisher.refuse.lock().unwrap().push("order-2".into());
+    let options = RelayOptions::default()
+        .with_retries(100, Duration::from_secs(3600), Duration::from_secs(3600))
+        .unwrap()
+        .with_retention(Duration::ZERO, Duration::from_millis(10))
+        .unwrap()
+        .with_poll_interval(Duration::from_millis(10))
+        .unwrap();
+    let relay = Relay::new(outbox.clone(), publisher, options);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while outbox.purged.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing purged");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    running.await.unwrap();
+    // The sent message went; the one waiting for its retry stayed.
+    assert_eq!(outbox.purged.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(outbox.stats().await.unwrap().pending, 1);
+}
+
+#[test]
+fn a_pass_is_counted_and_measured_through_the_metrics_facade() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let outbox = Arc::new(MemoryOutbox::new());
+                outbox.enqueue(&message("order-1", 1)).await.unwrap();
+                outbox.enqueue(&message("poison", 1)).await.unwrap();
+                let publisher = Arc::new(Recording::default());
+                publisher.refuse.lock().unwrap().push("poison".into());
+                let options = RelayOptions::default()
+                    .with_retries(1, Duration::ZERO, Duration::ZERO)
+                    .unwrap()
+                    .with_poll_interval(Duration::from_millis(5))
+                    .unwrap();
+                let relay = Relay::new(outbox, publisher, options);
+                let pass = relay.relay_once().await.unwrap();
+                assert_eq!((pass.published, pass.parked), (1, 1));
+                // An idle run refreshes the gauges, then stops.
+                relay
+                    .run(tokio::time::sleep(Duration::from_millis(50)))
+                    .await;
+            });
+    });
+    let mut seen = std::collections::HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let value = match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(h) => h.len() as f64,
+        };
+        seen.insert(key.key().name().to_string(), value);
+    }
+    assert_eq!(seen.get(idem_outbox::PUBLISHED), Some(&1.0), "{seen:?}");
+    assert_eq!(seen.get(idem_outbox::PARKED), Some(&1.0), "{seen:?}");
+    assert_eq!(seen.get(idem_outbox::FAILED), Some(&1.0), "{seen:?}");
+    assert_eq!(
+        seen.get(idem_outbox::PUBLISH_DURATION),
+        Some(&1.0),
+        "{seen:?}"
+    );
+    assert_eq!(seen.get(idem_outbox::PENDING), Some(&0.0), "{seen:?}");
+    assert!(seen.contains_key(idem_outbox::OLDEST_PENDING), "{seen:?}");
+}
