@@ -244,6 +244,15 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         Arc::clone(&self.wake)
     }
 
+    /// The same relay woken by `waker`: relays of one process can share one
+    /// (and one listener's connection); each notification wakes one of them,
+    /// the others keep to their poll interval.
+    #[must_use]
+    pub fn with_waker(mut self, waker: Arc<Notify>) -> Self {
+        self.wake = waker;
+        self
+    }
+
     /// The options.
     pub fn options(&self) -> RelayOptions {
         self.options

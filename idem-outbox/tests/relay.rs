@@ -231,8 +231,10 @@ async fn a_wake_up_publishes_without_waiting_for_the_poll_interval() {
     let options = quick()
         .with_poll_interval(Duration::from_secs(3600))
         .unwrap();
-    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
-    let waker = relay.waker();
+    // Relays may share one waker (one listener for a process).
+    let waker = Arc::new(tokio::sync::Notify::new());
+    let relay = Relay::new(outbox.clone(), publisher.clone(), options).with_waker(waker.clone());
+    assert!(Arc::ptr_eq(&relay.waker(), &waker));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn({
         let relay = relay.clone();
