@@ -37,6 +37,7 @@ pub mod cases;
 pub mod faults;
 pub mod journal;
 pub mod outbox;
+pub mod relays;
 pub mod support;
 
 /// The README's examples, compiled (and where they need no server, run) as

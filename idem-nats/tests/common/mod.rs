@@ -3,7 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-pub mod outbox;
+pub use idem_conformance::relays as outbox;
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
-//! The broker-independent half of the end-to-end tests: an outbox filled
-//! with interleaved aggregates, relays running until told to stop, waits
-//! with deadlines, and publisher wrappers that inject a poison message or a
-//! crash between confirm and mark-sent. (The same file serves idem-nats.)
+//! The broker-independent half of a publisher's end-to-end tests (as
+//! `idem-rabbitmq` and `idem-nats` run them, and as a publisher of your own
+//! can): an outbox filled with interleaved aggregates, relays running until
+//! told to stop, waits with deadlines, and publisher wrappers that inject a
+//! poison message or a crash between confirm and mark-sent.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -179,7 +180,9 @@ pub fn check_order(
 /// A poison message: refuses every message of one aggregate, publishes the
 /// others through the inner publisher.
 pub struct Refusing<P> {
+    /// The publisher of everything else.
     pub inner: P,
+    /// The aggregate refused.
     pub aggregate: String,
 }
 
@@ -210,12 +213,16 @@ impl<P: Publisher> Publisher for Refusing<P> {
 /// A relay that stalls between the broker's confirm and its mark-sent:
 /// publishes, says so, then holds the answers until released.
 pub struct HoldAfterPublish<P> {
+    /// The publisher that publishes.
     pub inner: P,
+    /// Notified once a batch is published.
     pub published: Notify,
+    /// Lets the held answers go.
     pub release: Notify,
 }
 
 impl<P> HoldAfterPublish<P> {
+    /// A stalling wrapper of `inner`.
     pub fn new(inner: P) -> Self {
         Self {
             inner,
