@@ -911,3 +911,59 @@ async fn capabilities_name_a_durable_store_on_the_servers_clock() {
     assert_eq!(caps.durability, Durability::Durable);
     assert_eq!(caps.transactions, TransactionSharing::SameDatabase);
 }
+
+/// Inside the runner's `run_in`: the handler's event commits with its
+/// record, a replay enqueues nothing more, and a handler that fails rolls
+/// its event back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_enqueued_inside_run_in_commits_with_the_record_and_only_once() {
+    use idem_core::{Fingerprint, HandlerError, RunError, Scope, StoredResponse};
+    let store = common::store().await;
+    let outbox = Arc::new(outbox_on(store.pool().clone(), &fresh_table()).await);
+    let idem = common::runner(&store, Duration::from_secs(30));
+    let tenant = format!("outbox-{}", uuid::Uuid::new_v4());
+    let scope = Scope::parse(&tenant, "order-42").unwrap();
+    for _ in 0..2 {
+        let events = Arc::clone(&outbox);
+        let outcome = idem
+            .run_in(
+                scope.clone(),
+                Fingerprint::of_bytes("order 42"),
+                store.begin(),
+                |_, mut tx| async move {
+                    events
+                        .enqueue_in(&mut tx, &message("order-42", "placed"))
+                        .await?;
+                    Ok((tx, StoredResponse::new(201, "placed")))
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(outcome.response().status(), 201);
+    }
+    assert_eq!(stats(&outbox).await.pending, 1, "a replay enqueued again");
+    let failed = idem
+        .run_in(
+            Scope::parse(&tenant, "order-43").unwrap(),
+            Fingerprint::of_bytes("order 43"),
+            store.begin(),
+            |_, mut tx| {
+                let events = Arc::clone(&outbox);
+                async move {
+                    events
+                        .enqueue_in(&mut tx, &message("order-43", "placed"))
+                        .await?;
+                    Err::<(idem_postgres::PgTransaction, StoredResponse), _>(
+                        HandlerError::not_started("the order was refused"),
+                    )
+                }
+            },
+        )
+        .await;
+    assert!(matches!(failed, Err(RunError::NotStarted(_))), "{failed:?}");
+    assert_eq!(
+        stats(&outbox).await.pending,
+        1,
+        "a rolled-back event survived"
+    );
+}
