@@ -4,7 +4,10 @@
 //! `idem-bench` binary runs one configuration (`--backend`, `--workload`,
 //! `--concurrency`, `--duration` or `--requests`, `--raw` or `--cache`, `--json`);
 //! `scripts/bench` runs the whole matrix and `idem-bench-report` turns its
-//! JSON lines into a markdown table and a PNG chart.
+//! JSON lines into a markdown table and a PNG chart. `idem-bench-outbox`
+//! measures the transactional outbox's relay (Postgres to RabbitMQ and to
+//! NATS JetStream) against the raw broker clients: throughput, Postgres
+//! round trips per batch, and commit-to-broker latency.
 //!
 //! Every run reports what its operations got (the [`Mix`] of [`Outcome`]s:
 //! executed, replayed, in progress, mismatch) and how many failed, so a

@@ -1,0 +1,1268 @@
+//! `idem-bench-outbox`: the transactional outbox's relay measured against
+//! the raw broker client, side by side in one run, for RabbitMQ
+//! (`idem-rabbitmq` over lapin) and NATS JetStream (`idem-nats` over
+//! async-nats).
+//!
+//! ```text
+//! cargo run --release -p idem-bench --bin idem-bench-outbox -- --broker both --messages 5000 --duration 5
+//! ```
+//!
+//! For each broker:
+//!
+//! 1. **Throughput.** A Postgres outbox on a fresh table, pre-filled with
+//!    `--messages` over `--aggregates`, drained by one relay
+//!    (`Relay::relay_once` until every message is marked sent) at batch 1
+//!    and batch 100; against the raw baseline, the same client publishing
+//!    as many messages of the same shape to the same broker in batches of
+//!    the same size, awaiting every confirm of a batch (lapin in confirm
+//!    mode, persistent and mandatory; async-nats awaiting each PubAck).
+//!    The ratio relay/raw is what the outbox costs.
+//!    Each relay batch's time splits into its claim, its publish and its
+//!    marks.
+//! 2. **Postgres round trips per relay batch** (claim, mark sent, and one
+//!    per failure), counted on the wire by idem-postgres's counting proxy
+//!    (`idem-postgres/tests/common/proxy.rs`, compiled in from there) in
+//!    front of the relay's pool (two connections), on a second drain of up
+//!    to 1,000 messages: the proxy leaves Nagle's algorithm on, so the timed
+//!    drain goes straight to the server. The first batch also
+//!    prepares the statements and is reported apart. sqlx's pings of a
+//!    connection returning to the pool (a Sync alone, off the relay's path)
+//!    are counted apart too.
+//! 3. **Commit-to-broker latency.** Messages enqueued, one committed
+//!    transaction each, at `--rate` for `--duration` seconds, relayed by
+//!    `Relay::run` woken by `PostgresOutbox::listen`; a consumer on the
+//!    broker stamps each arrival. Latency is the arrival less the moment the
+//!    commit returned, both on this process's monotonic clock (an arrival
+//!    before the commit returned counts as zero).
+//!
+//! Writes `<out>/outbox.jsonl` (one JSON line per measurement) and
+//! `<out>/outbox.md`, and prints the markdown. Everything it creates has a
+//! random name and is removed at the end: a Postgres schema of its own, a
+//! RabbitMQ exchange and queue, a JetStream stream (the queue and the
+//! stream also expire by themselves should the run die). Nothing is judged:
+//! there is no assertion on any timing.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, Context};
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use futures_util::StreamExt;
+use idem_bench::percentile;
+use idem_core::StoreError;
+use idem_core::store::{
+    Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    OwnerToken,
+};
+use idem_nats::{JetStreamOptions, JetStreamPublisher};
+use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
+use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
+use idem_postgres::{PostgresOutbox, PostgresOutboxOptions};
+use idem_rabbitmq::{RabbitOptions, RabbitPublisher};
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// The counting proxy of idem-postgres's round-trip tests, compiled in from
+/// there rather than copied.
+#[path = "../../../idem-postgres/tests/common/proxy.rs"]
+mod proxy;
+
+use proxy::CountingProxy;
+
+type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The relay batch sizes measured, and the raw baseline's.
+const BATCHES: [usize; 2] = [1, 100];
+
+/// Every message's kind: the RabbitMQ routing key, the NATS subject's tail.
+const KIND: &str = "order.placed";
+
+/// Messages (at most) of the drain through the counting proxy.
+const COUNTED_MESSAGES: usize = 1000;
+
+/// The relay's pool in the throughput measurement. sqlx pings every
+/// connection as it returns to the pool; with a second connection the next
+/// statement need not wait for that ping.
+const RELAY_CONNECTIONS: u32 = 2;
+
+/// The relay's batch in the latency measurement.
+const LATENCY_BATCH: usize = 100;
+
+/// Enqueueing tasks that pre-fill an outbox, each with aggregates of its own.
+const FILL_TASKS: usize = 4;
+
+/// Messages per pre-filling transaction.
+const FILL_CHUNK: usize = 100;
+
+/// How long a drain, a raw run or the wait for the last arrival may take
+/// before the run gives up (a stuck broker, not a slow one).
+const PATIENCE: Duration = Duration::from_secs(300);
+
+/// How long the latency phase waits for stragglers once arrivals stop.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// Messages enqueued and relayed before the latency phase counts, so the
+/// first statements' preparation is not measured.
+const WARM_UP: usize = 20;
+
+/// Broker queues and streams expire after this long unused, should the
+/// run die before it removes them.
+const EXPIRES: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BrokerChoice {
+    Rabbitmq,
+    Nats,
+    Both,
+}
+
+/// The outbox relay against the raw broker client.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    /// The brokers to measure.
+    #[arg(long, value_enum, default_value = "both")]
+    broker: BrokerChoice,
+    /// Messages per throughput measurement (relay and raw alike).
+    #[arg(long, default_value_t = 5000)]
+    messages: usize,
+    /// Aggregates the messages are spread over (a relay batch holds at most
+    /// one message of each).
+    #[arg(long, default_value_t = 100)]
+    aggregates: usize,
+    /// Seconds of enqueueing in the latency measurement.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Messages per second enqueued in the latency measurement.
+    #[arg(long, default_value_t = 200)]
+    rate: u32,
+    /// Where outbox.jsonl and outbox.md are written.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+}
+
+/// One throughput measurement: one broker, one batch size, relay and raw.
+#[derive(Debug, Clone, Serialize)]
+struct Throughput {
+    broker: &'static str,
+    batch: usize,
+    messages: usize,
+    aggregates: usize,
+    /// Messages per second through the relay, from its first claim to the
+    /// last message marked sent.
+    relay_msgs_per_s: f64,
+    /// Messages per second through the client alone, confirms awaited.
+    raw_msgs_per_s: f64,
+    /// relay / raw.
+    ratio: f64,
+    relay_seconds: f64,
+    /// Of the relay's time, the time spent in the publisher (the broker's
+    /// confirms awaited).
+    relay_publish_seconds: f64,
+    /// Of the relay's time, the time spent in the store's claims.
+    relay_claim_seconds: f64,
+    /// Of the relay's time, the time spent marking messages sent (or failed).
+    relay_mark_seconds: f64,
+    raw_seconds: f64,
+    /// Relay passes that claimed something.
+    batches: u64,
+    /// Messages of the second drain, through the counting proxy, that the
+    /// round trips below come from.
+    counted_messages: usize,
+    /// Its relay passes that claimed something.
+    counted_batches: u64,
+    /// Statement round trips of the first batch (it prepares the statements).
+    pg_round_trips_first_batch: u64,
+    /// Mean statement round trips of every later batch: claim, mark sent,
+    /// one per failure.
+    pg_round_trips_per_batch: f64,
+    /// The most of any later batch.
+    pg_round_trips_max: u64,
+    /// Syncs with no statement (sqlx's pings), over the whole counted drain.
+    pg_pings: u64,
+    /// Every round trip of the drain on the wire (each ReadyForQuery:
+    /// statements, pings).
+    pg_round_trips_total: u64,
+    /// Publishes the relay counted failed or parked.
+    relay_failed: u64,
+    /// Publishes of the raw baseline not acknowledged.
+    raw_failed: u64,
+}
+
+/// One latency measurement.
+#[derive(Debug, Clone, Serialize)]
+struct Latency {
+    broker: &'static str,
+    /// The rate asked for.
+    rate: u32,
+    /// The rate achieved.
+    enqueued_per_s: f64,
+    enqueued: usize,
+    arrived: usize,
+    relay_batch: usize,
+    p50_us: u64,
+    p99_us: u64,
+    max_us: u64,
+}
+
+/// One JSON line.
+#[derive(Debug, Serialize)]
+#[serde(tag = "bench", rename_all = "snake_case")]
+enum Line {
+    Throughput(Throughput),
+    Latency(Latency),
+}
+
+/// The payload of the `i`-th message.
+fn payload(i: usize) -> Vec<u8> {
+    format!(r#"{{"order":{i},"status":"placed","total":42}}"#).into_bytes()
+}
+
+/// The aggregate of the `i`-th message.
+fn aggregate(i: usize, aggregates: usize) -> String {
+    format!("order-{}", i % aggregates)
+}
+
+/// Postgres: the server, and a schema of the run's own that holds every
+/// outbox table it creates.
+struct Pg {
+    options: PgConnectOptions,
+    upstream: String,
+    schema: String,
+    admin: PgPool,
+}
+
+impl Pg {
+    async fn connect(id: &str) -> Result<Self, BenchError> {
+        let url = env("IDEM_POSTGRES_URL")?;
+        let options = PgConnectOptions::from_str(&url)?;
+        let upstream = format!("{}:{}", options.get_host(), options.get_port());
+        let admin = pool(options.clone(), 2).await?;
+        let schema = format!("idem_bench_outbox_{id}");
+        // A validated identifier: lowercase letters, digits and underscores.
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await?;
+        Ok(Self {
+            options,
+            upstream,
+            schema,
+            admin,
+        })
+    }
+
+    /// A pool of `max` connections straight to the server.
+    async fn pool(&self, max: u32) -> Result<PgPool, BenchError> {
+        pool(self.options.clone(), max).await
+    }
+
+    /// An outbox on the table `name` of the run's schema, over `pool`.
+    fn outbox(&self, pool: PgPool, name: &str) -> Result<PostgresOutbox, BenchError> {
+        let table = format!("{}.{name}", self.schema);
+        Ok(PostgresOutbox::with_options(
+            pool,
+            PostgresOutboxOptions::default().table(&table),
+        )?)
+    }
+
+    /// A migrated outbox on a new table `name`, over a pool of its own.
+    async fn fresh_outbox(&self, name: &str, max: u32) -> Result<PostgresOutbox, BenchError> {
+        let outbox = self.outbox(self.pool(max).await?, name)?;
+        outbox.migrate().await?;
+        Ok(outbox)
+    }
+
+    async fn drop_schema(&self) -> Result<(), BenchError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {} CASCADE",
+            self.schema
+        )))
+        .execute(&self.admin)
+        .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
+
+/// A pool of `max` connections that does not ping before each use, so one
+/// store operation is one round trip.
+async fn pool(options: PgConnectOptions, max: u32) -> Result<PgPool, BenchError> {
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await?)
+}
+
+/// The value of an environment variable that scripts/services.sh sets.
+fn env(name: &str) -> Result<String, BenchError> {
+    std::env::var(name).map_err(|_| {
+        format!("{name} is not set (scripts/services.sh's ensure_* functions set it)").into()
+    })
+}
+
+/// Enqueues `messages` over `aggregates`, message `i` to aggregate
+/// `i % aggregates`, from [`FILL_TASKS`] tasks with aggregates of their
+/// own, [`FILL_CHUNK`] messages a transaction.
+async fn fill(
+    outbox: &PostgresOutbox,
+    messages: usize,
+    aggregates: usize,
+) -> Result<(), BenchError> {
+    let tasks: Vec<JoinHandle<Result<(), BenchError>>> = (0..FILL_TASKS)
+        .map(|task| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                let mine: Vec<usize> = (0..messages)
+                    .filter(|i| (i % aggregates) % FILL_TASKS == task)
+                    .collect();
+                for chunk in mine.chunks(FILL_CHUNK) {
+                    let mut tx = outbox.pool().begin().await?;
+                    for &i in chunk {
+                        let message = NewMessage::new(&aggregate(i, aggregates), KIND, payload(i))?;
+                        outbox.enqueue_in(&mut tx, &message).await?;
+                    }
+                    tx.commit().await?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// A publisher that adds up the time its batches take, so a relay pass
+/// splits into publishing and the rest (the store's round trips).
+struct Timed {
+    inner: Arc<dyn Publisher>,
+    nanos: AtomicU64,
+}
+
+#[async_trait]
+impl Publisher for Timed {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+        let started = Instant::now();
+        let results = self.inner.publish(batch).await;
+        add_elapsed(&self.nanos, started);
+        results
+    }
+}
+
+/// Nanoseconds added up, for [`Timed`] and [`TimedStore`].
+fn add_elapsed(total: &AtomicU64, started: Instant) {
+    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    total.fetch_add(nanos, Ordering::SeqCst);
+}
+
+/// An outbox store that adds up the time of its claims and of its marks
+/// (sent and failed), so a relay pass splits into its parts.
+#[derive(Debug)]
+struct TimedStore {
+    inner: PostgresOutbox,
+    claiming: AtomicU64,
+    marking: AtomicU64,
+}
+
+#[async_trait]
+impl OutboxStore for TimedStore {
+    async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
+        self.inner.enqueue(message).await
+    }
+
+    async fn claim(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let started = Instant::now();
+        let claimed = self.inner.claim(owner, lease, limit).await;
+        add_elapsed(&self.claiming, started);
+        claimed
+    }
+
+    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let started = Instant::now();
+        let marked = self.inner.mark_sent(owner, ids).await;
+        add_elapsed(&self.marking, started);
+        marked
+    }
+
+    async fn mark_failed(
+        &self,
+        owner: OwnerToken,
+        id: MessageId,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<MessageState, StoreError> {
+        let started = Instant::now();
+        let state = self
+            .inner
+            .mark_failed(owner, id, error, retry_after, max_attempts)
+            .await;
+        add_elapsed(&self.marking, started);
+        state
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        self.inner.parked(limit).await
+    }
+
+    async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
+        self.inner.retry(id).await
+    }
+
+    async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        self.inner.drop_message(id, reason).await
+    }
+
+    async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        self.inner.purge_sent(older_than, limit).await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        self.inner.stats().await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// What the relay's drain measured.
+struct Drain {
+    elapsed: Duration,
+    /// Of which in the publisher, to the broker's last confirm.
+    publishing: Duration,
+    /// Of which in the store's claims.
+    claiming: Duration,
+    /// Of which in the store's marks, sent and failed.
+    marking: Duration,
+    batches: u64,
+    first_batch: u64,
+    later: Vec<u64>,
+    pings: u64,
+    round_trips: u64,
+    failed: u64,
+}
+
+/// Drains a pre-filled outbox through `publisher` at `batch`. With
+/// `counted`, the relay's pool goes through a counting proxy, which counts
+/// every round trip; without, straight to the server, for the timing (the
+/// proxy leaves Nagle's algorithm on, which delays a large reply's last
+/// segment by tens of milliseconds).
+async fn relay_drain(
+    pg: &Pg,
+    publisher: Arc<dyn Publisher>,
+    name: &str,
+    batch: usize,
+    messages: usize,
+    aggregates: usize,
+    counted: bool,
+) -> Result<Drain, BenchError> {
+    let filler = pg.fresh_outbox(name, FILL_TASKS as u32).await?;
+    fill(&filler, messages, aggregates).await?;
+    filler.pool().close().await;
+
+    let proxy = if counted {
+        Some(CountingProxy::start(pg.upstream.clone()).await)
+    } else {
+        None
+    };
+    let options = match &proxy {
+        Some(proxy) => pg
+            .options
+            .clone()
+            .host("127.0.0.1")
+            .port(proxy.port)
+            .ssl_mode(PgSslMode::Disable),
+        None => pg.options.clone(),
+    };
+    let relay_pool = pool(options, RELAY_CONNECTIONS).await?;
+    let outbox = pg.outbox(relay_pool.clone(), name)?;
+    let timed = Arc::new(Timed {
+        inner: publisher,
+        nanos: AtomicU64::new(0),
+    });
+    let store = Arc::new(TimedStore {
+        inner: outbox,
+        claiming: AtomicU64::new(0),
+        marking: AtomicU64::new(0),
+    });
+    let relay = Relay::new(
+        Arc::clone(&store),
+        Arc::clone(&timed),
+        RelayOptions::default().with_batch(batch)?,
+    );
+
+    let statements = || proxy.as_ref().map_or(0, CountingProxy::statements);
+    let pings = || {
+        proxy
+            .as_ref()
+            .map_or(0, |p| p.counts.pings.load(Ordering::SeqCst))
+    };
+    let ready = || proxy.as_ref().map_or(0, CountingProxy::ready);
+    let (pings_before, ready_before) = (pings(), ready());
+    let started = Instant::now();
+    let mut drain = Drain {
+        elapsed: Duration::ZERO,
+        publishing: Duration::ZERO,
+        claiming: Duration::ZERO,
+        marking: Duration::ZERO,
+        batches: 0,
+        first_batch: 0,
+        later: Vec::new(),
+        pings: 0,
+        round_trips: 0,
+        failed: 0,
+    };
+    let mut published = 0u64;
+    while published < messages as u64 {
+        if started.elapsed() > PATIENCE {
+            return Err(format!("the relay published {published} of {messages} in time").into());
+        }
+        let before = statements();
+        let pass = relay.relay_once().await?;
+        let trips = statements() - before;
+        if pass.claimed == 0 {
+            // Only failed messages are left, waiting out their back-off.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        if drain.batches == 0 {
+            drain.first_batch = trips;
+        } else {
+            drain.later.push(trips);
+        }
+        drain.batches += 1;
+        published += pass.published;
+        drain.failed += (pass.failed + pass.parked) as u64;
+    }
+    drain.elapsed = started.elapsed();
+    drain.publishing = Duration::from_nanos(timed.nanos.load(Ordering::SeqCst));
+    drain.claiming = Duration::from_nanos(store.claiming.load(Ordering::SeqCst));
+    drain.marking = Duration::from_nanos(store.marking.load(Ordering::SeqCst));
+    drain.pings = pings() - pings_before;
+    // Every ReadyForQuery answers a statement or a ping.
+    drain.round_trips = ready() - ready_before;
+    relay_pool.close().await;
+    Ok(drain)
+}
+
+/// One broker: what the run created on it, a relay publisher, the raw
+/// baseline and a consumer.
+enum Broker {
+    Rabbit(Rabbit),
+    Nats(Nats),
+}
+
+struct Rabbit {
+    url: String,
+    connection: Connection,
+    exchange: String,
+    queue: String,
+}
+
+struct Nats {
+    url: String,
+    context: Context,
+    stream: String,
+    prefix: String,
+}
+
+/// What a raw baseline measured.
+struct RawRun {
+    elapsed: Duration,
+    failed: u64,
+}
+
+/// Each arrival on the broker: the message id and when it came.
+type Arrivals = mpsc::UnboundedReceiver<(String, Instant)>;
+
+impl Broker {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Rabbit(_) => idem_rabbitmq::BROKER,
+            Self::Nats(_) => idem_nats::BROKER,
+        }
+    }
+
+    /// A topic exchange and a durable queue bound to every routing key.
+    async fn rabbit(id: &str) -> Result<Self, BenchError> {
+        let url = env("IDEM_AMQP_URL")?;
+        let connection = Connection::connect(
+            &url,
+            ConnectionProperties::default().with_connection_name("idem-bench-outbox".into()),
+        )
+        .await?;
+        let channel = connection.create_channel().await?;
+        let exchange = format!("idem-bench-outbox-{id}");
+        let queue = format!("idem-bench-outbox-{id}");
+        // The exchange goes with its last binding, the queue after
+        // EXPIRES unused: nothing stays should the run die.
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    auto_delete: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-expires".into(),
+            AMQPValue::LongLongInt(i64::try_from(EXPIRES.as_millis())?),
+        );
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                arguments,
+            )
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        channel.close(200, "set up".into()).await?;
+        Ok(Self::Rabbit(Rabbit {
+            url,
+            connection,
+            exchange,
+            queue,
+        }))
+    }
+
+    /// A file-backed stream on `<prefix>.>`.
+    async fn nats(id: &str) -> Result<Self, BenchError> {
+        let url = env("IDEM_NATS_URL")?;
+        let context = jetstream::new(async_nats::connect(url.as_str()).await?);
+        let stream = format!("IDEM_BENCH_OUTBOX_{id}");
+        let prefix = format!("idem-bench-outbox-{id}");
+        context
+            .create_stream(jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                storage: jetstream::stream::StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                max_age: EXPIRES,
+                ..Default::default()
+            })
+            .await?;
+        Ok(Self::Nats(Nats {
+            url,
+            context,
+            stream,
+            prefix,
+        }))
+    }
+
+    /// A relay's publisher, on a connection of its own.
+    async fn publisher(&self) -> Result<Arc<dyn Publisher>, BenchError> {
+        Ok(match self {
+            Self::Rabbit(r) => {
+                Arc::new(RabbitPublisher::connect(&r.url, RabbitOptions::new(&r.exchange)?).await?)
+            }
+            Self::Nats(n) => Arc::new(
+                JetStreamPublisher::connect(&n.url, JetStreamOptions::new(&n.prefix)?).await?,
+            ),
+        })
+    }
+
+    /// Removes every message the broker holds for the run.
+    async fn purge(&self) -> Result<(), BenchError> {
+        match self {
+            Self::Rabbit(r) => {
+                let channel = r.connection.create_channel().await?;
+                channel
+                    .queue_purge(r.queue.as_str().into(), QueuePurgeOptions::default())
+                    .await?;
+                channel.close(200, "purged".into()).await?;
+            }
+            Self::Nats(n) => {
+                n.context.get_stream(&n.stream).await?.purge().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The raw baseline: `messages` published as the relay's publisher
+    /// would, in batches of `batch`, every confirm of a batch awaited
+    /// before the next, on a connection of its own.
+    async fn raw(
+        &self,
+        messages: usize,
+        aggregates: usize,
+        batch: usize,
+    ) -> Result<RawRun, BenchError> {
+        match self {
+            Self::Rabbit(r) => r.raw(messages, aggregates, batch).await,
+            Self::Nats(n) => n.raw(messages, aggregates, batch).await,
+        }
+    }
+
+    /// A consumer stamping each arrival, from now on.
+    async fn consume(&self) -> Result<(JoinHandle<()>, Arrivals), BenchError> {
+        let (sender, arrivals) = mpsc::unbounded_channel();
+        let task = match self {
+            Self::Rabbit(r) => {
+                let channel = r.connection.create_channel().await?;
+                let mut consumer = channel
+                    .basic_consume(
+                        r.queue.as_str().into(),
+                        "".into(),
+                        BasicConsumeOptions {
+                            no_ack: true,
+                            ..BasicConsumeOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await?;
+                tokio::spawn(async move {
+                    let _channel = channel;
+                    while let Some(Ok(delivery)) = consumer.next().await {
+                        let at = Instant::now();
+                        if let Some(id) = delivery.properties.message_id() {
+                            let _ = sender.send((id.to_string(), at));
+                        }
+                    }
+                })
+            }
+            Self::Nats(n) => {
+                let mut messages = n
+                    .context
+                    .get_stream(&n.stream)
+                    .await?
+                    .create_consumer(pull::Config {
+                        deliver_policy: DeliverPolicy::New,
+                        ack_policy: AckPolicy::None,
+                        inactive_threshold: Duration::from_secs(60),
+                        ..Default::default()
+                    })
+                    .await?
+                    .messages()
+                    .await?;
+                tokio::spawn(async move {
+                    while let Some(Ok(message)) = messages.next().await {
+                        let at = Instant::now();
+                        let id = message
+                            .headers
+                            .as_ref()
+                            .and_then(|headers| headers.get("Nats-Msg-Id"));
+                        if let Some(id) = id {
+                            let _ = sender.send((id.as_str().to_string(), at));
+                        }
+                    }
+                })
+            }
+        };
+        Ok((task, arrivals))
+    }
+
+    /// Removes what the run created on the broker.
+    async fn delete(self) -> Result<(), BenchError> {
+        match self {
+            Self::Rabbit(r) => {
+                // The exchange first: deleting the queue would take the
+                // auto-deleting exchange with its last binding.
+                let channel = r.connection.create_channel().await?;
+                channel
+                    .exchange_delete(r.exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await?;
+                channel
+                    .queue_delete(r.queue.as_str().into(), QueueDeleteOptions::default())
+                    .await?;
+                r.connection.close(200, "done".into()).await?;
+            }
+            Self::Nats(n) => {
+                n.context.delete_stream(&n.stream).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Rabbit {
+    /// The `i`-th message's properties, as `RabbitPublisher` sets them.
+    fn properties(i: usize, aggregates: usize) -> Result<BasicProperties, BenchError> {
+        let sequence = i64::try_from(i / aggregates + 1)?;
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from(idem_rabbitmq::AGGREGATE_HEADER),
+            AMQPValue::LongString(LongString::from(aggregate(i, aggregates).as_bytes())),
+        );
+        headers.insert(
+            ShortString::from(idem_rabbitmq::SEQUENCE_HEADER),
+            AMQPValue::LongLongInt(sequence),
+        );
+        Ok(BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(MessageId::generate().to_string().as_str().into())
+            .with_type(KIND.into())
+            .with_headers(headers))
+    }
+
+    async fn raw(
+        &self,
+        messages: usize,
+        aggregates: usize,
+        batch: usize,
+    ) -> Result<RawRun, BenchError> {
+        let connection = Connection::connect(&self.url, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let mut confirms = Vec::with_capacity(batch);
+        let mut failed = 0;
+        let started = Instant::now();
+        for first in (0..messages).step_by(batch) {
+            for i in first..(first + batch).min(messages) {
+                let confirm = channel
+                    .basic_publish(
+                        self.exchange.as_str().into(),
+                        KIND.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            immediate: false,
+                        },
+                        &payload(i),
+                        Self::properties(i, aggregates)?,
+                    )
+                    .await?;
+                confirms.push(confirm);
+            }
+            for confirm in confirms.drain(..) {
+                if !matches!(confirm.await?, Confirmation::Ack(None)) {
+                    failed += 1;
+                }
+            }
+            if started.elapsed() > PATIENCE {
+                return Err("the raw RabbitMQ baseline ran out of time".into());
+            }
+        }
+        let elapsed = started.elapsed();
+        connection.close(200, "done".into()).await?;
+        Ok(RawRun { elapsed, failed })
+    }
+}
+
+impl Nats {
+    async fn raw(
+        &self,
+        messages: usize,
+        aggregates: usize,
+        batch: usize,
+    ) -> Result<RawRun, BenchError> {
+        let context = jetstream::new(async_nats::connect(self.url.as_str()).await?);
+        let subject = JetStreamOptions::new(&self.prefix)?.subject(KIND)?;
+        let mut acks = Vec::with_capacity(batch);
+        let mut failed = 0;
+        let started = Instant::now();
+        for first in (0..messages).step_by(batch) {
+            for i in first..(first + batch).min(messages) {
+                // The headers `JetStreamPublisher` sets.
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    idem_nats::AGGREGATE_HEADER,
+                    aggregate(i, aggregates).as_str(),
+                );
+                headers.insert(
+                    idem_nats::SEQUENCE_HEADER,
+                    (i / aggregates + 1).to_string().as_str(),
+                );
+                let message = PublishMessage::build()
+                    .payload(Bytes::from(payload(i)))
+                    .headers(headers)
+                    .message_id(MessageId::generate().to_string());
+                acks.push(context.send_publish(subject.clone(), message).await?);
+            }
+            for ack in acks.drain(..) {
+                match ack.await {
+                    Ok(ack) if !ack.duplicate => {}
+                    _ => failed += 1,
+                }
+            }
+            if started.elapsed() > PATIENCE {
+                return Err("the raw JetStream baseline ran out of time".into());
+            }
+        }
+        Ok(RawRun {
+            elapsed: started.elapsed(),
+            failed,
+        })
+    }
+}
+
+/// Messages per second.
+fn per_second(messages: usize, elapsed: Duration) -> f64 {
+    messages as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
+}
+
+/// Throughput at `batch`: the raw baseline, then the relay, the broker
+/// purged around each.
+async fn throughput(
+    pg: &Pg,
+    broker: &Broker,
+    batch: usize,
+    args: &Args,
+) -> Result<Throughput, BenchError> {
+    let (messages, aggregates) = (args.messages, args.aggregates);
+    broker.purge().await?;
+    let raw = broker.raw(messages, aggregates, batch).await?;
+    broker.purge().await?;
+    let name = format!("relay_{}_b{batch}", broker.name());
+    let drain = relay_drain(
+        pg,
+        broker.publisher().await?,
+        &name,
+        batch,
+        messages,
+        aggregates,
+        false,
+    )
+    .await?;
+    broker.purge().await?;
+    let counted_messages = messages.min(COUNTED_MESSAGES);
+    let counted = relay_drain(
+        pg,
+        broker.publisher().await?,
+        &format!("{name}_counted"),
+        batch,
+        counted_messages,
+        aggregates,
+        true,
+    )
+    .await?;
+    broker.purge().await?;
+    let relay_msgs_per_s = per_second(messages, drain.elapsed);
+    let raw_msgs_per_s = per_second(messages, raw.elapsed);
+    let later = counted.later.len().max(1) as f64;
+    Ok(Throughput {
+        broker: broker.name(),
+        batch,
+        messages,
+        aggregates,
+        relay_msgs_per_s,
+        raw_msgs_per_s,
+        ratio: relay_msgs_per_s / raw_msgs_per_s,
+        relay_seconds: drain.elapsed.as_secs_f64(),
+        relay_publish_seconds: drain.publishing.as_secs_f64(),
+        relay_claim_seconds: drain.claiming.as_secs_f64(),
+        relay_mark_seconds: drain.marking.as_secs_f64(),
+        raw_seconds: raw.elapsed.as_secs_f64(),
+        batches: drain.batches,
+        counted_messages,
+        counted_batches: counted.batches,
+        pg_round_trips_first_batch: counted.first_batch,
+        pg_round_trips_per_batch: counted.later.iter().sum::<u64>() as f64 / later,
+        pg_round_trips_max: counted.later.iter().copied().max().unwrap_or(0),
+        pg_pings: counted.pings,
+        pg_round_trips_total: counted.round_trips,
+        relay_failed: drain.failed + counted.failed,
+        raw_failed: raw.failed,
+    })
+}
+
+/// Commit-to-broker latency: enqueue at the rate asked, one committed
+/// transaction a message, with `Relay::run` woken by the outbox's listener.
+async fn latency(pg: &Pg, broker: &Broker, args: &Args) -> Result<Latency, BenchError> {
+    let name = format!("latency_{}", broker.name());
+    // The listener's connection, the relay's and the enqueuer's.
+    let outbox = pg.fresh_outbox(&name, 4).await?;
+    broker.purge().await?;
+    let (consumer, mut arrivals) = broker.consume().await?;
+    let relay = Relay::new(
+        Arc::new(outbox.clone()),
+        broker.publisher().await?,
+        RelayOptions::default().with_batch(LATENCY_BATCH)?,
+    );
+    let listener = outbox.listen(relay.waker()).await?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+
+    let rate = args.rate.max(1);
+    let total = ((f64::from(rate) * args.duration).round() as usize).max(1);
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut commits: HashMap<String, Instant> = HashMap::with_capacity(total);
+    let mut started = Instant::now();
+    for i in 0..WARM_UP + total {
+        if i == WARM_UP {
+            started = Instant::now();
+        }
+        ticker.tick().await;
+        let message = NewMessage::new(&aggregate(i, args.aggregates), KIND, payload(i))?;
+        let mut tx = outbox.pool().begin().await?;
+        outbox.enqueue_in(&mut tx, &message).await?;
+        tx.commit().await?;
+        if i >= WARM_UP {
+            commits.insert(message.id().to_string(), Instant::now());
+        }
+    }
+    let enqueued_per_s = per_second(total, started.elapsed());
+
+    let mut latencies: Vec<u32> = Vec::with_capacity(total);
+    let deadline = Instant::now() + PATIENCE;
+    while latencies.len() < total && Instant::now() < deadline {
+        match tokio::time::timeout(SETTLE, arrivals.recv()).await {
+            Ok(Some((id, at))) => {
+                if let Some(committed) = commits.remove(&id) {
+                    let us = at.saturating_duration_since(committed).as_micros();
+                    latencies.push(u32::try_from(us).unwrap_or(u32::MAX));
+                }
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let _ = stop.send(());
+    running.await?;
+    drop(listener);
+    consumer.abort();
+    outbox.pool().close().await;
+
+    latencies.sort_unstable();
+    Ok(Latency {
+        broker: broker.name(),
+        rate,
+        enqueued_per_s,
+        enqueued: total,
+        arrived: latencies.len(),
+        relay_batch: LATENCY_BATCH,
+        p50_us: percentile(&latencies, 0.5),
+        p99_us: percentile(&latencies, 0.99),
+        max_us: latencies.last().map_or(0, |&us| u64::from(us)),
+    })
+}
+
+/// Every measurement of one broker.
+async fn measure(pg: &Pg, broker: &Broker, args: &Args) -> Result<Vec<Line>, BenchError> {
+    let mut lines = Vec::new();
+    for batch in BATCHES {
+        eprintln!(
+            "[outbox] {} throughput, batch {batch}: raw, then relay",
+            broker.name()
+        );
+        lines.push(Line::Throughput(throughput(pg, broker, batch, args).await?));
+    }
+    eprintln!(
+        "[outbox] {} latency at {} msg/s for {} s",
+        broker.name(),
+        args.rate,
+        args.duration
+    );
+    lines.push(Line::Latency(latency(pg, broker, args).await?));
+    Ok(lines)
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// The markdown report: throughput, then latency.
+fn markdown(lines: &[Line], args: &Args) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Outbox relay against the raw broker client\n\n\
+         {} messages over {} aggregates per measurement, pre-filled in a fresh Postgres table \
+         and drained by one relay; raw: the same client publishing as many messages in batches \
+         of the same size, awaiting every confirm (RabbitMQ) or PubAck (JetStream) of a batch. \
+         A relay batch's time splits into its claim, its publish (to the last confirm) and its \
+         marks. Postgres round trips per relay batch (claim, mark sent, one per failure) are \
+         counted on the wire, on a second drain of up to {} messages through a counting proxy \
+         (the timed drain goes straight to the server); the first batch, which also prepares \
+         the statements, in parentheses; sqlx's pings of connections returning to the pool \
+         apart.\n",
+        args.messages, args.aggregates, COUNTED_MESSAGES
+    );
+    md.push_str(
+        "| broker | batch | relay msg/s | raw msg/s | relay/raw | relay ms / batch: claim + publish + mark | PG round trips / batch | sqlx pings / batch | batches | failed relay/raw |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for line in lines {
+        if let Line::Throughput(t) = line {
+            let per_batch = |seconds: f64| seconds * 1000.0 / t.batches.max(1) as f64;
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} ({}) | {:.2} | {} | {}/{} |",
+                t.broker,
+                t.batch,
+                t.relay_msgs_per_s,
+                t.raw_msgs_per_s,
+                t.ratio,
+                per_batch(t.relay_claim_seconds),
+                per_batch(t.relay_publish_seconds),
+                per_batch(t.relay_mark_seconds),
+                t.pg_round_trips_per_batch,
+                t.pg_round_trips_first_batch,
+                t.pg_pings as f64 / t.counted_batches.max(1) as f64,
+                t.batches,
+                t.relay_failed,
+                t.raw_failed,
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## Outbox commit-to-broker latency\n\n\
+         One committed transaction per message at a fixed rate, `Relay::run` woken by \
+         `PostgresOutbox::listen` (batch 100), a consumer stamping each arrival; latency is \
+         arrival less commit, on one clock.\n"
+    );
+    md.push_str(
+        "| broker | rate msg/s | enqueued | arrived | p50 ms | p99 ms | max ms |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for line in lines {
+        if let Line::Latency(l) = line {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {} | {} | {:.2} | {:.2} | {:.2} |",
+                l.broker,
+                l.enqueued_per_s,
+                l.enqueued,
+                l.arrived,
+                ms(l.p50_us),
+                ms(l.p99_us),
+                ms(l.max_us),
+            );
+        }
+    }
+    md
+}
+
+/// Every broker asked for, each removed after its measurements whatever
+/// they gave; the schema last.
+async fn run(args: &Args) -> Result<Vec<Line>, BenchError> {
+    if args.messages == 0 || args.aggregates == 0 {
+        return Err("--messages and --aggregates must be more than zero".into());
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let pg = Pg::connect(&id).await?;
+    let mut lines = Vec::new();
+    let mut outcome = Ok(());
+    let kinds: &[BrokerChoice] = match args.broker {
+        BrokerChoice::Both => &[BrokerChoice::Rabbitmq, BrokerChoice::Nats],
+        BrokerChoice::Rabbitmq => &[BrokerChoice::Rabbitmq],
+        BrokerChoice::Nats => &[BrokerChoice::Nats],
+    };
+    for kind in kinds {
+        let broker = match kind {
+            BrokerChoice::Nats => Broker::nats(&id).await,
+            _ => Broker::rabbit(&id).await,
+        };
+        let broker = match broker {
+            Ok(broker) => broker,
+            Err(error) => {
+                outcome = Err(error);
+                break;
+            }
+        };
+        let measured = measure(&pg, &broker, args).await;
+        let name = broker.name();
+        if let Err(error) = broker.delete().await {
+            eprintln!("[outbox] cannot remove what the run created on {name}: {error}");
+        }
+        match measured {
+            Ok(more) => lines.extend(more),
+            Err(error) => {
+                outcome = Err(format!("{name}: {error}").into());
+                break;
+            }
+        }
+    }
+    if let Err(error) = pg.drop_schema().await {
+        eprintln!("[outbox] cannot drop schema {}: {error}", pg.schema);
+    }
+    outcome.map(|()| lines)
+}
+
+fn write(args: &Args, lines: &[Line], md: &str) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&args.out)?;
+    let mut jsonl = String::new();
+    for line in lines {
+        jsonl.push_str(&serde_json::to_string(line)?);
+        jsonl.push('\n');
+    }
+    std::fs::write(args.out.join("outbox.jsonl"), jsonl)?;
+    std::fs::write(args.out.join("outbox.md"), md)?;
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("idem-bench-outbox: cannot start tokio: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let lines = match runtime.block_on(run(&args)) {
+        Ok(lines) => lines,
+        Err(error) => {
+            eprintln!("idem-bench-outbox: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let md = markdown(&lines, &args);
+    print!("{md}");
+    if let Err(error) = write(&args, &lines, &md) {
+        eprintln!("idem-bench-outbox: cannot write the results: {error}");
+        return std::process::ExitCode::FAILURE;
+    }
+    eprintln!(
+        "[outbox] wrote {} and {}",
+        args.out.join("outbox.jsonl").display(),
+        args.out.join("outbox.md").display()
+    );
+    std::process::ExitCode::SUCCESS
+}
