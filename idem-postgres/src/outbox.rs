@@ -184,7 +184,9 @@ impl Statements {
             // leased, or a relay sent, since this statement's snapshot
             // drops out. A message below a head never reappears (sent and
             // dropped are final; a new message takes a higher sequence), so
-            // what the snapshot saw as the head still is.
+            // what the snapshot saw as the head still is. The update finds
+            // the picked rows by their key (an array, not a join the
+            // planner may hash over the whole table, sent rows included).
             claim: format!(
                 "{clock}, picked AS ( \
                    SELECT o.id FROM {t} AS o CROSS JOIN c \
@@ -199,7 +201,7 @@ impl Statements {
                    FOR UPDATE OF o SKIP LOCKED \
                  ), claimed AS ( \
                    UPDATE {t} AS r SET lease_owner = $1, lease_until = c.now + $2 \
-                   FROM picked, c WHERE r.id = picked.id \
+                   FROM c WHERE r.id = ANY(ARRAY(SELECT id FROM picked)) \
                    RETURNING r.* \
                  ) \
                  SELECT {row} FROM claimed AS r ORDER BY r.enqueued_at, r.id"
