@@ -234,3 +234,27 @@ fn a_lease_ending_early_fails_the_time_cases() {
         ],
     );
 }
+
+#[test]
+fn a_store_that_rekeys_fails_the_record_case() {
+    assert_caught(
+        JournalDefect::RecordRekeys,
+        &["record_stores_a_new_operation_pending_and_unsent"],
+    );
+}
+
+#[test]
+fn acquiring_what_nobody_recorded_fails_the_absent_case() {
+    assert_caught(
+        JournalDefect::AcquireCreates,
+        &["acquire_of_an_absent_operation_is_absent"],
+    );
+}
+
+#[test]
+fn an_unlabelled_name_fails_the_name_case() {
+    assert_caught(
+        JournalDefect::UnlabelledName,
+        &["journal_store_name_is_one_short_lowercase_word"],
+    );
+}

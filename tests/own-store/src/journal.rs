@@ -64,6 +64,12 @@ pub enum JournalDefect {
     ListLimitUnchecked,
     /// Ends a lease half its length after the acquisition.
     LeaseEndsEarly,
+    /// Records the operation under a provider key of its own making.
+    RecordRekeys,
+    /// Creates and leases an operation nobody recorded.
+    AcquireCreates,
+    /// Names itself with spaces and capitals.
+    UnlabelledName,
 }
 
 /// The journal store: a map under one lock, on the system clock.
@@ -188,7 +194,16 @@ impl JournalStore for OwnJournal {
         {
             return Ok(existing.clone());
         }
-        let record = operation.clone().into_record(now);
+        let record = if self.is(JournalDefect::RecordRekeys) {
+            NewOperation::from_stored(
+                operation.key().clone(),
+                operation.request().clone(),
+                format!("own-{}", operation.key().storage_key()),
+            )
+            .into_record(now)
+        } else {
+            operation.clone().into_record(now)
+        };
         operations.insert(map_key, record.clone());
         Ok(record)
     }
@@ -220,6 +235,10 @@ impl JournalStore for OwnJournal {
             return Ok(answer);
         }
         let mut operations = self.locked();
+        if self.is(JournalDefect::AcquireCreates) && !operations.contains_key(&map_key) {
+            let made = NewOperation::new(key.clone(), serde_json::Value::Null).into_record(now);
+            operations.insert(map_key.clone(), made);
+        }
         let (write, answer) = self.decide(operations.get(&map_key).cloned(), owner, lease, now);
         if let Some(write) = write {
             operations.insert(map_key, write);
@@ -347,7 +366,11 @@ impl JournalStore for OwnJournal {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
-            "ownjournal",
+            if self.is(JournalDefect::UnlabelledName) {
+                "Own Journal"
+            } else {
+                "ownjournal"
+            },
             TransactionSharing::None,
             Durability::Volatile,
             ClockSource::Caller,
