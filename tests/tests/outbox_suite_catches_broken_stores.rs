@@ -2,29 +2,18 @@
 //! passes every case, and each deliberately broken variant fails the cases
 //! of the sentence it breaks.
 
-#![allow(clippy::unwrap_used)] // test code: a failed runtime should fail loudly
-
 use idem_own_store::{OutboxDefect, OwnOutbox};
 
+mod common;
+
 fn failing(defect: OutboxDefect) -> Vec<&'static str> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(idem_conformance::failing_outbox_cases(|| async move {
-            OwnOutbox::with_defect(defect)
-        }))
+    common::failing(idem_conformance::failing_outbox_cases(|| async move {
+        OwnOutbox::with_defect(defect)
+    }))
 }
 
 fn assert_caught(defect: OutboxDefect, expected: &[&str]) {
-    let failed = failing(defect);
-    for name in expected {
-        assert!(
-            failed.contains(name),
-            "{defect:?} should fail {name}; it failed {failed:?}"
-        );
-    }
+    common::assert_caught(defect, &failing(defect), expected);
 }
 
 #[test]

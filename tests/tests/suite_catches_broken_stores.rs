@@ -2,29 +2,18 @@
 //! each deliberately broken variant of it fails the cases that describe its
 //! defect. A suite that passes a broken store proves nothing.
 
-#![allow(clippy::unwrap_used)] // test code: a poisoned lock or a failed runtime should fail loudly
-
 use idem_own_store::{Defect, OwnStore};
 
+mod common;
+
 fn failing(defect: Defect) -> Vec<&'static str> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(idem_conformance::failing_cases(|| async move {
-            OwnStore::with_defect(defect)
-        }))
+    common::failing(idem_conformance::failing_cases(|| async move {
+        OwnStore::with_defect(defect)
+    }))
 }
 
 fn assert_caught(defect: Defect, expected: &[&str]) {
-    let failed = failing(defect);
-    for name in expected {
-        assert!(
-            failed.contains(name),
-            "{defect:?} should fail {name}; it failed {failed:?}"
-        );
-    }
+    common::assert_caught(defect, &failing(defect), expected);
 }
 
 #[test]

@@ -2,7 +2,6 @@
 //! with the realistic bugs the public journal suite must catch.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,6 +11,8 @@ use idem_core::store::{
     TransactionSharing, validate_lease, validate_list_limit,
 };
 use idem_core::{StoreError, Tenant, async_trait};
+
+use crate::Rivals;
 
 /// A deliberate bug of a journal store, for proving that the journal suite
 /// catches it.
@@ -78,7 +79,7 @@ pub struct OwnJournal {
     operations: Mutex<BTreeMap<(String, String, String), JournalRecord>>,
     clock: Arc<dyn Clock>,
     defect: JournalDefect,
-    reads: AtomicUsize,
+    rivals: Rivals<OperationKey>,
 }
 
 impl Default for OwnJournal {
@@ -99,7 +100,7 @@ impl OwnJournal {
             operations: Mutex::default(),
             clock: Arc::new(SystemClock),
             defect,
-            reads: AtomicUsize::new(0),
+            rivals: Rivals::default(),
         }
     }
 
@@ -119,16 +120,6 @@ impl OwnJournal {
 
     fn is(&self, defect: JournalDefect) -> bool {
         self.defect == defect
-    }
-
-    /// Holds a read until another acquisition has read too (at most 2 s),
-    /// so that racing acquisitions meet whenever they race, not now and then.
-    async fn wait_for_a_rival_read(&self) {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        while self.reads.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
     }
 
     /// What an acquisition of `found` by `owner` writes and answers.
@@ -227,7 +218,9 @@ impl JournalStore for OwnJournal {
         let now = self.clock.now();
         if self.is(JournalDefect::NonAtomicAcquire) {
             let found = self.locked().get(&map_key).cloned();
-            self.wait_for_a_rival_read().await;
+            // Held until a rival acquisition has read too, so racing
+            // acquisitions meet whenever they race, not now and then.
+            let _reading = self.rivals.meet(key).await;
             let (write, answer) = self.decide(found, owner, lease, now);
             if let Some(write) = write {
                 self.locked().insert(map_key, write);

@@ -118,23 +118,33 @@ pub enum Defect {
 /// for a rival claim of the same scope to read as well.
 const RIVAL_WAIT: Duration = Duration::from_millis(250);
 
-/// The hook of the racy defects: claims of a scope between their read and
-/// their write.
-#[derive(Debug, Default)]
-struct Rivals {
-    reading: Mutex<HashMap<Scope, usize>>,
+/// The hook of the racy defects: operations on a key (a scope, a journal
+/// operation, or `()` for a whole outbox) between their read and their
+/// write.
+#[derive(Debug)]
+pub(crate) struct Rivals<K = Scope> {
+    reading: Mutex<HashMap<K, usize>>,
     arrived: tokio::sync::Notify,
 }
 
-impl Rivals {
-    fn reading(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, usize>> {
+impl<K> Default for Rivals<K> {
+    fn default() -> Self {
+        Self {
+            reading: Mutex::new(HashMap::new()),
+            arrived: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Rivals<K> {
+    fn reading(&self) -> std::sync::MutexGuard<'_, HashMap<K, usize>> {
         self.reading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Marks a claim of `scope` as read and waits, up to [`RIVAL_WAIT`],
-    /// until another claim of it has read too; the claim counts as reading
-    /// until the returned guard drops, after its write.
-    async fn meet(&self, scope: &Scope) -> Reading<'_> {
+    /// Marks an operation on `scope` as read and waits, up to
+    /// [`RIVAL_WAIT`], until another on it has read too; it counts as
+    /// reading until the returned guard drops, after its write.
+    pub(crate) async fn meet(&self, scope: &K) -> Reading<'_, K> {
         let deadline = tokio::time::Instant::now() + RIVAL_WAIT;
         *self.reading().entry(scope.clone()).or_default() += 1;
         self.arrived.notify_waiters();
@@ -155,13 +165,13 @@ impl Rivals {
     }
 }
 
-/// A claim between its read and its write, as [`Rivals::meet`] counts it.
-struct Reading<'a> {
-    rivals: &'a Rivals,
-    scope: Scope,
+/// An operation between its read and its write, as [`Rivals::meet`] counts it.
+pub(crate) struct Reading<'a, K: std::hash::Hash + Eq + Clone = Scope> {
+    rivals: &'a Rivals<K>,
+    scope: K,
 }
 
-impl Drop for Reading<'_> {
+impl<K: std::hash::Hash + Eq + Clone> Drop for Reading<'_, K> {
     fn drop(&mut self) {
         let mut reading = self.rivals.reading();
         if let Some(n) = reading.get_mut(&self.scope) {

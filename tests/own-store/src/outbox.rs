@@ -1,7 +1,6 @@
 //! An outbox store of one's own, written against [`idem_core::store`]
 //! alone, with the realistic bugs the public outbox suite must catch.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -11,6 +10,8 @@ use idem_core::store::{
     TransactionSharing, validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
+
+use crate::Rivals;
 
 /// A deliberate bug of an outbox store, for proving that the outbox suite
 /// catches it.
@@ -65,7 +66,7 @@ pub struct OwnOutbox {
     state: Mutex<State>,
     clock: Arc<dyn Clock>,
     defect: OutboxDefect,
-    reads: AtomicUsize,
+    rivals: Rivals<()>,
 }
 
 impl std::fmt::Debug for OwnOutbox {
@@ -94,7 +95,7 @@ impl OwnOutbox {
             state: Mutex::default(),
             clock: Arc::new(SystemClock),
             defect,
-            reads: AtomicUsize::new(0),
+            rivals: Rivals::default(),
         }
     }
 
@@ -144,14 +145,6 @@ impl OwnOutbox {
         }
         due.truncate(limit);
         due
-    }
-
-    async fn wait_for_a_rival_read(&self) {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        while self.reads.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
     }
 }
 
@@ -214,19 +207,15 @@ impl OutboxStore for OwnOutbox {
             validate_outbox_batch(limit)?
         };
         let now = self.clock.now();
-        let due = {
-            let state = self.locked();
-            self.due(&state.messages, now, limit)
-        };
         if self.is(OutboxDefect::NonAtomicClaim) {
-            self.wait_for_a_rival_read().await;
-        } else {
-            // Decided again under the lock the write holds: atomic.
-            let mut state = self.locked();
-            let due = self.due(&state.messages, now, limit);
-            return Ok(take(&mut state, &due, owner, now + lease));
+            // Decided under one acquisition of the lock, written under
+            // another, held between them until a rival claim has read too.
+            let due = self.due(&self.locked().messages, now, limit);
+            let _reading = self.rivals.meet(&()).await;
+            return Ok(take(&mut self.locked(), &due, owner, now + lease));
         }
         let mut state = self.locked();
+        let due = self.due(&state.messages, now, limit);
         Ok(take(&mut state, &due, owner, now + lease))
     }
 

@@ -1,0 +1,28 @@
+//! What the three "suite catches broken stores" tests share: running a
+//! suite's harness on a fresh runtime, and checking a defect was caught.
+
+#![allow(clippy::unwrap_used)] // test code: a failed runtime should fail loudly
+
+use std::fmt::Debug;
+use std::future::Future;
+
+/// The names `failing` (a suite's `failing_*cases` harness) returns, run on
+/// a multi-threaded runtime of its own, as the generated tests run.
+pub(crate) fn failing<F: Future<Output = Vec<&'static str>>>(failing: F) -> Vec<&'static str> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(failing)
+}
+
+/// Fails unless every one of `expected` is among `failed`.
+pub(crate) fn assert_caught(defect: impl Debug, failed: &[&str], expected: &[&str]) {
+    for name in expected {
+        assert!(
+            failed.contains(name),
+            "{defect:?} should fail {name}; it failed {failed:?}"
+        );
+    }
+}
