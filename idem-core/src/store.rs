@@ -26,13 +26,13 @@ pub use crate::decision::{Decision, decide};
 #[cfg(feature = "moka")]
 pub use crate::expiry::ExpireAfter;
 pub use crate::journal::{
-    Acquired, Finish, JournalParts, JournalRecord, JournalStore, MAX_LIST, NewOperation,
-    OperationId, OperationKey, OperationState, validate_list_limit,
+    Acquired, Finish, Holder, JournalParts, JournalRecord, JournalStore, ListQuery, MAX_LIST,
+    NewOperation, OperationId, OperationKey, OperationState, validate_list_limit,
 };
 pub use crate::layer::{Layered, OperationLayer};
 pub use crate::options::validate_name;
 pub use crate::outbox::{
     MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState, NewMessage,
-    OutboxMessage, OutboxStats, OutboxStore, validate_outbox_batch,
+    OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
 };
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};

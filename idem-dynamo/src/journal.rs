@@ -16,8 +16,8 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem,
 };
 use idem_core::store::{
-    Acquired, Capabilities, ClockSource, Durability, Finish, JournalRecord, JournalStore, Layered,
-    NewOperation, OperationKey, OperationState, OwnerToken, Timestamp, TransactionSharing,
+    Acquired, Capabilities, ClockSource, Durability, Finish, Holder, JournalRecord, JournalStore,
+    Layered, ListQuery, NewOperation, OperationKey, OperationState, Timestamp, TransactionSharing,
     forward_journal_store, validate_lease, validate_list_limit,
 };
 use idem_core::{Operation, StoreError, Tenant, async_trait};
@@ -96,8 +96,8 @@ const UNPROCESSED_RETRIES: u32 = 8;
 /// let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-42", "charge")?);
 /// journal.record(&NewOperation::new(key.clone(), serde_json::json!({"amount": 1200}))).await?;
 /// let owner = OwnerToken::generate();
-/// if let Acquired::Held { record, .. } = journal.acquire(&key, owner, std::time::Duration::from_secs(30)).await? {
-///     let sent = journal.mark_sent(&key, owner, record.parts().sends).await?;
+/// if let Acquired::Held { record, .. } = journal.acquire(key.held_by(owner), std::time::Duration::from_secs(30)).await? {
+///     let sent = journal.mark_sent(key.held_by(owner), record.parts().sends).await?;
 ///     # let _ = sent;
 /// }
 /// # Ok(()) }
@@ -637,12 +637,8 @@ impl JournalStore for Operations {
             .transpose()
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Acquire;
         let lease = validate_lease(lease)?;
         let now = self.now();
@@ -681,12 +677,8 @@ impl JournalStore for Operations {
         }
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::MarkSent;
         let now = self.now();
         let next = sends.saturating_add(1);
@@ -714,12 +706,8 @@ impl JournalStore for Operations {
         }
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Finish;
         let now = self.now();
         let mut write = Fenced::new(OP, key, &held_condition())
@@ -750,27 +738,19 @@ impl JournalStore for Operations {
     /// `BatchGetItem` per hundred operations found, which are returned only
     /// if they still match (see [`DynamoJournal`] on the index's
     /// consistency).
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
         const OP: Operation = Operation::List;
-        let limit = validate_list_limit(limit)?;
-        let cutoff = self.now() - older_than;
-        let mut asked: Vec<OperationState> = Vec::new();
-        for state in states {
-            if !asked.contains(state) {
-                asked.push(*state);
-            }
-        }
+        let limit = validate_list_limit(query.limit)?;
+        let now = self.now();
+        let cutoff = now - query.older_than;
         // The oldest `limit` of all states are among the oldest `limit` of
         // each.
         let mut found = Vec::new();
-        for state in &asked {
-            found.extend(self.listed_keys(namespace, *state, cutoff, limit).await?);
+        for state in &query.states {
+            found.extend(
+                self.listed_keys(&query.namespace, *state, cutoff, limit)
+                    .await?,
+            );
         }
         found.sort_by_key(|(changed, _)| *changed);
         found.truncate(limit);
@@ -781,10 +761,7 @@ impl JournalStore for Operations {
         for item in &items {
             let record = journal_item::record(item, OP)?;
             // The index lags the table: keep only what still matches.
-            if record.key().namespace() == namespace
-                && asked.contains(&record.state())
-                && record.parts().updated_at <= cutoff
-            {
+            if query.matches(&record, now) {
                 listed.push(record);
             }
         }

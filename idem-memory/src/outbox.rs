@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, Clock, ClockSource, Durability, Layered, MessageId, MessageParts, MessageState,
-    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, SystemClock,
-    Timestamp, TransactionSharing, forward_outbox_store, validate_lease, validate_outbox_batch,
+    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
+    PublishFailure, SystemClock, Timestamp, TransactionSharing, forward_outbox_store,
+    validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
 
@@ -202,34 +203,18 @@ impl OutboxStore for Messages {
         Ok(marked)
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let now = self.clock.now();
         let mut state = self.locked();
-        let Some(message) = state.messages.get(&id) else {
+        let Some(message) = state.messages.get(&failure.id) else {
             return Err(StoreError::LostLease);
         };
-        let held = message.parts().lease_owner == Some(owner) && leased(message, now);
-        if message.state() != MessageState::Pending || !held {
+        if message.state() != MessageState::Pending || !message.is_held_by(failure.owner, now) {
             return Err(StoreError::LostLease);
         }
-        let failed = with_parts(message, |parts| {
-            parts.attempts = parts.attempts.saturating_add(1);
-            parts.last_error = Some(error.to_string());
-            parts.lease_until = None;
-            parts.available_at = now + retry_after;
-            if parts.attempts >= max_attempts {
-                parts.state = MessageState::Parked;
-            }
-        });
+        let failed = message.failed(failure, now);
         let left = failed.state();
-        state.messages.insert(id, failed);
+        state.messages.insert(failure.id, failed);
         Ok(left)
     }
 

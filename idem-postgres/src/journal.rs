@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, ClockSource, Durability, Finish, JournalParts, JournalRecord,
-    JournalStore, Layered, NewOperation, OperationId, OperationKey, OperationLayer, OperationState,
-    OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis, validate_lease,
-    validate_list_limit,
+    Acquired, Capabilities, ClockSource, Durability, Finish, Holder, JournalParts, JournalRecord,
+    JournalStore, Layered, ListQuery, NewOperation, OperationId, OperationKey, OperationLayer,
+    OperationState, OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis,
+    validate_lease, validate_list_limit,
 };
 use idem_core::{Operation, StoreError, Tenant, async_trait};
 use sqlx::postgres::{PgArguments, PgRow};
@@ -423,12 +423,8 @@ impl JournalStore for Operations {
         row.map(|row| record(&row, Operation::Get)).transpose()
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Acquire;
         let lease = validate_lease(lease)?;
         let row = keyed(&self.sql.acquire, key)
@@ -462,12 +458,8 @@ impl JournalStore for Operations {
         })
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let row = keyed(&self.sql.mark_sent, key)
             .bind(owner.as_uuid())
             .bind(i64::from(sends))
@@ -477,12 +469,8 @@ impl JournalStore for Operations {
         Self::fenced(row, Operation::MarkSent)
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let row = keyed(&self.sql.finish, key)
             .bind(owner.as_uuid())
             .bind(finish.state.as_str())
@@ -495,20 +483,14 @@ impl JournalStore for Operations {
         Self::fenced(row, Operation::Finish)
     }
 
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
         const OP: Operation = Operation::List;
-        let limit = validate_list_limit(limit)?;
-        let states: Vec<&str> = states.iter().map(|state| state.as_str()).collect();
+        let limit = validate_list_limit(query.limit)?;
+        let states: Vec<&str> = query.states.iter().map(|state| state.as_str()).collect();
         let rows = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
-            .bind(namespace.as_str())
+            .bind(query.namespace.as_str())
             .bind(states)
-            .bind(millis(older_than))
+            .bind(millis(query.older_than))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await

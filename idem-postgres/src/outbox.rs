@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClockSource, Durability, Layered, MessageId, MessageParts, MessageState,
-    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, Timestamp,
-    TransactionSharing, forward_outbox_store, millis, validate_lease, validate_outbox_batch,
+    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
+    PublishFailure, Timestamp, TransactionSharing, forward_outbox_store, millis, validate_lease,
+    validate_outbox_batch,
 };
 use idem_core::{Operation, StoreError, async_trait};
 use sqlx::postgres::{PgListener, PgRow};
@@ -712,21 +713,14 @@ impl OutboxStore for Messages {
         Ok(done.rows_affected())
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         const OP: Operation = Operation::MarkFailed;
         let row = sqlx::query(AssertSqlSafe(self.sql.mark_failed.clone()))
-            .bind(owner.as_uuid())
-            .bind(id.as_uuid())
-            .bind(error)
-            .bind(millis(retry_after))
-            .bind(i64::from(max_attempts))
+            .bind(failure.owner.as_uuid())
+            .bind(failure.id.as_uuid())
+            .bind(failure.error.as_str())
+            .bind(millis(failure.retry_after))
+            .bind(i64::from(failure.max_attempts))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| classify(OP, e))?;

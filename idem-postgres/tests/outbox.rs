@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use idem_core::store::{
     MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
+    PublishFailure,
 };
 use idem_core::{StoreError, async_trait};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions};
@@ -366,17 +367,8 @@ impl OutboxStore for Counted {
         self.inner.mark_sent(owner, ids).await
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
-        self.inner
-            .mark_failed(owner, id, error, retry_after, max_attempts)
-            .await
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
+        self.inner.mark_failed(failure).await
     }
 
     async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
@@ -566,7 +558,7 @@ async fn the_purge_never_deletes_an_unsent_message() {
     let pending = outbox.enqueue(&message("pending", "m")).await.unwrap();
     let later = outbox.enqueue(&message("sent", "later")).await.unwrap();
     let left = outbox
-        .mark_failed(owner, parked.id(), "refused", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, parked.id(), "refused").max_attempts(1))
         .await
         .unwrap();
     assert_eq!(left, MessageState::Parked);
@@ -662,14 +654,14 @@ async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
         cost!(
             "mark_failed: lost lease",
             outbox
-                .mark_failed(other, b.id(), "x", Duration::ZERO, 5)
+                .mark_failed(&PublishFailure::new(other, b.id(), "x").max_attempts(5))
                 .await
                 .unwrap_err()
         );
         cost!(
             "mark_failed: pending",
             outbox
-                .mark_failed(owner, b.id(), "x", Duration::ZERO, 5)
+                .mark_failed(&PublishFailure::new(owner, b.id(), "x").max_attempts(5))
                 .await
                 .unwrap()
         );
@@ -677,7 +669,7 @@ async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
         let left = cost!(
             "mark_failed: parked",
             outbox
-                .mark_failed(owner, b.id(), "x", Duration::ZERO, 1)
+                .mark_failed(&PublishFailure::new(owner, b.id(), "x").max_attempts(1))
                 .await
                 .unwrap()
         );

@@ -8,6 +8,7 @@ use std::time::Duration;
 use idem_core::StoreError;
 use idem_core::store::{
     MAX_OUTBOX_BATCH, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStore, OwnerToken,
+    PublishFailure,
 };
 
 use crate::support::{LONG_LEASE, RACERS, SHORT_LEASE, assert_lost, eventually};
@@ -173,7 +174,7 @@ pub async fn a_taken_over_relay_marks_nothing<S: OutboxStore + ?Sized>(store: Ar
     assert_lost(
         "a stale relay's failure",
         store
-            .mark_failed(stale, placed.id(), "late", Duration::ZERO, 10)
+            .mark_failed(&PublishFailure::new(stale, placed.id(), "late"))
             .await,
     );
     assert_eq!(store.mark_sent(fresh, &[placed.id()]).await.unwrap(), 1);
@@ -221,12 +222,16 @@ pub async fn a_failed_message_is_freed_and_waits_its_back_off<S: OutboxStore + ?
     assert_eq!(claim(&*store, owner).await.len(), 2);
     let hour = Duration::from_secs(3600);
     let left = store
-        .mark_failed(owner, waits.id(), "broker refused", hour, 5)
+        .mark_failed(
+            &PublishFailure::new(owner, waits.id(), "broker refused")
+                .retry_after(hour)
+                .max_attempts(5),
+        )
         .await
         .unwrap();
     assert_eq!(left, MessageState::Pending);
     store
-        .mark_failed(owner, retried.id(), "broker refused", Duration::ZERO, 5)
+        .mark_failed(&PublishFailure::new(owner, retried.id(), "broker refused").max_attempts(5))
         .await
         .unwrap();
     let again = claim(&*store, OwnerToken::generate()).await;
@@ -255,7 +260,7 @@ pub async fn the_last_failure_parks_the_message_and_its_aggregate_only<S: Outbox
     let owner = OwnerToken::generate();
     claim(&*store, owner).await;
     let left = store
-        .mark_failed(owner, poison.id(), "cannot route", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "cannot route").max_attempts(1))
         .await
         .unwrap();
     assert_eq!(left, MessageState::Parked);
@@ -280,14 +285,18 @@ pub async fn a_failure_without_the_lease_is_lost<S: OutboxStore + ?Sized>(store:
     assert_lost(
         "an unclaimed failure",
         store
-            .mark_failed(OwnerToken::generate(), placed.id(), "x", Duration::ZERO, 1)
+            .mark_failed(
+                &PublishFailure::new(OwnerToken::generate(), placed.id(), "x").max_attempts(1),
+            )
             .await,
     );
     claim(&*store, OwnerToken::generate()).await;
     assert_lost(
         "another owner's failure",
         store
-            .mark_failed(OwnerToken::generate(), placed.id(), "x", Duration::ZERO, 1)
+            .mark_failed(
+                &PublishFailure::new(OwnerToken::generate(), placed.id(), "x").max_attempts(1),
+            )
             .await,
     );
     assert_eq!(store.stats().await.unwrap().parked, 0);
@@ -299,7 +308,7 @@ pub async fn a_retried_message_is_pending_again<S: OutboxStore + ?Sized>(store: 
     let owner = OwnerToken::generate();
     claim(&*store, owner).await;
     store
-        .mark_failed(owner, poison.id(), "down", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "down").max_attempts(1))
         .await
         .unwrap();
     assert!(store.retry(poison.id()).await.unwrap());
@@ -322,7 +331,7 @@ pub async fn a_dropped_message_keeps_its_reason_and_frees_its_aggregate<S: Outbo
     let owner = OwnerToken::generate();
     claim(&*store, owner).await;
     store
-        .mark_failed(owner, poison.id(), "malformed", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "malformed").max_attempts(1))
         .await
         .unwrap();
     assert!(

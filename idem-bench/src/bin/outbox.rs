@@ -61,7 +61,7 @@ use idem_bench::percentile;
 use idem_core::StoreError;
 use idem_core::store::{
     Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
-    OwnerToken,
+    OwnerToken, PublishFailure,
 };
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
@@ -410,19 +410,9 @@ impl OutboxStore for TimedStore {
         marked
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let started = Instant::now();
-        let state = self
-            .inner
-            .mark_failed(owner, id, error, retry_after, max_attempts)
-            .await;
+        let state = self.inner.mark_failed(failure).await;
         add_elapsed(&self.marking, started);
         state
     }
