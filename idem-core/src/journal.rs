@@ -573,6 +573,43 @@ pub enum Acquired {
     Absent,
 }
 
+impl Acquired {
+    /// For stores whose server names its answer to an acquisition
+    /// (`absent`, `settled`, `busy`, `held`) beside the record and its
+    /// time: the answer, reading the record with `record` where there is
+    /// one. `None` for an unknown name, or a `busy` record with no live
+    /// lease of another owner (the store's reply is then corrupt).
+    ///
+    /// # Errors
+    ///
+    /// What `record` fails with.
+    pub fn from_answer(
+        answer: &[u8],
+        owner: OwnerToken,
+        now: Timestamp,
+        record: impl FnOnce() -> Result<JournalRecord, StoreError>,
+    ) -> Result<Option<Self>, StoreError> {
+        Ok(match answer {
+            b"absent" => Some(Self::Absent),
+            b"settled" => Some(Self::Settled(record()?)),
+            b"held" => Some(Self::Held {
+                record: record()?,
+                now,
+            }),
+            b"busy" => {
+                let record = record()?;
+                record
+                    .held_by_other(owner, now)
+                    .map(|retry_after| Self::Busy {
+                        record,
+                        retry_after,
+                    })
+            }
+            _ => None,
+        })
+    }
+}
+
 /// The storage of an outbound operation journal (`idem-journal`).
 ///
 /// # Contract

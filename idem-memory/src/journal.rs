@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, Holder, JournalRecord,
-    JournalStore, Layered, ListQuery, NewOperation, OperationKey, OperationLayer, OwnerToken,
-    SystemClock, TransactionSharing, forward_journal_store, validate_lease, validate_list_limit,
+    Acquired, Capabilities, Clock, Finish, Holder, JournalRecord, JournalStore, Layered, ListQuery,
+    NewOperation, OperationKey, OwnerToken, forward_journal_store, validate_lease,
+    validate_list_limit,
 };
 use idem_core::{Operation, StoreError, async_trait};
 use moka::ops::compute::Op;
@@ -58,31 +58,16 @@ impl fmt::Debug for Operations {
     }
 }
 
-impl Default for MemoryJournal {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemoryJournal {
-    /// An empty journal store on the system clock.
-    pub fn new() -> Self {
-        Self::with_clock(SystemClock)
-    }
-
-    /// An empty journal store on `clock`.
-    pub fn with_clock(clock: impl Clock) -> Self {
-        let operations = Operations {
-            operations: Cache::builder().build(),
-            clock: Arc::new(clock),
-        };
-        Self {
-            operations: Layered::with_layer(operations, OperationLayer::unlimited(STORE)),
-        }
-    }
-}
+clocked_part!(MemoryJournal => operations: Operations, "journal store");
 
 impl Operations {
+    fn on(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            operations: Cache::builder().build(),
+            clock,
+        }
+    }
+
     /// Runs `change` on the stored record of `key` atomically; its answer.
     fn change<T>(
         &self,
@@ -219,12 +204,6 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::None,
-            Durability::Volatile,
-            ClockSource::Caller,
-            usize::MAX,
-        )
+        crate::capabilities(usize::MAX)
     }
 }

@@ -6,14 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Clock, ClockSource, Durability, Layered, MessageId, MessageParts, MessageState,
-    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
-    PublishFailure, SystemClock, Timestamp, TransactionSharing, forward_outbox_store,
+    Capabilities, Clock, Layered, MessageId, MessageParts, MessageState, NewMessage, OutboxMessage,
+    OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp, forward_outbox_store,
     validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
-
-use crate::STORE;
 
 /// An in-process outbox store: tests, examples and single-process services
 /// (a message enqueued here is not in any database transaction). The
@@ -61,31 +58,16 @@ impl fmt::Debug for Messages {
     }
 }
 
-impl Default for MemoryOutbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemoryOutbox {
-    /// An empty outbox on the system clock.
-    pub fn new() -> Self {
-        Self::with_clock(SystemClock)
-    }
-
-    /// An empty outbox on `clock`.
-    pub fn with_clock(clock: impl Clock) -> Self {
-        let messages = Messages {
-            state: Arc::default(),
-            clock: Arc::new(clock),
-        };
-        Self {
-            messages: Layered::with_layer(messages, OperationLayer::unlimited(STORE)),
-        }
-    }
-}
+clocked_part!(MemoryOutbox => messages: Messages, "outbox");
 
 impl Messages {
+    fn on(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            state: Arc::default(),
+            clock,
+        }
+    }
+
     fn locked(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere cannot leave a message half-written: keep using it.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -318,12 +300,6 @@ impl OutboxStore for Messages {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::None,
-            Durability::Volatile,
-            ClockSource::Caller,
-            usize::MAX,
-        )
+        crate::capabilities(usize::MAX)
     }
 }

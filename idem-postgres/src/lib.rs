@@ -60,6 +60,7 @@ mod journal;
 mod migrate;
 mod options;
 mod outbox;
+mod part;
 mod store;
 mod transaction;
 

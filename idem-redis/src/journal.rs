@@ -395,27 +395,9 @@ impl JournalStore for Operations {
             .and_then(int)
             .map(Timestamp::from_unix_millis)
             .ok_or_else(|| corrupt(OP, "now"))?;
-        Ok(match outcome.as_deref() {
-            Some(b"absent") => Acquired::Absent,
-            Some(b"settled") => Acquired::Settled(present(reply.next(), OP)?),
-            Some(b"busy") => {
-                let record = present(reply.next(), OP)?;
-                // The script answered busy only for another owner's live
-                // lease, so this is that lease's time left.
-                let retry_after = record
-                    .held_by_other(owner, now)
-                    .ok_or_else(|| corrupt(OP, "lease"))?;
-                Acquired::Busy {
-                    record,
-                    retry_after,
-                }
-            }
-            Some(b"held") => Acquired::Held {
-                record: present(reply.next(), OP)?,
-                now,
-            },
-            _ => return Err(corrupt(OP, "acquire outcome")),
-        })
+        let answer = outcome.unwrap_or_default();
+        Acquired::from_answer(&answer, owner, now, || present(reply.next(), OP))?
+            .ok_or_else(|| corrupt(OP, "acquire outcome"))
     }
 
     async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
