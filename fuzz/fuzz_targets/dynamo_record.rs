@@ -18,6 +18,7 @@ use idem_core::{Checkpoint, Fingerprint, Operation, Scope, StoreError, StoredRes
 use idem_dynamo::aws_sdk_dynamodb::primitives::Blob;
 use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamo::fuzzing::{Item, is_live, record, refused_item, takeover_checkpoint};
+use idem_fuzz::decoded_or_corrupt;
 use libfuzzer_sys::fuzz_target;
 
 const NAMES: &[&str] = &[
@@ -240,15 +241,7 @@ fn written(u: &mut Unstructured<'_>, scope: &Scope) -> Result<(Item, bool, Expec
 }
 
 fn check<T>(result: std::result::Result<T, StoreError>, operation: Operation) {
-    match result {
-        Ok(_) => {}
-        Err(StoreError::Corrupt {
-            store: "dynamodb",
-            operation: op,
-            ..
-        }) if op == operation => {}
-        Err(other) => panic!("not a Corrupt of {operation:?}: {other:?}"),
-    }
+    decoded_or_corrupt(result, "dynamodb", operation);
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -19,6 +19,7 @@ use idem_core::store::{
 use idem_core::{Checkpoint, Fingerprint, Operation, Scope, StoreError, StoredResponse};
 use idem_redis::fuzzing::{claim_reply, record_hash};
 use idem_redis::redis::{self, Value};
+use idem_fuzz::decoded_or_corrupt;
 use libfuzzer_sys::fuzz_target;
 
 const WORDS: &[&str] = &[
@@ -283,15 +284,7 @@ fn written_claim(
 }
 
 fn check<T>(result: std::result::Result<T, StoreError>, operation: Operation) {
-    match result {
-        Ok(_) => {}
-        Err(StoreError::Corrupt {
-            store: "redis",
-            operation: op,
-            ..
-        }) if op == operation => {}
-        Err(other) => panic!("not a Corrupt of {operation:?}: {other:?}"),
-    }
+    decoded_or_corrupt(result, "redis", operation);
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -442,13 +442,14 @@ mod tests {
                 .store_options(StoreOptions::default().with_operation_timeout(Duration::ZERO)),
         )
         .await;
-        let refused = refused.expect_err("a zero timeout");
-        assert!(
-            matches!(refused, StoreError::InvalidInput(_))
-                && refused
-                    .to_string()
-                    .contains("operation timeout is out of range"),
-            "{refused}"
+        // Refused with the shared options' own answer.
+        let shared = StoreOptions::default()
+            .with_operation_timeout(Duration::ZERO)
+            .checked(1, 1, "")
+            .expect_err("a zero timeout");
+        assert_eq!(
+            refused.expect_err("a zero timeout").to_string(),
+            StoreError::InvalidInput(shared).to_string()
         );
     }
 
