@@ -17,7 +17,8 @@ use crate::journal::{
 };
 use crate::observability::store_call;
 use crate::outbox::{
-    MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, PublishFailure,
+    BatchClaim, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    PublishFailure,
 };
 use crate::record::{Checkpoint, Lease, OwnerToken, Record, StoredResponse};
 use crate::scope::Scope;
@@ -438,13 +439,8 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
             .await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
-        let claimed = self.inner.claim(owner, lease, limit);
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let claimed = self.inner.claim(batch);
         self.layer
             .traced(Operation::Claim, None, None, claimed)
             .await
@@ -537,14 +533,12 @@ macro_rules! __forward_store {
             }
             async fn claim(
                 &self,
-                owner: $crate::store::OwnerToken,
-                lease: ::core::time::Duration,
-                limit: usize,
+                batch: &$crate::store::BatchClaim,
             ) -> ::core::result::Result<
                 ::std::vec::Vec<$crate::store::OutboxMessage>,
                 $crate::StoreError,
             > {
-                self.$field.claim(owner, lease, limit).await
+                self.$field.claim(batch).await
             }
             async fn mark_sent(
                 &self,

@@ -302,6 +302,40 @@ impl OutboxStats {
     }
 }
 
+/// What a relay asks of [`OutboxStore::claim`]: up to `limit` messages,
+/// leased to `owner` for `lease`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::store::{BatchClaim, OwnerToken};
+///
+/// let batch = BatchClaim::new(OwnerToken::generate(), Duration::from_secs(30), 100);
+/// assert_eq!(batch.limit, 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchClaim {
+    /// Who leases the messages.
+    pub owner: OwnerToken,
+    /// For how long, by the store's clock (1 ms to 7 days: the store
+    /// refuses others).
+    pub lease: Duration,
+    /// At most this many (1 to [`MAX_OUTBOX_BATCH`]: the store refuses
+    /// others).
+    pub limit: usize,
+}
+
+impl BatchClaim {
+    /// Up to `limit` messages for `owner`, for `lease`.
+    pub fn new(owner: OwnerToken, lease: Duration, limit: usize) -> Self {
+        Self {
+            owner,
+            lease,
+            limit,
+        }
+    }
+}
+
 /// A failed publish, as [`OutboxStore::mark_failed`] counts it: the message,
 /// the owner whose lease it is under, the broker's error, and what the
 /// failure leads to.
@@ -370,8 +404,8 @@ impl PublishFailure {
 ///   share the caller's transaction enqueue inside it, so a message exists
 ///   exactly when the business change committed, and sequences follow the
 ///   commit order within an aggregate.
-/// - **Claim.** [`claim`](Self::claim) leases to `owner`, for `lease` by the
-///   store's clock, up to `limit` messages: for each aggregate with nothing
+/// - **Claim.** [`claim`](Self::claim) leases to the batch's `owner`, for
+///   its `lease` by the store's clock, up to its `limit` messages: for each aggregate with nothing
 ///   parked and nothing leased to anyone, its lowest pending sequence, if it
 ///   is available (`available_at` passed); never two messages of one
 ///   aggregate at once. It never skips a message: one that commits late is
@@ -400,13 +434,9 @@ pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
     /// Stores `message` pending with its aggregate's next sequence.
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError>;
 
-    /// Leases the available heads of up to `limit` aggregates to `owner`.
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError>;
+    /// Leases the available heads of up to `batch.limit` aggregates to
+    /// `batch.owner`.
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError>;
 
     /// Marks `ids` sent where `owner` holds them; how many it marked.
     async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError>;

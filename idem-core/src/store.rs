@@ -32,7 +32,7 @@ pub use crate::journal::{
 pub use crate::layer::{Layered, OperationLayer};
 pub use crate::options::validate_name;
 pub use crate::outbox::{
-    MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState, NewMessage,
-    OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
+    BatchClaim, MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState,
+    NewMessage, OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
 };
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Clock, Layered, MessageId, MessageParts, MessageState, NewMessage, OutboxMessage,
-    OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp, forward_outbox_store,
-    validate_lease, validate_outbox_batch,
+    BatchClaim, Capabilities, Clock, Layered, MessageId, MessageParts, MessageState, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp,
+    forward_outbox_store, validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
 
@@ -116,14 +116,10 @@ impl OutboxStore for Messages {
         Ok(stored)
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
-        let lease = validate_lease(lease)?;
-        let limit = validate_outbox_batch(limit)?;
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let owner = batch.owner;
+        let lease = validate_lease(batch.lease)?;
+        let limit = validate_outbox_batch(batch.limit)?;
         let now = self.clock.now();
         let mut state = self.locked();
         // Each aggregate's head: its lowest sequence not yet sent or dropped.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use idem_core::store::{
-    MessageId, MessageState, OutboxMessage, OutboxStore, OwnerToken, PublishFailure,
+    BatchClaim, MessageId, MessageState, OutboxMessage, OutboxStore, OwnerToken, PublishFailure,
     validate_lease, validate_outbox_batch,
 };
 use idem_core::{InvalidInput, StoreError};
@@ -285,7 +285,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         let owner = OwnerToken::generate();
         let batch = self
             .store
-            .claim(owner, self.options.lease, self.options.batch)
+            .claim(&BatchClaim::new(
+                owner,
+                self.options.lease,
+                self.options.batch,
+            ))
             .await?;
         let mut pass = RelayPass {
             claimed: batch.len(),

@@ -296,11 +296,9 @@ impl OutboxStore for PurgeCounting {
     }
     async fn claim(
         &self,
-        owner: idem_core::store::OwnerToken,
-        lease: Duration,
-        limit: usize,
+        batch: &idem_core::store::BatchClaim,
     ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
-        self.inner.claim(owner, lease, limit).await
+        self.inner.claim(batch).await
     }
     async fn mark_sent(
         &self,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Layered, MessageId, MessageParts, MessageState, NewMessage, OutboxMessage,
-    OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp, forward_outbox_store, millis,
-    validate_lease, validate_outbox_batch,
+    BatchClaim, Capabilities, Layered, MessageId, MessageParts, MessageState, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp,
+    forward_outbox_store, millis, validate_lease, validate_outbox_batch,
 };
 use idem_core::{Operation, StoreError, async_trait};
 use sqlx::postgres::{PgListener, PgRow};
@@ -106,7 +106,7 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///     .await?;
 /// assert_eq!(placed.parts().sequence, 1);
 /// let owner = OwnerToken::generate();
-/// let batch = outbox.claim(owner, std::time::Duration::from_secs(30), 100).await?;
+/// let batch = outbox.claim(&BatchClaim::new(owner, std::time::Duration::from_secs(30), 100)).await?;
 /// let ids: Vec<_> = batch.iter().map(|m| m.id()).collect();
 /// outbox.mark_sent(owner, &ids).await?;
 /// # Ok(()) }
@@ -540,15 +540,11 @@ impl OutboxStore for Messages {
         self.enqueue_on(&self.pool, message).await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let owner = batch.owner;
         const OP: Operation = Operation::Claim;
-        let lease = validate_lease(lease)?;
-        let limit = validate_outbox_batch(limit)?;
+        let lease = validate_lease(batch.lease)?;
+        let limit = validate_outbox_batch(batch.limit)?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
             .bind(owner.as_uuid())
             .bind(millis(lease))

@@ -60,8 +60,8 @@ use futures_util::StreamExt;
 use idem_bench::percentile;
 use idem_core::StoreError;
 use idem_core::store::{
-    Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
-    OwnerToken, PublishFailure,
+    BatchClaim, Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats,
+    OutboxStore, OwnerToken, PublishFailure,
 };
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
@@ -391,14 +391,9 @@ impl OutboxStore for TimedStore {
         self.inner.enqueue(message).await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
         let started = Instant::now();
-        let claimed = self.inner.claim(owner, lease, limit).await;
+        let claimed = self.inner.claim(batch).await;
         add_elapsed(&self.claiming, started);
         claimed
     }

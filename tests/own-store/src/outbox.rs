@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Clock, ClockSource, Durability, MessageId, MessageParts, MessageState,
-    NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure, SystemClock,
-    Timestamp, TransactionSharing, validate_lease, validate_outbox_batch,
+    BatchClaim, Capabilities, Clock, ClockSource, Durability, MessageId, MessageParts,
+    MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure,
+    SystemClock, Timestamp, TransactionSharing, validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
 
@@ -194,12 +194,13 @@ impl OutboxStore for OwnOutbox {
         Ok(stored)
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let BatchClaim {
+            owner,
+            lease,
+            limit,
+            ..
+        } = *batch;
         let lease = validate_lease(lease)?;
         let limit = if self.is(OutboxDefect::LimitUnchecked) {
             limit.max(1)
