@@ -90,7 +90,7 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// metrics.
 ///
 /// ```no_run
-/// use idem_core::store::{NewMessage, OutboxStore, OwnerToken};
+/// use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken};
 /// use idem_postgres::PostgresOutbox;
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
