@@ -59,7 +59,7 @@ crate::part::dynamo_part!(
     /// write is sent again keeping the stored time, a second request.
     ///
     /// DynamoDB has no clock to ask, so leases, the key window and every time in
-    /// a record are the caller's clock's ([`ClockSource::Caller`]): callers'
+    /// a record are the caller's clock's ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)): callers'
     /// clocks must agree to within a small part of the lease, as for
     /// [`DynamoStore`](crate::DynamoStore) (a caller whose clock runs ahead may
     /// take over a live lease early; the old owner's writes then fail with

@@ -26,7 +26,7 @@ crate::part::dynamo_part!(
     /// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
     ///
     /// DynamoDB has no clock to ask, so leases and retention are judged by the
-    /// caller's clock ([`ClockSource::Caller`]). Callers' clocks must agree to
+    /// caller's clock ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)). Callers' clocks must agree to
     /// within a small part of the lease: a caller whose clock runs `d` ahead
     /// sees leases expire `d` early and may take over a live owner `d` before its
     /// lease ends (its fenced writes then fail with `LostLease`, so nothing is
