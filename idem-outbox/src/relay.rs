@@ -388,7 +388,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     /// store pass over its aggregate, so the next message of that aggregate
     /// is claimed only once it was marked sent (or, after a failure, once it
     /// was itself published again and marked). Confirmed messages that wait
-    /// for a mark are marked together in one round trip.
+    /// for a mark are marked together in one round trip. Batches in flight
+    /// pay off when more aggregates have messages due than they hold: once
+    /// a claim made beside batches in flight finds nothing (every due
+    /// aggregate is in flight already), each further claim of the drain
+    /// waits for a mark rather than search in vain.
     ///
     /// When the store fails, nothing more is claimed; what was claimed is
     /// still published and marked, and the first error is returned.
@@ -454,8 +458,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         let mut error: Option<StoreError> = None;
         let mut claims_left = claims;
         // Whether to claim again, and whether to wait for a mark first (the
-        // last claim took every head that was due).
-        let (mut more, mut paused) = (true, false);
+        // last claim took every head that was due). Once a claim made beside
+        // batches in flight found nothing, every due aggregate fits in the
+        // batches in flight: claiming ahead only costs the store a search,
+        // so for the rest of the drain each claim waits for a mark.
+        let (mut more, mut paused, mut saturated) = (true, false, false);
         // Batches being claimed, waiting, published or marked.
         let mut in_flight = 0usize;
         let mut claim_alone = false;
@@ -497,11 +504,12 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                             // at once if they already have).
                             more &= !claim_alone;
                             paused = in_flight > 0;
+                            saturated |= !claim_alone;
                         }
                         Ok(claimed) => {
                             total.claimed += claimed.len();
                             total.batches += 1;
-                            paused = claimed.len() < batch;
+                            paused = saturated || claimed.len() < batch;
                             waiting.push_back(claimed);
                         }
                         Err(failed) => {

@@ -578,6 +578,14 @@ async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() 
     // Once marked, a2 and b2 are the heads of their aggregates.
     marking.release(1);
     assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
+    // The fourth claim found every due aggregate in flight: from then on
+    // each claim waits for a mark. The broker confirms c1 and d1; nothing
+    // is claimed until they are marked, and then c2 and d2 are.
+    publishing.release(1);
+    assert_eq!(marking.next().await.len(), 2);
+    assert!(claimed.quiet(), "claimed ahead of a mark once saturated");
+    marking.release(1);
+    assert_eq!(claimed.next().await, named(&[("c", 2), ("d", 2)]));
 
     marking.open();
     publishing.open();

@@ -25,7 +25,11 @@
 //!    (messages per second, relay over raw) is what the outbox costs.
 //!    Each stage's time (claim, publish, mark) is added up over the drain
 //!    and reported per batch; with batches in flight the stages overlap, so
-//!    they add up to more than a batch takes.
+//!    they add up to more than a batch takes. A last measurement at batch
+//!    100 spreads the messages over `--wide-aggregates` (1,000): with as
+//!    many aggregates as a batch holds, each batch takes every aggregate's
+//!    head and the next can be claimed only once it is marked, so batches
+//!    in flight have nothing to overlap; with more, they do.
 //! 2. **Postgres round trips per relay batch** (its claim, its share of the
 //!    marks, one per failure, and the drain's last claim that finds
 //!    nothing), counted on the wire by idem-postgres's counting proxy
@@ -101,6 +105,9 @@ type BenchError = Box<dyn std::error::Error + Send + Sync>;
 /// The relay batch sizes measured, and the raw baseline's.
 const BATCHES: [usize; 2] = [1, 100];
 
+/// The batch of the measurement over `--wide-aggregates`.
+const WIDE_BATCH: usize = 100;
+
 /// Every message's kind: the RabbitMQ routing key, the NATS subject's tail.
 const KIND: &str = "order.placed";
 
@@ -158,6 +165,14 @@ struct Args {
     /// one message of each).
     #[arg(long, default_value_t = 100)]
     aggregates: usize,
+    /// Aggregates of a last throughput measurement at batch 100 (skipped
+    /// unless more than `--aggregates`): with more aggregates due than one
+    /// batch holds, the next batch can be claimed while one is at the
+    /// broker; with as many as a batch holds (the default shape), every
+    /// batch takes every aggregate's head, so the next can be claimed only
+    /// once it is marked.
+    #[arg(long, default_value_t = 1000)]
+    wide_aggregates: usize,
     /// Batches the relay keeps in flight in the second measurement of each
     /// batch size (the first is 1: claim, publish, mark one after another).
     #[arg(long, default_value_t = 4)]
@@ -958,9 +973,10 @@ async fn throughput(
     pg: &Pg,
     broker: &Broker,
     batch: usize,
+    aggregates: usize,
     args: &Args,
 ) -> Result<Vec<Throughput>, BenchError> {
-    let (messages, aggregates) = (args.messages, args.aggregates);
+    let messages = args.messages;
     broker.purge().await?;
     let raw = broker.raw(messages, aggregates, batch).await?;
     broker.purge().await?;
@@ -968,7 +984,10 @@ async fn throughput(
     windows.dedup();
     let mut measured = Vec::with_capacity(windows.len());
     for in_flight in windows {
-        let name = format!("relay_{}_b{batch}_f{in_flight}", broker.name());
+        let name = format!(
+            "relay_{}_b{batch}_a{aggregates}_f{in_flight}",
+            broker.name()
+        );
         let drain = relay_drain(
             pg,
             broker.publisher().await?,
@@ -1108,13 +1127,17 @@ async fn latency(pg: &Pg, broker: &Broker, args: &Args) -> Result<Latency, Bench
 /// Every measurement of one broker.
 async fn measure(pg: &Pg, broker: &Broker, args: &Args) -> Result<Vec<Line>, BenchError> {
     let mut lines = Vec::new();
-    for batch in BATCHES {
+    let mut shapes: Vec<(usize, usize)> = BATCHES.iter().map(|&b| (b, args.aggregates)).collect();
+    if args.wide_aggregates > args.aggregates {
+        shapes.push((WIDE_BATCH, args.wide_aggregates));
+    }
+    for (batch, aggregates) in shapes {
         eprintln!(
-            "[outbox] {} throughput, batch {batch}: raw, then relay",
+            "[outbox] {} throughput, batch {batch}, {aggregates} aggregates: raw, then relay",
             broker.name()
         );
         lines.extend(
-            throughput(pg, broker, batch, args)
+            throughput(pg, broker, batch, aggregates, args)
                 .await?
                 .into_iter()
                 .map(Line::Throughput),
@@ -1140,7 +1163,8 @@ fn markdown(lines: &[Line], args: &Args) -> String {
     let _ = writeln!(
         md,
         "## Outbox relay against the raw broker client\n\n\
-         {} messages over {} aggregates per measurement, pre-filled in a fresh Postgres table \
+         {} messages per measurement, over {} aggregates (and over {} at batch {} in the last \
+         rows), message i to aggregate i mod aggregates, pre-filled in a fresh Postgres table \
          and drained by one relay (one publisher, one broker connection) with 1 or {} batches in \
          flight (`RelayOptions::with_in_flight`: the next batch is claimed and earlier ones \
          marked while the broker confirms one; the broker gets one batch at a time either way); \
@@ -1156,20 +1180,26 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          (the timed drain goes straight to the server); the first batch, run alone, which also \
          prepares the statements, in parentheses; sqlx's pings of connections returning to the \
          pool apart.\n",
-        args.messages, args.aggregates, args.in_flight, COUNTED_MESSAGES
+        args.messages,
+        args.aggregates,
+        args.wide_aggregates,
+        WIDE_BATCH,
+        args.in_flight,
+        COUNTED_MESSAGES
     );
     md.push_str(
-        "| broker | batch | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: claim + publish + mark | PG round trips / batch | sqlx pings / batch | batches | failed relay/raw |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: claim + publish + mark | PG round trips / batch | sqlx pings / batch | batches | failed relay/raw |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line {
             let per_batch = |seconds: f64| seconds * 1000.0 / t.batches.max(1) as f64;
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} ({}) | {:.2} | {} | {}/{} |",
+                "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} ({}) | {:.2} | {} | {}/{} |",
                 t.broker,
                 t.batch,
+                t.aggregates,
                 t.in_flight,
                 t.relay_msgs_per_s,
                 t.raw_msgs_per_s,
