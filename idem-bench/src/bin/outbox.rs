@@ -495,9 +495,18 @@ struct Drain {
     failed: u64,
 }
 
-/// Drains a pre-filled outbox through `publisher` at `batch`, with
-/// `in_flight` batches in flight (`Relay::drain`) after a first batch
-/// alone (`Relay::relay_once`). With
+/// What a drain relays, and how.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    batch: usize,
+    in_flight: usize,
+    messages: usize,
+    aggregates: usize,
+}
+
+/// Drains an outbox pre-filled as `shape` says through `publisher`, with
+/// its batches in flight (`Relay::drain`) after a first batch alone
+/// (`Relay::relay_once`). With
 /// `counted`, the relay's pool goes through a counting proxy, which counts
 /// every round trip; without, straight to the server, for the timing (the
 /// proxy leaves Nagle's algorithm on, which delays a large reply's last
@@ -506,12 +515,15 @@ async fn relay_drain(
     pg: &Pg,
     publisher: Arc<dyn Publisher>,
     name: &str,
-    batch: usize,
-    in_flight: usize,
-    messages: usize,
-    aggregates: usize,
+    shape: Shape,
     counted: bool,
 ) -> Result<Drain, BenchError> {
+    let Shape {
+        batch,
+        in_flight,
+        messages,
+        aggregates,
+    } = shape;
     let filler = pg.fresh_outbox(name, FILL_TASKS as u32).await?;
     fill(&filler, messages, aggregates).await?;
     filler.pool().close().await;
@@ -992,10 +1004,12 @@ async fn throughput(
             pg,
             broker.publisher().await?,
             &name,
-            batch,
-            in_flight,
-            messages,
-            aggregates,
+            Shape {
+                batch,
+                in_flight,
+                messages,
+                aggregates,
+            },
             false,
         )
         .await?;
@@ -1005,10 +1019,12 @@ async fn throughput(
             pg,
             broker.publisher().await?,
             &format!("{name}_counted"),
-            batch,
-            in_flight,
-            counted_messages,
-            aggregates,
+            Shape {
+                batch,
+                in_flight,
+                messages: counted_messages,
+                aggregates,
+            },
             true,
         )
         .await?;
