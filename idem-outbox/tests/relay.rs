@@ -545,6 +545,22 @@ async fn interleaved(outbox: &Staged, aggregates: &[&str], per_aggregate: u64) {
     }
 }
 
+/// A drain of `outbox` through `publisher`, two messages a batch, with
+/// `in_flight` batches in flight, in a task of its own.
+fn drain_in_pairs(
+    outbox: &Arc<Staged>,
+    publisher: &Arc<Held>,
+    in_flight: usize,
+) -> tokio::task::JoinHandle<Result<idem_outbox::RelayPass, idem_outbox::RelayError>> {
+    let options = quick()
+        .with_batch(2)
+        .unwrap()
+        .with_in_flight(in_flight)
+        .unwrap();
+    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
+    tokio::spawn(async move { relay.drain().await })
+}
+
 #[tokio::test]
 async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() {
     let (claims, mut claimed) = gate(true);
@@ -557,9 +573,7 @@ async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() 
     });
     interleaved(&outbox, &["a", "b", "c", "d", "e", "f"], 2).await;
     let publisher = Arc::new(Held::new(publishes));
-    let options = quick().with_batch(2).unwrap().with_in_flight(4).unwrap();
-    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
-    let draining = tokio::spawn(async move { relay.drain().await });
+    let draining = drain_in_pairs(&outbox, &publisher, 4);
 
     // The first batch is held at the broker; three more claims fill the
     // window, and the fourth finds every head in flight.
@@ -616,9 +630,7 @@ async fn a_failed_publish_with_a_later_batch_in_flight_is_retried_before_its_agg
     interleaved(&outbox, &["a", "b", "c", "d"], 2).await;
     let publisher = Arc::new(Held::new(publishes));
     publisher.refuse_once.lock().unwrap().push("a".into());
-    let options = quick().with_batch(2).unwrap().with_in_flight(3).unwrap();
-    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
-    let draining = tokio::spawn(async move { relay.drain().await });
+    let draining = drain_in_pairs(&outbox, &publisher, 3);
 
     assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
@@ -658,9 +670,7 @@ async fn a_store_failure_mid_drain_claims_nothing_more_but_finishes_what_it_clai
     });
     interleaved(&outbox, &["a", "b", "c", "d"], 1).await;
     let publisher = Arc::new(Held::new(publishes));
-    let options = quick().with_batch(2).unwrap().with_in_flight(3).unwrap();
-    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
-    let draining = tokio::spawn(async move { relay.drain().await });
+    let draining = drain_in_pairs(&outbox, &publisher, 3);
 
     assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
