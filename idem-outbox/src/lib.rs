@@ -31,7 +31,8 @@
 //! With the `metrics` feature: [`PENDING`] and [`OLDEST_PENDING`] (gauges,
 //! refreshed by [`Relay::run`] when idle), [`PUBLISHED`], [`FAILED`] and
 //! [`PARKED`] (counters), [`PUBLISH_DURATION`] (histogram, seconds, one
-//! observation per batch). Each pass is a DEBUG span, `idem.outbox.relay`.
+//! observation per batch). Each `relay_once` and each `drain` is a DEBUG span,
+//! `idem.outbox.relay`.
 
 mod publisher;
 mod relay;
@@ -39,7 +40,7 @@ mod relay;
 pub use publisher::{
     MAX_PUBLISH_TIMEOUT, PublishError, Published, Publisher, validate_publish_timeout,
 };
-pub use relay::{Relay, RelayError, RelayOptions, RelayPass};
+pub use relay::{MAX_IN_FLIGHT, Relay, RelayError, RelayOptions, RelayPass};
 
 /// To implement [`Publisher`].
 pub use idem_core::async_trait;

@@ -1,6 +1,8 @@
 //! The relay: claims what committed, publishes it, marks it sent.
 
+use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 #[cfg(feature = "metrics")]
@@ -16,12 +18,16 @@ use tracing::Instrument;
 
 use crate::publisher::Publisher;
 
+/// The most batches one relay keeps in flight.
+pub const MAX_IN_FLIGHT: usize = 16;
+
 /// How a relay works: batch, lease, retries and back-off, and how often it
 /// looks when nothing woke it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayOptions {
     batch: usize,
+    in_flight: usize,
     lease: Duration,
     max_attempts: u32,
     first_retry: Duration,
@@ -32,12 +38,13 @@ pub struct RelayOptions {
 }
 
 impl Default for RelayOptions {
-    /// Batches of 100, a 30 s lease, 10 attempts with back-off from 1 s
+    /// Batches of 100, two in flight at once, a 30 s lease, 10 attempts with back-off from 1 s
     /// doubling to 5 min, a look every second when nothing wakes it, sent
     /// messages kept 7 days and purged (a batch at a time) every minute.
     fn default() -> Self {
         Self {
             batch: 100,
+            in_flight: 2,
             lease: Duration::from_secs(30),
             max_attempts: 10,
             first_retry: Duration::from_secs(1),
@@ -60,9 +67,43 @@ impl RelayOptions {
         Ok(self)
     }
 
+    /// Batches a [`drain`](Relay::drain) (and so [`run`](Relay::run)) keeps
+    /// in flight at once, 1 to [`MAX_IN_FLIGHT`]: while the broker confirms
+    /// one batch, the next is claimed and earlier ones are marked sent, so
+    /// the store's round trips overlap the broker's instead of adding to
+    /// them. The broker still receives one batch at a time. 1 is strictly
+    /// one pass after another.
+    ///
+    /// A claimed batch waits for the ones ahead of it to be published, so
+    /// the [lease](Self::with_lease) must outlast that many batches'
+    /// publishing.
+    ///
+    /// ```
+    /// use idem_outbox::RelayOptions;
+    ///
+    /// let options = RelayOptions::default().with_in_flight(4)?;
+    /// assert_eq!(options.in_flight(), 4);
+    /// assert!(RelayOptions::default().with_in_flight(0).is_err());
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] outside 1 to [`MAX_IN_FLIGHT`].
+    pub fn with_in_flight(mut self, batches: usize) -> Result<Self, InvalidInput> {
+        if !(1..=MAX_IN_FLIGHT).contains(&batches) {
+            return Err(InvalidInput::OutOfRange {
+                field: "batches in flight",
+                reason: "must be 1 to 16",
+            });
+        }
+        self.in_flight = batches;
+        Ok(self)
+    }
+
     /// How long a relay holds what it claimed (1 ms to 7 days): longer than
-    /// a batch's publishing takes; another relay takes the messages over
-    /// once it passed.
+    /// a batch's publishing takes (times the batches in flight); another
+    /// relay takes the messages over once it passed.
     ///
     /// # Errors
     ///
@@ -140,6 +181,11 @@ impl RelayOptions {
         self.lease
     }
 
+    /// Batches a drain keeps in flight at once.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
     /// The back-off after the `attempts`-th failure.
     fn retry_after(&self, attempts: u32) -> Duration {
         let doublings = attempts.saturating_sub(1).min(30);
@@ -155,6 +201,8 @@ impl RelayOptions {
 pub struct RelayPass {
     /// Messages claimed.
     pub claimed: usize,
+    /// Claims that found something (1 for a pass that did).
+    pub batches: usize,
     /// Confirmed by the broker and marked sent.
     pub published: u64,
     /// Of those, recognised by the broker as duplicates.
@@ -167,6 +215,61 @@ pub struct RelayPass {
     /// over): the next relay publishes them again, and the message id lets
     /// the broker or the consumer drop the copy.
     pub lost: u64,
+}
+
+/// A store's or publisher's future, borrowing the relay.
+type Step<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The output of the future in `slot`; never, while there is none.
+async fn settle<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
+    match slot {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the broker answered for batches not yet marked.
+#[derive(Debug, Default)]
+struct Answered {
+    batches: usize,
+    sent: Vec<MessageId>,
+    duplicates: usize,
+    failures: Vec<(OutboxMessage, String)>,
+}
+
+impl Answered {
+    fn absorb(&mut self, more: Self) {
+        self.batches += more.batches;
+        self.sent.extend(more.sent);
+        self.duplicates += more.duplicates;
+        self.failures.extend(more.failures);
+    }
+}
+
+/// What marking some batches did.
+#[derive(Debug)]
+struct Marked {
+    batches: usize,
+    pass: RelayPass,
+    error: Option<StoreError>,
+}
+
+impl Marked {
+    /// Adds this to `total`, and to the counters.
+    fn count(&self, total: &mut RelayPass) {
+        let pass = &self.pass;
+        total.published += pass.published;
+        total.duplicates += pass.duplicates;
+        total.failed += pass.failed;
+        total.parked += pass.parked;
+        total.lost += pass.lost;
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!(crate::PUBLISHED).increment(pass.published);
+            metrics::counter!(crate::FAILED).increment((pass.failed + pass.parked) as u64);
+            metrics::counter!(crate::PARKED).increment(pass.parked as u64);
+        }
+    }
 }
 
 /// Why a relay pass stopped.
@@ -267,6 +370,71 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     ///
     /// [`RelayError::Store`] when the store fails.
     pub async fn relay_once(&self) -> Result<RelayPass, RelayError> {
+        self.traced(Some(1)).await
+    }
+
+    /// Passes until nothing is due: claims, publishes and marks batch after
+    /// batch, with up to [`in_flight`](RelayOptions::with_in_flight) batches
+    /// at once, and returns what they did together. It ends when a claim
+    /// made while no other batch was in flight finds nothing, so messages
+    /// that an earlier batch's marks made the heads of their aggregates are
+    /// published in the same drain.
+    ///
+    /// With more than one batch in flight, the next batch is claimed while
+    /// the broker confirms the last, and the marks of earlier batches run
+    /// beside both; the broker sees one batch at a time, in the order they
+    /// were claimed. Order per aggregate holds as in a single pass: a
+    /// message claimed and not yet marked keeps the lease that makes the
+    /// store pass over its aggregate, so the next message of that aggregate
+    /// is claimed only once it was marked sent (or, after a failure, once it
+    /// was itself published again and marked). Confirmed messages that wait
+    /// for a mark are marked together in one round trip. Batches in flight
+    /// pay off when more aggregates have messages due than they hold: once
+    /// a claim made beside batches in flight finds nothing (every due
+    /// aggregate is in flight already), each further claim of the drain
+    /// waits for a mark rather than search in vain.
+    ///
+    /// When the store fails, nothing more is claimed; what was claimed is
+    /// still published and marked, and the first error is returned.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::store::{NewMessage, OutboxMessage, OutboxStore};
+    /// use idem_memory::MemoryOutbox;
+    /// use idem_outbox::{async_trait, PublishError, Published, Publisher, Relay, RelayOptions};
+    ///
+    /// struct Accepts;
+    ///
+    /// #[async_trait]
+    /// impl Publisher for Accepts {
+    ///     async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+    ///         batch.iter().map(|_| Ok(Published::stored())).collect()
+    ///     }
+    /// }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let outbox = Arc::new(MemoryOutbox::new());
+    /// for n in 0..5 {
+    ///     outbox.enqueue(&NewMessage::new("order-42", "order.line", vec![n])?).await?;
+    /// }
+    /// let options = RelayOptions::default().with_in_flight(4)?;
+    /// let relay = Relay::new(outbox.clone(), Arc::new(Accepts), options);
+    /// // One message of the aggregate at a time, all five in one drain.
+    /// let drained = relay.drain().await?;
+    /// assert_eq!((drained.published, drained.batches), (5, 5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RelayError::Store`] when the store fails.
+    pub async fn drain(&self) -> Result<RelayPass, RelayError> {
+        self.traced(None).await
+    }
+
+    /// [`passes`](Self::passes) in the relay's span.
+    async fn traced(&self, claims: Option<usize>) -> Result<RelayPass, RelayError> {
         let span = tracing::debug_span!(
             "idem.outbox.relay",
             store = self.store.capabilities().store,
@@ -274,52 +442,156 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
             published = tracing::field::Empty,
             failed = tracing::field::Empty,
         );
-        let pass = self.pass().instrument(span.clone()).await?;
+        let pass = self.passes(claims).instrument(span.clone()).await?;
         span.record("claimed", pass.claimed);
         span.record("published", pass.published);
         span.record("failed", pass.failed);
         Ok(pass)
     }
 
-    async fn pass(&self) -> Result<RelayPass, RelayError> {
+    /// Claims (at most `claims` times, or until nothing is due), publishes
+    /// and marks, with up to the in-flight window of batches at once.
+    async fn passes(&self, claims: Option<usize>) -> Result<RelayPass, RelayError> {
         let owner = OwnerToken::generate();
-        let batch = self
-            .store
-            .claim(&BatchClaim::new(
-                owner,
-                self.options.lease,
-                self.options.batch,
-            ))
-            .await?;
-        let mut pass = RelayPass {
-            claimed: batch.len(),
-            ..RelayPass::default()
-        };
-        if batch.is_empty() {
-            return Ok(pass);
+        let (batch, lease) = (self.options.batch, self.options.lease);
+        let ask = BatchClaim::new(owner, lease, batch);
+        let mut total = RelayPass::default();
+        let mut error: Option<StoreError> = None;
+        let mut claims_left = claims;
+        // Whether to claim again, and whether to wait for a mark first (the
+        // last claim took every head that was due). Once a claim made beside
+        // batches in flight found nothing, every due aggregate fits in the
+        // batches in flight: claiming ahead only costs the store a search,
+        // so for the rest of the drain each claim waits for a mark.
+        let (mut more, mut paused, mut saturated) = (true, false, false);
+        // Batches being claimed, waiting, published or marked.
+        let mut in_flight = 0usize;
+        let mut claim_alone = false;
+        let mut claiming: Option<Step<'_, Result<Vec<OutboxMessage>, StoreError>>> = None;
+        let mut waiting: VecDeque<Vec<OutboxMessage>> = VecDeque::new();
+        let mut publishing: Option<Step<'_, Answered>> = None;
+        let mut answered = Answered::default();
+        let mut marking: Option<Step<'_, Marked>> = None;
+        loop {
+            if more && !paused && claiming.is_none() && in_flight < self.options.in_flight {
+                claim_alone = in_flight == 0;
+                claiming = Some(self.store.claim(&ask));
+                in_flight += 1;
+                if let Some(left) = claims_left.as_mut() {
+                    *left = left.saturating_sub(1);
+                    more = *left > 0;
+                }
+            }
+            if publishing.is_none()
+                && let Some(next) = waiting.pop_front()
+            {
+                publishing = Some(Box::pin(self.publish(next)));
+            }
+            if marking.is_none() && answered.batches > 0 {
+                marking = Some(Box::pin(self.mark(owner, std::mem::take(&mut answered))));
+            }
+            if claiming.is_none() && publishing.is_none() && marking.is_none() {
+                break;
+            }
+            tokio::select! {
+                claimed = settle(&mut claiming) => {
+                    claiming = None;
+                    match claimed {
+                        Ok(claimed) if claimed.is_empty() => {
+                            in_flight -= 1;
+                            // Nothing due even with nothing else in flight:
+                            // drained. Else the marks of what is in flight
+                            // may free heads (claim again once they did, or
+                            // at once if they already have).
+                            more &= !claim_alone;
+                            paused = in_flight > 0;
+                            saturated |= !claim_alone;
+                        }
+                        Ok(claimed) => {
+                            total.claimed += claimed.len();
+                            total.batches += 1;
+                            paused = saturated || claimed.len() < batch;
+                            waiting.push_back(claimed);
+                        }
+                        Err(failed) => {
+                            in_flight -= 1;
+                            more = false;
+                            error.get_or_insert(failed);
+                        }
+                    }
+                }
+                published = settle(&mut publishing) => {
+                    publishing = None;
+                    answered.absorb(published);
+                }
+                marked = settle(&mut marking) => {
+                    marking = None;
+                    in_flight -= marked.batches;
+                    paused = false;
+                    marked.count(&mut total);
+                    if let Some(failed) = marked.error {
+                        more = false;
+                        error.get_or_insert(failed);
+                    }
+                }
+            }
         }
+        match error {
+            Some(error) => Err(error.into()),
+            None => Ok(total),
+        }
+    }
+
+    /// Publishes one claimed batch and sorts the broker's answers.
+    async fn publish(&self, batch: Vec<OutboxMessage>) -> Answered {
         #[cfg(feature = "metrics")]
         let started = Instant::now();
         let results = self.publisher.publish(&batch).await;
         #[cfg(feature = "metrics")]
         metrics::histogram!(crate::PUBLISH_DURATION).record(started.elapsed().as_secs_f64());
-        let mut sent: Vec<MessageId> = Vec::with_capacity(batch.len());
-        let mut failures: Vec<(&OutboxMessage, String)> = Vec::new();
-        for (i, message) in batch.iter().enumerate() {
+        let mut answered = Answered {
+            batches: 1,
+            ..Answered::default()
+        };
+        for (i, message) in batch.into_iter().enumerate() {
             match results.get(i) {
                 Some(Ok(published)) => {
-                    sent.push(message.id());
-                    pass.duplicates += usize::from(published.duplicate);
+                    answered.sent.push(message.id());
+                    answered.duplicates += usize::from(published.duplicate);
                 }
-                Some(Err(error)) => failures.push((message, error.to_string())),
-                None => failures.push((message, "the publisher gave no answer".into())),
+                Some(Err(error)) => answered.failures.push((message, error.to_string())),
+                None => answered
+                    .failures
+                    .push((message, "the publisher gave no answer".into())),
             }
         }
-        if !sent.is_empty() {
-            pass.published = self.store.mark_sent(owner, &sent).await?;
-            pass.lost = (sent.len() as u64).saturating_sub(pass.published);
+        answered
+    }
+
+    /// Marks what the broker confirmed sent (one round trip), then counts
+    /// each failure; stops at the first store error.
+    async fn mark(&self, owner: OwnerToken, answered: Answered) -> Marked {
+        let mut marked = Marked {
+            batches: answered.batches,
+            pass: RelayPass {
+                duplicates: answered.duplicates,
+                ..RelayPass::default()
+            },
+            error: None,
+        };
+        if !answered.sent.is_empty() {
+            match self.store.mark_sent(owner, &answered.sent).await {
+                Ok(published) => {
+                    marked.pass.published = published;
+                    marked.pass.lost = (answered.sent.len() as u64).saturating_sub(published);
+                }
+                Err(error) => {
+                    marked.error = Some(error);
+                    return marked;
+                }
+            }
         }
-        for (message, error) in failures {
+        for (message, error) in answered.failures {
             let attempts = message.parts().attempts.saturating_add(1);
             let retry_after = self.options.retry_after(attempts);
             let failure = PublishFailure::new(owner, message.id(), error.as_str())
@@ -328,7 +600,7 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
             let state = self.store.mark_failed(&failure).await;
             match state {
                 Ok(MessageState::Parked) => {
-                    pass.parked += 1;
+                    marked.pass.parked += 1;
                     tracing::warn!(
                         message_id = %message.id(),
                         aggregate = message.message().aggregate(),
@@ -336,40 +608,30 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                         "an outbox message failed its last attempt; it and its aggregate are parked"
                     );
                 }
-                Ok(_) => pass.failed += 1,
+                Ok(_) => marked.pass.failed += 1,
                 // Taken over: the new holder publishes it.
-                Err(StoreError::LostLease) => pass.lost += 1,
-                Err(other) => return Err(other.into()),
+                Err(StoreError::LostLease) => marked.pass.lost += 1,
+                Err(other) => {
+                    marked.error = Some(other);
+                    return marked;
+                }
             }
         }
-        #[cfg(feature = "metrics")]
-        {
-            metrics::counter!(crate::PUBLISHED).increment(pass.published);
-            metrics::counter!(crate::FAILED).increment((pass.failed + pass.parked) as u64);
-            metrics::counter!(crate::PARKED).increment(pass.parked as u64);
-        }
-        Ok(pass)
+        marked
     }
 
-    /// Relays until `shutdown` completes: a pass, then another at once while
-    /// batches come back full, else a wait for a wake-up or the poll
-    /// interval; when idle, a batch of sent messages past their retention
-    /// is purged at most every purge interval. A failing store is retried at the poll interval, with a
+    /// Relays until `shutdown` completes: a [`drain`](Self::drain), then a
+    /// wait for a wake-up or the poll interval; when idle, a batch of sent
+    /// messages past their retention is purged at most every purge
+    /// interval. A failing store is retried at the poll interval, with a
     /// warning. Gauges (with the `metrics` feature) are refreshed after each
-    /// idle pass.
+    /// drain.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut next_purge = tokio::time::Instant::now();
         loop {
-            let full = match self.relay_once().await {
-                Ok(pass) => pass.claimed >= self.options.batch,
-                Err(error) => {
-                    tracing::warn!(%error, "the outbox relay could not make a pass");
-                    false
-                }
-            };
-            if full {
-                continue;
+            if let Err(error) = self.drain().await {
+                tracing::warn!(%error, "the outbox relay could not make a pass");
             }
             self.refresh_gauges().await;
             if tokio::time::Instant::now() >= next_purge {

@@ -280,17 +280,122 @@ fn options_out_of_range_are_refused() {
             .with_poll_interval(Duration::ZERO)
             .is_err()
     );
+    assert!(RelayOptions::default().with_in_flight(0).is_err());
+    assert!(
+        RelayOptions::default()
+            .with_in_flight(idem_outbox::MAX_IN_FLIGHT + 1)
+            .is_err()
+    );
 }
 
-/// The in-process outbox, counting what purges delete.
-#[derive(Debug, Default)]
-struct PurgeCounting {
+/// Each stage of a relay reported to the test as it starts, and held there
+/// until the test lets it go (or let through at once, when open).
+struct Gate {
+    arrived: tokio::sync::mpsc::UnboundedSender<Vec<(String, u64)>>,
+    permits: tokio::sync::Semaphore,
+}
+
+/// The test's end of a [`Gate`].
+struct GateControl {
+    arrivals: tokio::sync::mpsc::UnboundedReceiver<Vec<(String, u64)>>,
+    gate: Arc<Gate>,
+}
+
+fn gate(open: bool) -> (Arc<Gate>, GateControl) {
+    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let permits = if open {
+        tokio::sync::Semaphore::MAX_PERMITS
+    } else {
+        0
+    };
+    let gate = Arc::new(Gate {
+        arrived,
+        permits: tokio::sync::Semaphore::new(permits),
+    });
+    (gate.clone(), GateControl { arrivals, gate })
+}
+
+impl Gate {
+    async fn pass(&self, what: Vec<(String, u64)>) {
+        let _ = self.arrived.send(what);
+        self.permits.acquire().await.unwrap().forget();
+    }
+}
+
+impl GateControl {
+    /// The next arrival, waiting for it (generously: a busy machine).
+    async fn next(&mut self) -> Vec<(String, u64)> {
+        tokio::time::timeout(Duration::from_secs(60), self.arrivals.recv())
+            .await
+            .expect("the relay reached the stage")
+            .expect("the gate is alive")
+    }
+
+    /// Whether nothing arrived that was not received yet.
+    fn quiet(&mut self) -> bool {
+        self.arrivals.try_recv().is_err()
+    }
+
+    fn release(&self, times: usize) {
+        self.gate.permits.add_permits(times);
+    }
+
+    fn open(&self) {
+        self.release(tokio::sync::Semaphore::MAX_PERMITS / 2);
+    }
+}
+
+fn heads(batch: &[OutboxMessage]) -> Vec<(String, u64)> {
+    batch
+        .iter()
+        .map(|m| (m.message().aggregate().to_string(), m.parts().sequence))
+        .collect()
+}
+
+fn named(heads: &[(&str, u64)]) -> Vec<(String, u64)> {
+    heads.iter().map(|(a, s)| (a.to_string(), *s)).collect()
+}
+
+/// The in-process outbox with its claims reported, its marks held at a
+/// gate, the claims it is told to fail, and a count of what purges delete.
+/// Its clock moves only when told, so enqueue times (and so the claims'
+/// order) are the test's.
+#[derive(Debug)]
+struct Staged {
     inner: MemoryOutbox,
+    clock: idem_core::ManualClock,
+    claims: Option<Arc<Gate>>,
+    marks: Option<Arc<Gate>>,
+    /// The claims (counted from 1) that fail as unavailable.
+    fail_claims: Vec<usize>,
+    claimed: std::sync::atomic::AtomicUsize,
     purged: std::sync::atomic::AtomicU64,
 }
 
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gate")
+    }
+}
+
+impl Default for Staged {
+    fn default() -> Self {
+        let clock =
+            idem_core::ManualClock::new(idem_core::store::Timestamp::from_unix_millis(1_000_000));
+        Self {
+            inner: MemoryOutbox::with_clock(clock.clone()),
+            clock,
+            claims: None,
+            marks: None,
+            fail_claims: Vec::new(),
+            claimed: Default::default(),
+            purged: Default::default(),
+        }
+    }
+}
+
 #[async_trait]
-impl OutboxStore for PurgeCounting {
+impl OutboxStore for Staged {
     async fn enqueue(&self, m: &NewMessage) -> Result<OutboxMessage, idem_core::StoreError> {
         self.inner.enqueue(m).await
     }
@@ -298,13 +403,32 @@ impl OutboxStore for PurgeCounting {
         &self,
         batch: &idem_core::store::BatchClaim,
     ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
-        self.inner.claim(batch).await
+        let n = self
+            .claimed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if self.fail_claims.contains(&n) {
+            return Err(idem_core::StoreError::unavailable(
+                "memory",
+                idem_core::Operation::Claim,
+                "injected",
+            ));
+        }
+        let claimed = self.inner.claim(batch).await?;
+        if let Some(gate) = &self.claims {
+            gate.pass(heads(&claimed)).await;
+        }
+        Ok(claimed)
     }
     async fn mark_sent(
         &self,
         owner: idem_core::store::OwnerToken,
         ids: &[idem_core::store::MessageId],
     ) -> Result<u64, idem_core::StoreError> {
+        if let Some(gate) = &self.marks {
+            gate.pass(ids.iter().map(|id| (id.to_string(), 0)).collect())
+                .await;
+        }
         self.inner.mark_sent(owner, ids).await
     }
     async fn mark_failed(
@@ -344,9 +468,256 @@ impl OutboxStore for PurgeCounting {
     }
 }
 
+/// A publisher held at a gate on every batch, refusing each aggregate it is
+/// told to once, recording every attempt and how many batches it ever held
+/// at once.
+struct Held {
+    gate: Arc<Gate>,
+    refuse_once: Mutex<Vec<String>>,
+    attempts: Mutex<Vec<(String, u64, bool)>>,
+    holding: std::sync::atomic::AtomicUsize,
+    most_held: std::sync::atomic::AtomicUsize,
+}
+
+impl Held {
+    fn new(gate: Arc<Gate>) -> Self {
+        Self {
+            gate,
+            refuse_once: Mutex::new(Vec::new()),
+            attempts: Mutex::new(Vec::new()),
+            holding: Default::default(),
+            most_held: Default::default(),
+        }
+    }
+
+    /// The sequences each aggregate was published in.
+    fn published(&self) -> HashMap<String, Vec<u64>> {
+        let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+        for (aggregate, sequence, ok) in self.attempts.lock().unwrap().iter() {
+            if *ok {
+                seen.entry(aggregate.clone()).or_default().push(*sequence);
+            }
+        }
+        seen
+    }
+}
+
+#[async_trait]
+impl Publisher for Held {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.holding.fetch_add(1, SeqCst) + 1;
+        self.most_held.fetch_max(now, SeqCst);
+        self.gate.pass(heads(batch)).await;
+        let answers = batch
+            .iter()
+            .map(|m| {
+                let aggregate = m.message().aggregate().to_string();
+                let mut refuse = self.refuse_once.lock().unwrap();
+                let refused = refuse.contains(&aggregate);
+                refuse.retain(|a| *a != aggregate);
+                self.attempts
+                    .lock()
+                    .unwrap()
+                    .push((aggregate, m.parts().sequence, !refused));
+                if refused {
+                    Err(PublishError::new("test", "refused once"))
+                } else {
+                    Ok(Published::stored())
+                }
+            })
+            .collect();
+        self.holding.fetch_sub(1, SeqCst);
+        answers
+    }
+}
+
+/// `aggregates` with `per_aggregate` messages each, enqueued round-robin a
+/// millisecond apart.
+async fn interleaved(outbox: &Staged, aggregates: &[&str], per_aggregate: u64) {
+    for n in 1..=per_aggregate {
+        for aggregate in aggregates {
+            outbox.enqueue(&message(aggregate, n)).await.unwrap();
+            outbox.clock.advance(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A drain of `outbox` through `publisher`, two messages a batch, with
+/// `in_flight` batches in flight, in a task of its own.
+fn drain_in_pairs(
+    outbox: &Arc<Staged>,
+    publisher: &Arc<Held>,
+    in_flight: usize,
+) -> tokio::task::JoinHandle<Result<idem_outbox::RelayPass, idem_outbox::RelayError>> {
+    let options = quick()
+        .with_batch(2)
+        .unwrap()
+        .with_in_flight(in_flight)
+        .unwrap();
+    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
+    tokio::spawn(async move { relay.drain().await })
+}
+
+#[tokio::test]
+async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() {
+    let (claims, mut claimed) = gate(true);
+    let (marks, mut marking) = gate(false);
+    let (publishes, mut publishing) = gate(false);
+    let outbox = Arc::new(Staged {
+        claims: Some(claims),
+        marks: Some(marks),
+        ..Staged::default()
+    });
+    interleaved(&outbox, &["a", "b", "c", "d", "e", "f"], 2).await;
+    let publisher = Arc::new(Held::new(publishes));
+    let draining = drain_in_pairs(&outbox, &publisher, 4);
+
+    // The first batch is held at the broker; three more claims fill the
+    // window, and the fourth finds every head in flight.
+    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
+    assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
+    assert_eq!(claimed.next().await, named(&[("c", 1), ("d", 1)]));
+    assert_eq!(claimed.next().await, named(&[("e", 1), ("f", 1)]));
+    assert_eq!(claimed.next().await, named(&[]));
+    // The broker confirms the first batch; its mark is held while the
+    // second batch publishes: one batch at the broker at a time, and
+    // nothing claimed while a1 and b1 are confirmed but not marked.
+    publishing.release(1);
+    assert_eq!(marking.next().await.len(), 2);
+    assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
+    assert!(claimed.quiet(), "claimed while nothing was marked");
+    // Once marked, a2 and b2 are the heads of their aggregates.
+    marking.release(1);
+    assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
+    // The fourth claim found every due aggregate in flight: from then on
+    // each claim waits for a mark. The broker confirms c1 and d1; nothing
+    // is claimed until they are marked, and then c2 and d2 are.
+    publishing.release(1);
+    assert_eq!(marking.next().await.len(), 2);
+    assert!(claimed.quiet(), "claimed ahead of a mark once saturated");
+    marking.release(1);
+    assert_eq!(claimed.next().await, named(&[("c", 2), ("d", 2)]));
+
+    marking.open();
+    publishing.open();
+    let drained = draining.await.unwrap().unwrap();
+    assert_eq!((drained.published, drained.batches), (12, 6), "{drained:?}");
+    assert_eq!(
+        publisher
+            .most_held
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    let published = publisher.published();
+    assert_eq!(published.len(), 6);
+    for (aggregate, sequences) in published {
+        assert_eq!(sequences, [1, 2], "{aggregate} out of order");
+    }
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
+
+#[tokio::test]
+async fn a_failed_publish_with_a_later_batch_in_flight_is_retried_before_its_aggregate_moves_on() {
+    let (claims, mut claimed) = gate(true);
+    let (publishes, mut publishing) = gate(false);
+    let outbox = Arc::new(Staged {
+        claims: Some(claims),
+        ..Staged::default()
+    });
+    interleaved(&outbox, &["a", "b", "c", "d"], 2).await;
+    let publisher = Arc::new(Held::new(publishes));
+    publisher.refuse_once.lock().unwrap().push("a".into());
+    let draining = drain_in_pairs(&outbox, &publisher, 3);
+
+    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
+    assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
+    assert_eq!(claimed.next().await, named(&[("c", 1), ("d", 1)]));
+    assert_eq!(claimed.next().await, named(&[]));
+    // a1 fails while c1 and d1 are in flight: it is claimed again (no
+    // back-off here) before a2, beside b2.
+    publishing.release(1);
+    assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
+    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 2)]));
+
+    publishing.open();
+    let drained = draining.await.unwrap().unwrap();
+    assert_eq!((drained.published, drained.failed), (8, 1), "{drained:?}");
+    let attempts: Vec<(u64, bool)> = publisher
+        .attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(aggregate, _, _)| aggregate == "a")
+        .map(|(_, sequence, ok)| (*sequence, *ok))
+        .collect();
+    assert_eq!(attempts, [(1, false), (1, true), (2, true)]);
+    for (aggregate, sequences) in publisher.published() {
+        assert_eq!(sequences, [1, 2], "{aggregate} out of order");
+    }
+}
+
+#[tokio::test]
+async fn a_store_failure_mid_drain_claims_nothing_more_but_finishes_what_it_claimed() {
+    let (claims, mut claimed) = gate(true);
+    let (publishes, mut publishing) = gate(false);
+    let outbox = Arc::new(Staged {
+        claims: Some(claims),
+        fail_claims: vec![2],
+        ..Staged::default()
+    });
+    interleaved(&outbox, &["a", "b", "c", "d"], 1).await;
+    let publisher = Arc::new(Held::new(publishes));
+    let draining = drain_in_pairs(&outbox, &publisher, 3);
+
+    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
+    assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
+    // The second claim fails while the first batch is at the broker.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while outbox.claimed.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the second claim was made");
+    publishing.release(1);
+    let error = draining.await.unwrap().unwrap_err();
+    assert!(error.to_string().contains("injected"), "{error}");
+    assert!(claimed.quiet(), "claimed after the store failed");
+    assert_eq!(outbox.claimed.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // The first batch was published and marked; the rest waits, unleased.
+    assert_eq!(outbox.stats().await.unwrap().pending, 2);
+    let rest = outbox
+        .claim(&idem_core::store::BatchClaim::new(
+            idem_core::store::OwnerToken::generate(),
+            Duration::from_secs(30),
+            10,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(heads(&rest), named(&[("c", 1), ("d", 1)]));
+}
+
+#[tokio::test]
+async fn a_drain_publishes_what_its_own_marks_made_due() {
+    for in_flight in [1, 3] {
+        let outbox = Arc::new(Staged::default());
+        interleaved(&outbox, &["a", "b"], 5).await;
+        let publisher = Arc::new(Recording::default());
+        let options = quick().with_in_flight(in_flight).unwrap();
+        let relay = Relay::new(outbox.clone(), publisher.clone(), options);
+        // Every claim is short of the batch of 100, yet one drain takes all.
+        let drained = relay.drain().await.unwrap();
+        assert_eq!((drained.published, drained.batches), (10, 5), "{drained:?}");
+        for (aggregate, sequences) in publisher.per_aggregate() {
+            assert_eq!(sequences, [1, 2, 3, 4, 5], "{aggregate} out of order");
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_idle_relay_purges_sent_messages_past_their_retention() {
-    let outbox = Arc::new(PurgeCounting::default());
+    let outbox = Arc::new(Staged::default());
     outbox.enqueue(&message("order-1", 1)).await.unwrap();
     outbox.enqueue(&message("order-2", 1)).await.unwrap();
     let publisher = Arc::new(Recording::default());

@@ -180,10 +180,16 @@ impl Statements {
                  SELECT {row} FROM claimed AS r ORDER BY r.enqueued_at, r.id"
             )
             .into(),
+            // Only a pending message holds a lease (a claim leases pending
+            // heads, and every way out of pending clears the lease), so a
+            // live lease of the owner's is the whole condition. A test of
+            // the state here would match the waiting index's predicate, and
+            // the generic plan of a table without statistics then walks
+            // every pending row of that index, checking each against the
+            // ids, instead of looking the ids up by key.
             mark_sent: format!(
                 "{clock} UPDATE {t} AS r SET state = 'sent', sent_at = c.now, lease_until = NULL \
-                 FROM c WHERE r.id = ANY($2) AND r.lease_owner = $1 AND r.lease_until > c.now \
-                 AND r.state = 'pending'"
+                 FROM c WHERE r.id = ANY($2) AND r.lease_owner = $1 AND r.lease_until > c.now"
             )
             .into(),
             // The back-off saturates at the largest time a bigint holds.

@@ -4,33 +4,46 @@
 //! async-nats).
 //!
 //! ```text
-//! cargo run --release -p idem-bench --bin idem-bench-outbox -- --broker both --messages 5000 --duration 5
+//! cargo run --release -p idem-bench --bin idem-bench-outbox -- --broker both --messages 5000 --duration 5 --in-flight 4
 //! ```
 //!
 //! For each broker:
 //!
 //! 1. **Throughput.** A Postgres outbox on a fresh table, pre-filled with
-//!    `--messages` over `--aggregates`, drained by one relay
-//!    (`Relay::relay_once` until every message is marked sent) at batch 1
-//!    and batch 100; against the raw baseline, the same client publishing
-//!    as many messages of the same shape to the same broker in batches of
-//!    the same size, awaiting every confirm of a batch (lapin in confirm
-//!    mode, persistent and mandatory; async-nats awaiting each PubAck).
-//!    The ratio relay/raw is what the outbox costs.
-//!    Each relay batch's time splits into its claim, its publish and its
-//!    marks.
-//! 2. **Postgres round trips per relay batch** (claim, mark sent, and one
-//!    per failure), counted on the wire by idem-postgres's counting proxy
+//!    `--messages` over `--aggregates`, drained by one relay (one
+//!    publisher, one broker connection: a first batch by
+//!    `Relay::relay_once`, then `Relay::drain` until every message is
+//!    marked sent) at batch 1 and batch 100, each with 1 batch in flight
+//!    (claim, publish, mark, one after another) and with `--in-flight`
+//!    batches (`RelayOptions::with_in_flight`: the next batch is claimed and
+//!    earlier ones marked while the broker confirms one; the broker still
+//!    gets one batch at a time). Against the raw baseline, measured in the
+//!    same run: the same client publishing as many messages of the same
+//!    shape to the same broker in batches of the same size, awaiting every
+//!    confirm of a batch before the next (lapin in confirm mode, persistent
+//!    and mandatory; async-nats awaiting each PubAck). The ratio relay/raw
+//!    (messages per second, relay over raw) is what the outbox costs.
+//!    Each stage's time (claim, publish, mark) is added up over the drain
+//!    and reported per batch; with batches in flight the stages overlap, so
+//!    they add up to more than a batch takes. A last measurement at batch
+//!    100 spreads the messages over `--wide-aggregates` (1,000): with as
+//!    many aggregates as a batch holds, each batch takes every aggregate's
+//!    head and the next can be claimed only once it is marked, so batches
+//!    in flight have nothing to overlap; with more, they do.
+//! 2. **Postgres round trips per relay batch** (its claim, its share of the
+//!    marks, one per failure, and the drain's last claim that finds
+//!    nothing), counted on the wire by idem-postgres's counting proxy
 //!    (`idem-postgres/tests/common/proxy.rs`, compiled in from there) in
-//!    front of the relay's pool (two connections), on a second drain of up
+//!    front of the relay's pool (four connections), on a second drain of up
 //!    to 1,000 messages: the proxy leaves Nagle's algorithm on, so the timed
-//!    drain goes straight to the server. The first batch also
+//!    drain goes straight to the server. The first batch, run alone, also
 //!    prepares the statements and is reported apart. sqlx's pings of a
 //!    connection returning to the pool (a Sync alone, off the relay's path)
 //!    are counted apart too.
 //! 3. **Commit-to-broker latency.** Messages enqueued, one committed
 //!    transaction each, at `--rate` for `--duration` seconds, relayed by
-//!    `Relay::run` woken by `PostgresOutbox::listen`; a consumer on the
+//!    `Relay::run` (default options, batch 100) woken by
+//!    `PostgresOutbox::listen`; a consumer on the
 //!    broker stamps each arrival. Latency is the arrival less the moment the
 //!    commit returned, both on this process's monotonic clock (an arrival
 //!    before the commit returned counts as zero).
@@ -92,16 +105,20 @@ type BenchError = Box<dyn std::error::Error + Send + Sync>;
 /// The relay batch sizes measured, and the raw baseline's.
 const BATCHES: [usize; 2] = [1, 100];
 
+/// The batch of the measurement over `--wide-aggregates`.
+const WIDE_BATCH: usize = 100;
+
 /// Every message's kind: the RabbitMQ routing key, the NATS subject's tail.
 const KIND: &str = "order.placed";
 
 /// Messages (at most) of the drain through the counting proxy.
 const COUNTED_MESSAGES: usize = 1000;
 
-/// The relay's pool in the throughput measurement. sqlx pings every
-/// connection as it returns to the pool; with a second connection the next
-/// statement need not wait for that ping.
-const RELAY_CONNECTIONS: u32 = 2;
+/// The relay's pool in the throughput measurement: a claim and a mark run
+/// at once with batches in flight, and sqlx pings every connection as it
+/// returns to the pool; with spare connections the next statement need not
+/// wait for that ping.
+const RELAY_CONNECTIONS: u32 = 4;
 
 /// The relay's batch in the latency measurement.
 const LATENCY_BATCH: usize = 100;
@@ -148,6 +165,18 @@ struct Args {
     /// one message of each).
     #[arg(long, default_value_t = 100)]
     aggregates: usize,
+    /// Aggregates of a last throughput measurement at batch 100 (skipped
+    /// unless more than `--aggregates`): with more aggregates due than one
+    /// batch holds, the next batch can be claimed while one is at the
+    /// broker; with as many as a batch holds (the default shape), every
+    /// batch takes every aggregate's head, so the next can be claimed only
+    /// once it is marked.
+    #[arg(long, default_value_t = 1000)]
+    wide_aggregates: usize,
+    /// Batches the relay keeps in flight in the second measurement of each
+    /// batch size (the first is 1: claim, publish, mark one after another).
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
     /// Seconds of enqueueing in the latency measurement.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -164,6 +193,9 @@ struct Args {
 struct Throughput {
     broker: &'static str,
     batch: usize,
+    /// Batches the relay keeps in flight (`RelayOptions::with_in_flight`):
+    /// 1 is claim, publish, mark, one after another.
+    in_flight: usize,
     messages: usize,
     aggregates: usize,
     /// Messages per second through the relay, from its first claim to the
@@ -174,12 +206,13 @@ struct Throughput {
     /// relay / raw.
     ratio: f64,
     relay_seconds: f64,
-    /// Of the relay's time, the time spent in the publisher (the broker's
-    /// confirms awaited).
+    /// The time spent in the publisher (the broker's confirms awaited),
+    /// added up over batches. With batches in flight the three parts
+    /// overlap, so they add up to more than `relay_seconds`.
     relay_publish_seconds: f64,
-    /// Of the relay's time, the time spent in the store's claims.
+    /// The time spent in the store's claims, added up.
     relay_claim_seconds: f64,
-    /// Of the relay's time, the time spent marking messages sent (or failed).
+    /// The time spent marking messages sent (or failed), added up.
     relay_mark_seconds: f64,
     raw_seconds: f64,
     /// Relay passes that claimed something.
@@ -191,11 +224,12 @@ struct Throughput {
     counted_batches: u64,
     /// Statement round trips of the first batch (it prepares the statements).
     pg_round_trips_first_batch: u64,
-    /// Mean statement round trips of every later batch: claim, mark sent,
-    /// one per failure.
+    /// Mean statement round trips of every later batch: its claim, its share
+    /// of the marks (confirmed messages waiting for a mark are marked
+    /// together, so with batches in flight a mark may cover several
+    /// batches), one per failure, and the drain's last claim that found
+    /// nothing.
     pg_round_trips_per_batch: f64,
-    /// The most of any later batch.
-    pg_round_trips_max: u64,
     /// Syncs with no statement (sqlx's pings), over the whole counted drain.
     pg_pings: u64,
     /// Every round trip of the drain on the wire (each ReadyForQuery:
@@ -448,13 +482,26 @@ struct Drain {
     marking: Duration,
     batches: u64,
     first_batch: u64,
-    later: Vec<u64>,
+    /// Batches after the first, and their statement round trips.
+    later_batches: u64,
+    later_round_trips: u64,
     pings: u64,
     round_trips: u64,
     failed: u64,
 }
 
-/// Drains a pre-filled outbox through `publisher` at `batch`. With
+/// What a drain relays, and how.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    batch: usize,
+    in_flight: usize,
+    messages: usize,
+    aggregates: usize,
+}
+
+/// Drains an outbox pre-filled as `shape` says through `publisher`, with
+/// its batches in flight (`Relay::drain`) after a first batch alone
+/// (`Relay::relay_once`). With
 /// `counted`, the relay's pool goes through a counting proxy, which counts
 /// every round trip; without, straight to the server, for the timing (the
 /// proxy leaves Nagle's algorithm on, which delays a large reply's last
@@ -463,11 +510,15 @@ async fn relay_drain(
     pg: &Pg,
     publisher: Arc<dyn Publisher>,
     name: &str,
-    batch: usize,
-    messages: usize,
-    aggregates: usize,
+    shape: Shape,
     counted: bool,
 ) -> Result<Drain, BenchError> {
+    let Shape {
+        batch,
+        in_flight,
+        messages,
+        aggregates,
+    } = shape;
     let filler = pg.fresh_outbox(name, FILL_TASKS as u32).await?;
     fill(&filler, messages, aggregates).await?;
     filler.pool().close().await;
@@ -500,7 +551,9 @@ async fn relay_drain(
     let relay = Relay::new(
         Arc::clone(&store),
         Arc::clone(&timed),
-        RelayOptions::default().with_batch(batch)?,
+        RelayOptions::default()
+            .with_batch(batch)?
+            .with_in_flight(in_flight)?,
     );
 
     let statements = || proxy.as_ref().map_or(0, CountingProxy::statements);
@@ -519,33 +572,35 @@ async fn relay_drain(
         marking: Duration::ZERO,
         batches: 0,
         first_batch: 0,
-        later: Vec::new(),
+        later_batches: 0,
+        later_round_trips: 0,
         pings: 0,
         round_trips: 0,
         failed: 0,
     };
-    let mut published = 0u64;
+    // The first batch alone (it prepares the statements), then drains with
+    // the batches in flight asked for.
+    let first = relay.relay_once().await?;
+    drain.first_batch = statements();
+    drain.batches += first.batches as u64;
+    let mut published = first.published;
+    drain.failed += (first.failed + first.parked) as u64;
     while published < messages as u64 {
         if started.elapsed() > PATIENCE {
             return Err(format!("the relay published {published} of {messages} in time").into());
         }
-        let before = statements();
-        let pass = relay.relay_once().await?;
-        let trips = statements() - before;
+        let pass = relay.drain().await?;
         if pass.claimed == 0 {
             // Only failed messages are left, waiting out their back-off.
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        if drain.batches == 0 {
-            drain.first_batch = trips;
-        } else {
-            drain.later.push(trips);
-        }
-        drain.batches += 1;
+        drain.batches += pass.batches as u64;
+        drain.later_batches += pass.batches as u64;
         published += pass.published;
         drain.failed += (pass.failed + pass.parked) as u64;
     }
+    drain.later_round_trips = statements() - drain.first_batch;
     drain.elapsed = started.elapsed();
     drain.publishing = Duration::from_nanos(timed.nanos.load(Ordering::SeqCst));
     drain.claiming = Duration::from_nanos(store.claiming.load(Ordering::SeqCst));
@@ -919,69 +974,85 @@ fn per_second(messages: usize, elapsed: Duration) -> f64 {
     messages as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
 }
 
-/// Throughput at `batch`: the raw baseline, then the relay, the broker
-/// purged around each.
+/// Throughput at `batch`: the raw baseline, then the relay at each number
+/// of batches in flight, the broker purged around each.
 async fn throughput(
     pg: &Pg,
     broker: &Broker,
     batch: usize,
+    aggregates: usize,
     args: &Args,
-) -> Result<Throughput, BenchError> {
-    let (messages, aggregates) = (args.messages, args.aggregates);
+) -> Result<Vec<Throughput>, BenchError> {
+    let messages = args.messages;
     broker.purge().await?;
     let raw = broker.raw(messages, aggregates, batch).await?;
     broker.purge().await?;
-    let name = format!("relay_{}_b{batch}", broker.name());
-    let drain = relay_drain(
-        pg,
-        broker.publisher().await?,
-        &name,
-        batch,
-        messages,
-        aggregates,
-        false,
-    )
-    .await?;
-    broker.purge().await?;
-    let counted_messages = messages.min(COUNTED_MESSAGES);
-    let counted = relay_drain(
-        pg,
-        broker.publisher().await?,
-        &format!("{name}_counted"),
-        batch,
-        counted_messages,
-        aggregates,
-        true,
-    )
-    .await?;
-    broker.purge().await?;
-    let relay_msgs_per_s = per_second(messages, drain.elapsed);
-    let raw_msgs_per_s = per_second(messages, raw.elapsed);
-    let later = counted.later.len().max(1) as f64;
-    Ok(Throughput {
-        broker: broker.name(),
-        batch,
-        messages,
-        aggregates,
-        relay_msgs_per_s,
-        raw_msgs_per_s,
-        ratio: relay_msgs_per_s / raw_msgs_per_s,
-        relay_seconds: drain.elapsed.as_secs_f64(),
-        relay_publish_seconds: drain.publishing.as_secs_f64(),
-        relay_claim_seconds: drain.claiming.as_secs_f64(),
-        relay_mark_seconds: drain.marking.as_secs_f64(),
-        raw_seconds: raw.elapsed.as_secs_f64(),
-        batches: drain.batches,
-        counted_messages,
-        counted_batches: counted.batches,
-        pg_round_trips_first_batch: counted.first_batch,
-        pg_round_trips_per_batch: counted.later.iter().sum::<u64>() as f64 / later,
-        pg_round_trips_max: counted.later.iter().copied().max().unwrap_or(0),
-        pg_pings: counted.pings,
-        pg_round_trips_total: counted.round_trips,
-        relay_failed: drain.failed + counted.failed,
-        raw_failed: raw.failed,
-    })
+    let mut windows = vec![1, args.in_flight];
+    windows.dedup();
+    let mut measured = Vec::with_capacity(windows.len());
+    for in_flight in windows {
+        let name = format!(
+            "relay_{}_b{batch}_a{aggregates}_f{in_flight}",
+            broker.name()
+        );
+        let drain = relay_drain(
+            pg,
+            broker.publisher().await?,
+            &name,
+            Shape {
+                batch,
+                in_flight,
+                messages,
+                aggregates,
+            },
+            false,
+        )
+        .await?;
+        broker.purge().await?;
+        let counted_messages = messages.min(COUNTED_MESSAGES);
+        let counted = relay_drain(
+            pg,
+            broker.publisher().await?,
+            &format!("{name}_counted"),
+            Shape {
+                batch,
+                in_flight,
+                messages: counted_messages,
+                aggregates,
+            },
+            true,
+        )
+        .await?;
+        broker.purge().await?;
+        let relay_msgs_per_s = per_second(messages, drain.elapsed);
+        let raw_msgs_per_s = per_second(messages, raw.elapsed);
+        measured.push(Throughput {
+            broker: broker.name(),
+            batch,
+            in_flight,
+            messages,
+            aggregates,
+            relay_msgs_per_s,
+            raw_msgs_per_s,
+            ratio: relay_msgs_per_s / raw_msgs_per_s,
+            relay_seconds: drain.elapsed.as_secs_f64(),
+            relay_publish_seconds: drain.publishing.as_secs_f64(),
+            relay_claim_seconds: drain.claiming.as_secs_f64(),
+            relay_mark_seconds: drain.marking.as_secs_f64(),
+            raw_seconds: raw.elapsed.as_secs_f64(),
+            batches: drain.batches,
+            counted_messages,
+            counted_batches: counted.batches,
+            pg_round_trips_first_batch: counted.first_batch,
+            pg_round_trips_per_batch: counted.later_round_trips as f64
+                / counted.later_batches.max(1) as f64,
+            pg_pings: counted.pings,
+            pg_round_trips_total: counted.round_trips,
+            relay_failed: drain.failed + counted.failed,
+            raw_failed: raw.failed,
+        });
+    }
+    Ok(measured)
 }
 
 /// Commit-to-broker latency: enqueue at the rate asked, one committed
@@ -1067,12 +1138,21 @@ async fn latency(pg: &Pg, broker: &Broker, args: &Args) -> Result<Latency, Bench
 /// Every measurement of one broker.
 async fn measure(pg: &Pg, broker: &Broker, args: &Args) -> Result<Vec<Line>, BenchError> {
     let mut lines = Vec::new();
-    for batch in BATCHES {
+    let mut shapes: Vec<(usize, usize)> = BATCHES.iter().map(|&b| (b, args.aggregates)).collect();
+    if args.wide_aggregates > args.aggregates {
+        shapes.push((WIDE_BATCH, args.wide_aggregates));
+    }
+    for (batch, aggregates) in shapes {
         eprintln!(
-            "[outbox] {} throughput, batch {batch}: raw, then relay",
+            "[outbox] {} throughput, batch {batch}, {aggregates} aggregates: raw, then relay",
             broker.name()
         );
-        lines.push(Line::Throughput(throughput(pg, broker, batch, args).await?));
+        lines.extend(
+            throughput(pg, broker, batch, aggregates, args)
+                .await?
+                .into_iter()
+                .map(Line::Throughput),
+        );
     }
     eprintln!(
         "[outbox] {} latency at {} msg/s for {} s",
@@ -1094,29 +1174,44 @@ fn markdown(lines: &[Line], args: &Args) -> String {
     let _ = writeln!(
         md,
         "## Outbox relay against the raw broker client\n\n\
-         {} messages over {} aggregates per measurement, pre-filled in a fresh Postgres table \
-         and drained by one relay; raw: the same client publishing as many messages in batches \
-         of the same size, awaiting every confirm (RabbitMQ) or PubAck (JetStream) of a batch. \
-         A relay batch's time splits into its claim, its publish (to the last confirm) and its \
-         marks. Postgres round trips per relay batch (claim, mark sent, one per failure) are \
+         {} messages per measurement, over {} aggregates (and over {} at batch {} in the last \
+         rows), message i to aggregate i mod aggregates, pre-filled in a fresh Postgres table \
+         and drained by one relay (one publisher, one broker connection) with 1 or {} batches in \
+         flight (`RelayOptions::with_in_flight`: the next batch is claimed and earlier ones \
+         marked while the broker confirms one; the broker gets one batch at a time either way); \
+         raw, measured once per batch size in the same run: the same client publishing as many \
+         messages of the same shape to the same broker in batches of the same size, awaiting \
+         every confirm (RabbitMQ) or PubAck (JetStream) of a batch before the next. relay/raw is \
+         relay msg/s over raw msg/s, each from its first message to its last confirm (relay: \
+         to its last mark). The claim, publish and mark columns are each stage's time added up \
+         over the drain and divided by its batches; with batches in flight they overlap, so \
+         they add up to more than the time a batch takes. Postgres round trips per relay batch \
+         (its claim, its share of the marks, one per failure, the drain's last empty claim) are \
          counted on the wire, on a second drain of up to {} messages through a counting proxy \
-         (the timed drain goes straight to the server); the first batch, which also prepares \
-         the statements, in parentheses; sqlx's pings of connections returning to the pool \
-         apart.\n",
-        args.messages, args.aggregates, COUNTED_MESSAGES
+         (the timed drain goes straight to the server); the first batch, run alone, which also \
+         prepares the statements, in parentheses; sqlx's pings of connections returning to the \
+         pool apart.\n",
+        args.messages,
+        args.aggregates,
+        args.wide_aggregates,
+        WIDE_BATCH,
+        args.in_flight,
+        COUNTED_MESSAGES
     );
     md.push_str(
-        "| broker | batch | relay msg/s | raw msg/s | relay/raw | relay ms / batch: claim + publish + mark | PG round trips / batch | sqlx pings / batch | batches | failed relay/raw |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: claim + publish + mark | PG round trips / batch | sqlx pings / batch | batches | failed relay/raw |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line {
             let per_batch = |seconds: f64| seconds * 1000.0 / t.batches.max(1) as f64;
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} ({}) | {:.2} | {} | {}/{} |",
+                "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} ({}) | {:.2} | {} | {}/{} |",
                 t.broker,
                 t.batch,
+                t.aggregates,
+                t.in_flight,
                 t.relay_msgs_per_s,
                 t.raw_msgs_per_s,
                 t.ratio,
@@ -1136,7 +1231,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         md,
         "\n## Outbox commit-to-broker latency\n\n\
          One committed transaction per message at a fixed rate, `Relay::run` woken by \
-         `PostgresOutbox::listen` (batch 100), a consumer stamping each arrival; latency is \
+         `PostgresOutbox::listen` (batch 100, the default batches in flight), a consumer stamping each arrival; latency is \
          arrival less commit, on one clock.\n"
     );
     md.push_str(
