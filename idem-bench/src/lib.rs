@@ -148,6 +148,21 @@ pub fn percentile(sorted: &[u32], q: f64) -> u64 {
     u64::from(sorted[rank.min(sorted.len() - 1)])
 }
 
+/// Runs `work` on a multi-threaded tokio runtime, as every benchmark binary
+/// does; `None` (said on stderr, with `name`) when the runtime cannot start.
+pub fn on_runtime<F: std::future::Future>(name: &str, work: F) -> Option<F::Output> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime.block_on(work)),
+        Err(error) => {
+            eprintln!("{name}: cannot start tokio: {error}");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -249,17 +249,10 @@ fn table(r: &RunResult) -> String {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("idem-bench: cannot start tokio: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
+    let Some(ran) = idem_bench::on_runtime("idem-bench", run(&args)) else {
+        return std::process::ExitCode::FAILURE;
     };
-    match runtime.block_on(run(&args)) {
+    match ran {
         Ok(result) => {
             if args.json {
                 match serde_json::to_string(&result) {

@@ -1316,17 +1316,10 @@ fn write(args: &Args, lines: &[Line], md: &str) -> Result<(), BenchError> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("idem-bench-outbox: cannot start tokio: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
+    let Some(ran) = idem_bench::on_runtime("idem-bench-outbox", run(&args)) else {
+        return std::process::ExitCode::FAILURE;
     };
-    let lines = match runtime.block_on(run(&args)) {
+    let lines = match ran {
         Ok(lines) => lines,
         Err(error) => {
             eprintln!("idem-bench-outbox: {error}");
