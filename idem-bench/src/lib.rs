@@ -15,6 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod callgrind;
+
 /// One run's result: one JSON line with `--json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
