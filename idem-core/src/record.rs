@@ -240,6 +240,22 @@ impl StoredResponse {
         self.body
     }
 
+    /// Takes the response apart, without copying: its status, its headers
+    /// in their order, its body.
+    ///
+    /// ```
+    /// use idem_core::StoredResponse;
+    ///
+    /// let response = StoredResponse::new(201, "placed").with_header("content-type", "text/plain");
+    /// let (status, headers, body) = response.into_parts();
+    /// assert_eq!(status, 201);
+    /// assert_eq!(headers, [("content-type".to_string(), b"text/plain".to_vec())]);
+    /// assert_eq!(body, b"placed");
+    /// ```
+    pub fn into_parts(self) -> (u16, Vec<(String, Vec<u8>)>, Vec<u8>) {
+        (self.status, self.headers, self.body)
+    }
+
     /// The size stores compare with their limit: body bytes plus the bytes of
     /// every header name and value.
     pub fn size(&self) -> usize {

@@ -159,7 +159,9 @@ where
         };
         // Claimed work runs to the end in a task of its own: a client that
         // hangs up drops this future, not the handler or the completion.
-        let task = tokio::spawn(job.run(inner, parts, body));
+        // Boxed first: the job's future is kilobytes, which the spawn would
+        // otherwise copy several times over into its task.
+        let task = tokio::spawn(Box::pin(job.run(inner, parts, body)));
         ResponseFuture::new(async move {
             match task.await {
                 Ok(result) => result,
@@ -314,15 +316,14 @@ where
         };
         let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
         let deadline = config.wait.map(|wait| tokio::time::Instant::now() + wait);
-        let mut inner = Some(inner);
+        // The inner service is called at most once, with the request itself:
+        // a later lap only happens after an in-progress answer, which did
+        // not use it.
+        let mut request = Some((inner, parts, bytes));
         loop {
-            // The inner service is called at most once: a later lap only
-            // happens after an in-progress answer, which did not use it.
             let attempt = Attempt {
                 config: Arc::clone(&config),
-                inner: &mut inner,
-                parts: parts.clone(),
-                body: bytes.clone(),
+                request: &mut request,
             };
             let outcome = match &self.begin {
                 None => self.standalone(fingerprint, attempt).await,
@@ -394,24 +395,25 @@ where
         outcome: Result<RunOutcome<Produced<Inner::Error>>, RunError>,
     ) -> Result<Response<ResponseBody<ResBody>>, Inner::Error> {
         let config = &self.config;
-        let key = self.scope.key().redacted();
+        // Hashed only where a warning names it.
+        let key = || self.scope.key().redacted();
         let response = match outcome {
             Ok(RunOutcome::Executed(Produced::Response(answer))) => {
                 Response::from_parts(answer.parts, Full::new(answer.body))
             }
             Ok(RunOutcome::Executed(Produced::Failed(error))) => return Err(error),
-            Ok(RunOutcome::Replayed(stored)) => replay(&stored, config),
+            Ok(RunOutcome::Replayed(stored)) => replay(stored, config),
             Err(RunError::Mismatch) => config.problem(
                 Problem::KeyReused,
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "This operation is idempotent and it requires correct usage of Idempotency Key. Idempotency Key MUST not be reused across different payloads of this operation.",
             ),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
-                tracing::warn!(%error, key, "idempotent request failed");
+                tracing::warn!(%error, key = key(), "idempotent request failed");
                 internal_error(config, &error.to_string())
             }
             Err(RunError::LostLease) => {
-                tracing::warn!(key, "idempotency lease lost before completion");
+                tracing::warn!(key = key(), "idempotency lease lost before completion");
                 problem::retry_after(
                     config.problem(
                         Problem::TakenOver,
@@ -422,7 +424,7 @@ where
                 )
             }
             Err(RunError::Store(error)) if error.is_retryable() => {
-                tracing::warn!(%error, key, "idempotency store unavailable");
+                tracing::warn!(%error, key = key(), "idempotency store unavailable");
                 problem::retry_after(
                     config.problem(
                         Problem::StoreUnavailable,
@@ -433,7 +435,7 @@ where
                 )
             }
             Err(error) => {
-                tracing::error!(%error, key, "idempotency store failed");
+                tracing::error!(%error, key = key(), "idempotency store failed");
                 internal_error(config, &error.to_string())
             }
         };
@@ -444,9 +446,8 @@ where
 /// One call of the inner service within a claim.
 struct Attempt<'a, Inner> {
     config: Arc<Config>,
-    inner: &'a mut Option<Inner>,
-    parts: Parts,
-    body: Bytes,
+    /// The inner service and the request, until the one call takes them.
+    request: &'a mut Option<(Inner, Parts, Bytes)>,
 }
 
 impl<Inner> Attempt<'_, Inner> {
@@ -465,12 +466,12 @@ impl<Inner> Attempt<'_, Inner> {
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
-        let Some(inner) = self.inner.take() else {
+        let Some((inner, parts, body)) = self.request.take() else {
             return Err(HandlerError::not_started(
                 "the inner service was already called",
             ));
         };
-        let mut request = Request::from_parts(self.parts.clone(), ReqBody::from(self.body.clone()));
+        let mut request = Request::from_parts(parts, ReqBody::from(body));
         request.extensions_mut().insert(ctx);
         if let Some(tx) = tx {
             request.extensions_mut().insert(tx);

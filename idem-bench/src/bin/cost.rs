@@ -126,7 +126,11 @@ fn call(runtime: &tokio::runtime::Runtime, app: &Router, key: &str, cookie: Opti
     runtime.block_on(async {
         let response = app.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::CREATED);
-        black_box(axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap());
+        black_box(
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap(),
+        );
     });
 }
 
@@ -157,7 +161,12 @@ fn peer_app(runtime: &tokio::runtime::Runtime, hashing: bool) -> (Router, String
             "/login",
             post(|session: Session<MokaStore>| async move {
                 session
-                    .set("user", &String::from("alice"), Ttl::new(3600).unwrap(), None)
+                    .set(
+                        "user",
+                        &String::from("alice"),
+                        Ttl::new(3600).unwrap(),
+                        None,
+                    )
                     .await
                     .unwrap();
                 "signed in"
@@ -266,12 +275,13 @@ fn main() -> Result<(), callgrind::Error> {
         measured_region(&mut step, n, n);
         return Ok(());
     }
-    println!(
-        "{:<40} {:>14} {:>12}",
-        "case", "instr/step", "ns/step"
-    );
+    println!("{:<40} {:>14} {:>12}", "case", "instr/step", "ns/step");
     for case in CASES {
-        if args.filter.as_ref().is_some_and(|f| !case.contains(f.as_str())) {
+        if args
+            .filter
+            .as_ref()
+            .is_some_and(|f| !case.contains(f.as_str()))
+        {
             continue;
         }
         let ns = time(case, n);

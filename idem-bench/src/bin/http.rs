@@ -191,7 +191,10 @@ fn start_server(args: &Args, under_callgrind: bool) -> Result<(Server, Addresses
     .to_vec();
     let dir = under_callgrind.then_some(args.callgrind_dir.as_path());
     let server = Server::start(&std::env::current_exe()?, &server_args, dir)?;
-    let mut parts = server.ready_line.split_whitespace().map(|a| format!("http://{a}"));
+    let mut parts = server
+        .ready_line
+        .split_whitespace()
+        .map(|a| format!("http://{a}"));
     let (Some(bare), Some(layered), Some(control)) = (parts.next(), parts.next(), parts.next())
     else {
         return Err(format!("unexpected ready line {:?}", server.ready_line).into());
@@ -231,9 +234,7 @@ async fn send(client: &reqwest::Client, url: &str, key: Option<String>) -> bool 
         request = request.header("idempotency-key", format!("\"{key}\""));
     }
     match request.send().await {
-        Ok(response) if response.status() == StatusCode::CREATED => {
-            response.bytes().await.is_ok()
-        }
+        Ok(response) if response.status() == StatusCode::CREATED => response.bytes().await.is_ok(),
         _ => false,
     }
 }
