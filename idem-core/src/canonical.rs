@@ -61,11 +61,9 @@ pub(crate) fn canonical(json: &str) -> Result<Cow<'_, [u8]>, InvalidInput> {
         run: 0,
         depth: 0,
         written: Vec::new(),
-        // Room for what an order of a few lines per KiB needs, so most
-        // texts never grow them.
-        open: Vec::with_capacity(16),
-        sorted: Vec::with_capacity(text.len() / 16 + 8),
-        objects: Vec::with_capacity(text.len() / 64 + 4),
+        open: Vec::new(),
+        sorted: Vec::new(),
+        objects: Vec::new(),
     };
     parser.skip_whitespace();
     parser.value()?;
@@ -332,6 +330,14 @@ impl<'a> Parser<'a> {
         if self.peek() == Some(b'}') {
             self.at += 1;
             return Ok(());
+        }
+        if self.objects.capacity() == 0 {
+            // Room for what an order of a few lines per KiB needs, so most
+            // texts never grow these.
+            let room = (self.text.len() / 64 + 4).min(1024);
+            self.objects.reserve(room);
+            self.open.reserve(room.min(64));
+            self.sorted.reserve(room * 4);
         }
         let index = self.objects.len();
         self.objects.push(Object {

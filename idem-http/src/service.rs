@@ -2,7 +2,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -157,21 +159,62 @@ where
             scope: Scope::new(tenant, key),
             service: PhantomData,
         };
-        // Claimed work runs to the end in a task of its own: a client that
-        // hangs up drops this future, not the handler or the completion.
-        // Boxed first: the job's future is kilobytes, which the spawn would
-        // otherwise copy several times over into its task.
-        let task = tokio::spawn(Box::pin(job.run(inner, parts, body)));
+        // Claimed work runs to its end whatever the client does: in place
+        // while it needs no waiting (a replay from memory), and in a task of
+        // its own from its first wait on, spawned within the poll that
+        // waited, so no hang-up can stop it once it started. Boxed: its
+        // future is kilobytes, which the spawn would otherwise copy.
+        let mut job = Some(Box::pin(job.run(inner, parts, body)));
         ResponseFuture::new(async move {
-            match task.await {
-                Ok(result) => result,
-                Err(join) => {
-                    tracing::error!(error = %join, "the idempotent request's task failed");
+            let failed =
+                |why: &dyn fmt::Display| {
+                    tracing::error!(error = %why, "the idempotent request's task failed");
                     Ok(internal_error(&config, "the request's task failed")
                         .map(ResponseBody::buffered))
-                }
+                };
+            let first = std::future::poll_fn(|cx| {
+                let Some(running) = job.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                Poll::Ready(
+                    match panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+                        Ok(Poll::Ready(result)) => Some(Ok(result)),
+                        Ok(Poll::Pending) => None,
+                        Err(panicked) => Some(Err(panicked)),
+                    },
+                )
+            })
+            .await;
+            match first {
+                Some(Ok(result)) => result,
+                Some(Err(panicked)) => failed(&Panicked(panicked)),
+                None => match job.take() {
+                    // Polled by its task at once, with that task's waker.
+                    Some(waiting) => match tokio::spawn(waiting).await {
+                        Ok(result) => result,
+                        Err(join) => failed(&join),
+                    },
+                    None => failed(&"the request's job was lost"),
+                },
             }
         })
+    }
+}
+
+/// A panic caught from a job's first poll, as a task's `JoinError` shows one.
+struct Panicked(Box<dyn std::any::Any + Send>);
+
+impl fmt::Display for Panicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let message = self
+            .0
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| self.0.downcast_ref::<String>().map(String::as_str));
+        match message {
+            Some(message) => write!(f, "panicked with message {message:?}"),
+            None => f.write_str("panicked"),
+        }
     }
 }
 

@@ -303,18 +303,26 @@ impl Records {
 impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.clock.now();
+        let key = self.key(request.scope());
+        // A decision that writes nothing (a replay, a mismatch, a duplicate
+        // in flight) holds at the instant the record is read: it needs no
+        // lock on the entry. One that writes decides again under it.
+        if let Some(existing) = self.records.get(&key) {
+            let decision = decide(Some(&existing), request, now);
+            if decision.write.is_none() {
+                return Ok(decision.outcome);
+            }
+        }
         let mut outcome = None;
-        self.records
-            .entry(self.key(request.scope()))
-            .and_compute_with(|entry| {
-                let existing = entry.map(|e| e.into_value());
-                let decision = decide(existing.as_deref(), request, now);
-                outcome = Some(decision.outcome);
-                match decision.write {
-                    Some(record) => Op::Put(Arc::new(record)),
-                    None => Op::Nop,
-                }
-            });
+        self.records.entry(key).and_compute_with(|entry| {
+            let existing = entry.map(|e| e.into_value());
+            let decision = decide(existing.as_deref(), request, now);
+            outcome = Some(decision.outcome);
+            match decision.write {
+                Some(record) => Op::Put(Arc::new(record)),
+                None => Op::Nop,
+            }
+        });
         outcome.ok_or_else(|| {
             StoreError::backend(STORE, Operation::Claim, "moka did not run the claim")
         })
