@@ -240,20 +240,20 @@ impl StoredResponse {
         self.body
     }
 
-    /// Takes the response apart, without copying: its status, its headers
-    /// in their order, its body.
+    /// Takes the headers out, in their order, leaving none: with
+    /// [`into_body`](Self::into_body), the response taken apart without a copy.
     ///
     /// ```
     /// use idem_core::StoredResponse;
     ///
-    /// let response = StoredResponse::new(201, "placed").with_header("content-type", "text/plain");
-    /// let (status, headers, body) = response.into_parts();
-    /// assert_eq!(status, 201);
+    /// let mut response = StoredResponse::new(201, "placed").with_header("content-type", "text/plain");
+    /// let headers = response.take_headers();
     /// assert_eq!(headers, [("content-type".to_string(), b"text/plain".to_vec())]);
-    /// assert_eq!(body, b"placed");
+    /// assert!(response.headers().is_empty());
+    /// assert_eq!(response.into_body(), b"placed");
     /// ```
-    pub fn into_parts(self) -> (u16, Vec<(String, Vec<u8>)>, Vec<u8>) {
-        (self.status, self.headers, self.body)
+    pub fn take_headers(&mut self) -> Vec<(String, Vec<u8>)> {
+        std::mem::take(&mut self.headers)
     }
 
     /// The size stores compare with their limit: body bytes plus the bytes of

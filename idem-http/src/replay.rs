@@ -10,11 +10,11 @@ use crate::config::{Config, connection_options};
 
 /// A stored response as an HTTP response, marked as a replay. Taken by
 /// value: its body and header values become the response's without a copy.
-pub(crate) fn replay(stored: StoredResponse, config: &Config) -> Response<Full<Bytes>> {
-    let (status, headers, body) = stored.into_parts();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() =
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+pub(crate) fn replay(mut stored: StoredResponse, config: &Config) -> Response<Full<Bytes>> {
+    let headers = stored.take_headers();
+    let status = StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(Full::new(Bytes::from(stored.into_body())));
+    *response.status_mut() = status;
     // A record written under another configuration (or by another writer)
     // may hold fields this one never replays, or bytes no header may hold.
     let hop_by_hop = connection_options(

@@ -26,7 +26,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use clap::Parser;
-use idem_bench::callgrind;
+use idem_bench::{callgrind, create_order, json_of};
 use idem_core::{Fingerprint, Idempotency};
 use idem_http::IdempotencyLayer;
 use sha2::{Digest, Sha256};
@@ -66,38 +66,6 @@ const CASES: [&str; 10] = [
     "direct/axum-idempotent/fresh",
     "direct/axum-idempotent-hashing/fresh",
 ];
-
-/// A JSON document of about `bytes` bytes: an order with an array of lines
-/// (the document of the criterion micro-benchmarks).
-fn json_of(bytes: usize) -> String {
-    let mut out = String::from("{\"customer\":\"c-42\",\"currency\":\"EUR\",\"lines\":[");
-    let mut i = 0;
-    while out.len() < bytes {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&format!(
-            "{{\"sku\":\"SKU-{i:05}\",\"qty\":{},\"price\":{}.{:02},\"note\":\"gift wrap ü\"}}",
-            i % 7 + 1,
-            i % 90 + 10,
-            i % 100
-        ));
-        i += 1;
-    }
-    out.push_str("]}");
-    out
-}
-
-/// The handler every app serves: a small JSON order.
-async fn create_order(body: String) -> (StatusCode, String) {
-    (
-        StatusCode::CREATED,
-        format!(
-            r#"{{"order":"A-1","status":"placed","bytes":{}}}"#,
-            body.len()
-        ),
-    )
-}
 
 const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
 

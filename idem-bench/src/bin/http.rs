@@ -29,7 +29,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use clap::{Parser, ValueEnum};
 use idem_bench::callgrind::Server;
-use idem_bench::percentile;
+use idem_bench::{create_order, percentile};
 use idem_core::Idempotency;
 use idem_core::store::IdempotencyStore;
 use idem_http::IdempotencyLayer;
@@ -78,17 +78,6 @@ struct Args {
     /// Where callgrind writes its counts.
     #[arg(long, default_value = "target/bench/callgrind")]
     callgrind_dir: PathBuf,
-}
-
-/// The handler both apps serve: a small JSON order.
-async fn create_order(body: String) -> (StatusCode, String) {
-    (
-        StatusCode::CREATED,
-        format!(
-            r#"{{"order":"A-1","status":"placed","bytes":{}}}"#,
-            body.len()
-        ),
-    )
 }
 
 async fn store(backend: Backend) -> Result<Arc<dyn IdempotencyStore>, BenchError> {
@@ -240,7 +229,6 @@ async fn send(client: &reqwest::Client, url: &str, key: Option<String>) -> bool 
 }
 
 struct Measured {
-    requests: u64,
     ops_per_s: f64,
     p50_us: u64,
     p99_us: u64,
@@ -299,7 +287,6 @@ async fn drive(
     latencies.sort_unstable();
     let requests = latencies.len() as u64 + errors;
     Ok(Measured {
-        requests,
         ops_per_s: latencies.len() as f64 / elapsed.max(f64::EPSILON),
         p50_us: percentile(&latencies, 0.5),
         p99_us: percentile(&latencies, 0.99),
