@@ -140,6 +140,7 @@ impl Server {
             .arg(what)
             .arg(self.child.id().to_string())
             .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .status()?;
         if status.success() {
             Ok(())
