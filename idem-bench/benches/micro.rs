@@ -12,31 +12,12 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idem_bench::json_of;
 use idem_cache::CachedStore;
 use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Timestamp, decide};
 use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse};
 use idem_memory::MemoryStore;
 use sha2::{Digest, Sha256};
-
-/// A JSON document of about `bytes` bytes: an array of order lines.
-fn json_of(bytes: usize) -> String {
-    let mut out = String::from("{\"customer\":\"c-42\",\"currency\":\"EUR\",\"lines\":[");
-    let mut i = 0;
-    while out.len() < bytes {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&format!(
-            "{{\"sku\":\"SKU-{i:05}\",\"qty\":{},\"price\":{}.{:02},\"note\":\"gift wrap ü\"}}",
-            i % 7 + 1,
-            i % 90 + 10,
-            i % 100
-        ));
-        i += 1;
-    }
-    out.push_str("]}");
-    out
-}
 
 fn fingerprints(c: &mut Criterion) {
     let mut group = c.benchmark_group("fingerprint");

@@ -15,6 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod callgrind;
+
 /// One run's result: one JSON line with `--json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
@@ -137,6 +139,38 @@ impl Mix {
             .map(|n| n as f64 * 100.0 / total as f64)
         })
     }
+}
+
+/// A JSON order of about `bytes` bytes, with an array of lines: the body
+/// the fingerprint benchmarks canonicalise.
+pub fn json_of(bytes: usize) -> String {
+    let mut out = String::from("{\"customer\":\"c-42\",\"currency\":\"EUR\",\"lines\":[");
+    let mut i = 0;
+    while out.len() < bytes {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            "{{\"sku\":\"SKU-{i:05}\",\"qty\":{},\"price\":{}.{:02},\"note\":\"gift wrap ü\"}}",
+            i % 7 + 1,
+            i % 90 + 10,
+            i % 100
+        ));
+        i += 1;
+    }
+    out.push_str("]}");
+    out
+}
+
+/// The handler every HTTP benchmark serves: a small JSON order.
+pub async fn create_order(body: String) -> (axum::http::StatusCode, String) {
+    (
+        axum::http::StatusCode::CREATED,
+        format!(
+            r#"{{"order":"A-1","status":"placed","bytes":{}}}"#,
+            body.len()
+        ),
+    )
 }
 
 /// The value at quantile `q` of sorted latencies (0 if empty).

@@ -13,14 +13,21 @@
 //! text is the shortest form of its double, the result is RFC 8785's to the
 //! byte.
 //!
-//! Fingerprinting is on every request's path, so the canonical form is
-//! written straight from the text: strings without escapes, integers and
-//! plain decimals are copied as they stand (they are already canonical),
-//! and only the members of each object are buffered, to be sorted.
-//! Everything else (escapes, exponents, trailing zeros) takes the slow path:
-//! decode, then write as above.
+//! Fingerprinting is on every request's path, so the text is read once and
+//! copied as little as can be: a run of tokens that are already canonical
+//! (strings without escapes, integers, plain decimals, literals and
+//! punctuation) is copied whole where it ends, at whitespace or at a token
+//! that must be rewritten (escapes, exponents, trailing zeros: decoded,
+//! then written as above); a compact text is not copied at all. Each
+//! object's members are noted as they are read; objects whose members are
+//! out of order are sorted, and the canonical form is the text so written
+//! with those objects' members in order (one more copy, whatever the
+//! nesting).
 
+use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::fmt::Write as _;
+use std::ops::Range;
 
 use crate::error::InvalidInput;
 
@@ -36,63 +43,199 @@ fn malformed(reason: impl Into<String>) -> InvalidInput {
 
 /// Appends the canonical form of the JSON text `json` to `out`.
 pub(crate) fn canonicalize(json: &str, out: &mut Vec<u8>) -> Result<(), InvalidInput> {
-    let mut parser = Parser {
-        json,
-        text: json.as_bytes(),
-        at: 0,
-        depth: 0,
-        spare: Vec::new(),
-    };
-    parser.skip_whitespace();
-    parser.value(out)?;
-    parser.skip_whitespace();
-    if parser.at != parser.text.len() {
-        return Err(malformed(format!(
-            "trailing characters at byte {}",
-            parser.at
-        )));
+    match canonical(json)? {
+        Cow::Owned(owned) if out.is_empty() => *out = owned,
+        canonical => out.extend_from_slice(&canonical),
     }
     Ok(())
+}
+
+/// The canonical form of the JSON text `json`: `json` itself where it is
+/// already canonical.
+pub(crate) fn canonical(json: &str) -> Result<Cow<'_, [u8]>, InvalidInput> {
+    let text = json.as_bytes();
+    let mut parser = Parser {
+        json,
+        text,
+        at: 0,
+        run: 0,
+        depth: 0,
+        written: Vec::new(),
+        open: Vec::new(),
+        sorted: Vec::new(),
+        objects: Vec::new(),
+    };
+    parser.skip_whitespace();
+    parser.value()?;
+    let end = parser.at;
+    let trailing = text[end..]
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .count();
+    if end + trailing != text.len() {
+        return Err(malformed(format!(
+            "trailing characters at byte {}",
+            end + trailing
+        )));
+    }
+    let Parser {
+        run,
+        mut written,
+        sorted,
+        objects,
+        ..
+    } = parser;
+    // The text in the input's member order: what was written, and the run
+    // still pending.
+    let in_order: Cow<'_, [u8]> = if written.is_empty() {
+        Cow::Borrowed(&text[run..end])
+    } else {
+        written.extend_from_slice(&text[run..end]);
+        Cow::Owned(written)
+    };
+    if sorted.is_empty() {
+        return Ok(in_order);
+    }
+    let mut out = Vec::with_capacity(in_order.len());
+    let reordered = Reordered {
+        text: &in_order,
+        objects: &objects,
+        sorted: &sorted,
+    };
+    reordered.emit(0, in_order.len(), 0, &mut out);
+    Ok(Cow::Owned(out))
 }
 
 struct Parser<'a> {
     json: &'a str,
     text: &'a [u8],
     at: usize,
+    /// Where the run of canonical text not yet copied to `written` starts:
+    /// the canonical form so far is `written` then `text[run..at]`.
+    run: usize,
     depth: usize,
-    /// Buffers of finished objects, reused by the next ones.
-    spare: Vec<(Vec<u8>, Vec<Member<'a>>)>,
+    /// The canonical form of what was read, objects' members in the text's
+    /// order, up to `run`.
+    written: Vec<u8>,
+    /// The members of the objects being read, innermost last.
+    open: Vec<Member<'a>>,
+    /// The members of every reordered object, in order, one run per object.
+    sorted: Vec<Span>,
+    /// Every non-empty object, in the order they open.
+    objects: Vec<Object>,
 }
 
-/// A member of an object being canonicalized: its decoded name (borrowed
-/// from the input when it has no escapes), and where its `"name":value`
-/// text sits in the object's buffer.
+/// Where a piece of the canonical form sits (counted in the canonical form
+/// with members in the text's order), and the first object that may open
+/// inside it.
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+    first_object: usize,
+}
+
+/// A non-empty object: where it sits, the index just past its nested
+/// objects, and its members in order if the text had them out of order.
+struct Object {
+    start: usize,
+    end: usize,
+    next: usize,
+    sorted: Option<Range<usize>>,
+}
+
+/// A member of an object being read: its decoded name (borrowed from the
+/// input when it has no escapes), the name's first 8 bytes as a number
+/// (most comparisons of ASCII names end there), and where its
+/// `"name":value` sits.
 struct Member<'a> {
-    name: std::borrow::Cow<'a, str>,
+    name: Cow<'a, str>,
+    prefix: u64,
     ascii: bool,
-    text: std::ops::Range<usize>,
+    span: Span,
 }
 
 impl Member<'_> {
     /// RFC 8785 member order: UTF-16 code units, which for ASCII names is
     /// plain byte order.
-    fn order(&self, other: &Self) -> std::cmp::Ordering {
+    #[inline]
+    fn order(&self, other: &Self) -> Ordering {
         if self.ascii && other.ascii {
-            self.name.as_bytes().cmp(other.name.as_bytes())
+            self.prefix
+                .cmp(&other.prefix)
+                .then_with(|| self.name.as_bytes().cmp(other.name.as_bytes()))
         } else {
             self.name.encode_utf16().cmp(other.name.encode_utf16())
         }
     }
+
+    fn same_name(&self, other: &Self) -> bool {
+        self.prefix == other.prefix && self.name == other.name
+    }
+}
+
+/// The first 8 bytes of `name`, zero-padded, as a big-endian number: for
+/// ASCII names its order is the names' order wherever the two differ.
+fn prefix(name: &str) -> u64 {
+    // In registers: bytes stored one by one and read back as one word
+    // would stall the load.
+    match name.as_bytes().first_chunk::<8>() {
+        Some(first) => u64::from_be_bytes(*first),
+        None => name
+            .bytes()
+            .zip((0..8).rev())
+            .fold(0, |prefix, (byte, place)| {
+                prefix | u64::from(byte) << (8 * place)
+            }),
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `chunk` (little-endian) that ends a
+/// string's verbatim stretch: a quote, a backslash, a control character.
+/// The lowest set bit marks the first such byte exactly.
+#[inline]
+fn specials(chunk: u64) -> u64 {
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
+    let quote = chunk ^ (ONES * u64::from(b'"'));
+    let backslash = chunk ^ (ONES * u64::from(b'\\'));
+    let control = chunk.wrapping_sub(ONES * 0x20) & !chunk;
+    (zero_byte(quote) | zero_byte(backslash) | control) & HIGHS
 }
 
 impl<'a> Parser<'a> {
+    #[inline]
     fn peek(&self) -> Option<u8> {
         self.text.get(self.at).copied()
     }
 
+    /// Where the next canonical byte goes, counted in the canonical form
+    /// with members in the text's order.
+    #[inline]
+    fn position(&self) -> usize {
+        self.written.len() + (self.at - self.run)
+    }
+
+    /// Copies the pending run to `written`: before whitespace, or before a
+    /// token written otherwise than it stands.
+    #[inline]
+    fn flush(&mut self) {
+        self.written
+            .extend_from_slice(&self.text[self.run..self.at]);
+        self.run = self.at;
+    }
+
+    #[inline]
     fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+        if let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.flush();
             self.at += 1;
+            while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+                self.at += 1;
+            }
+            self.run = self.at;
         }
     }
 
@@ -108,15 +251,25 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value(&mut self, out: &mut Vec<u8>) -> Result<(), InvalidInput> {
+    fn value(&mut self) -> Result<(), InvalidInput> {
         match self.peek() {
-            Some(b'{') => self.nested(|p| p.object(out)),
-            Some(b'[') => self.nested(|p| p.array(out)),
-            Some(b'"') => self.string(out).map(|_| ()),
-            Some(b't') => self.literal(b"true", out),
-            Some(b'f') => self.literal(b"false", out),
-            Some(b'n') => self.literal(b"null", out),
-            Some(b'-' | b'0'..=b'9') => self.number(out),
+            Some(b'{') => {
+                self.enter()?;
+                self.object()?;
+                self.depth -= 1;
+                Ok(())
+            }
+            Some(b'[') => {
+                self.enter()?;
+                self.array()?;
+                self.depth -= 1;
+                Ok(())
+            }
+            Some(b'"') => self.string().map(|_| ()),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
             Some(other) => Err(malformed(format!(
                 "unexpected '{}' at byte {}",
                 other.escape_ascii(),
@@ -126,50 +279,38 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn nested(
-        &mut self,
-        inner: impl FnOnce(&mut Self) -> Result<(), InvalidInput>,
-    ) -> Result<(), InvalidInput> {
+    fn enter(&mut self) -> Result<(), InvalidInput> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
             return Err(malformed(format!("nested deeper than {MAX_DEPTH} levels")));
         }
-        let result = inner(self);
-        self.depth -= 1;
-        result
+        Ok(())
     }
 
-    fn literal(&mut self, word: &[u8], out: &mut Vec<u8>) -> Result<(), InvalidInput> {
+    fn literal(&mut self, word: &[u8]) -> Result<(), InvalidInput> {
         if self.text[self.at..].starts_with(word) {
             self.at += word.len();
-            out.extend_from_slice(word);
             Ok(())
         } else {
             Err(malformed(format!("invalid literal at byte {}", self.at)))
         }
     }
 
-    fn array(&mut self, out: &mut Vec<u8>) -> Result<(), InvalidInput> {
+    fn array(&mut self) -> Result<(), InvalidInput> {
         self.expect(b'[')?;
-        out.push(b'[');
         self.skip_whitespace();
         if self.peek() == Some(b']') {
             self.at += 1;
-            out.push(b']');
             return Ok(());
         }
         loop {
             self.skip_whitespace();
-            self.value(out)?;
+            self.value()?;
             self.skip_whitespace();
             match self.peek() {
-                Some(b',') => {
-                    self.at += 1;
-                    out.push(b',');
-                }
+                Some(b',') => self.at += 1,
                 Some(b']') => {
                     self.at += 1;
-                    out.push(b']');
                     return Ok(());
                 }
                 _ => {
@@ -182,42 +323,31 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn object(&mut self, out: &mut Vec<u8>) -> Result<(), InvalidInput> {
+    fn object(&mut self) -> Result<(), InvalidInput> {
+        let start = self.position();
         self.expect(b'{')?;
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.at += 1;
-            out.extend_from_slice(b"{}");
             return Ok(());
         }
-        let (mut buffer, mut members) = self.spare.pop().unwrap_or_default();
-        let result = self.members(&mut buffer, &mut members).and_then(|()| {
-            members.sort_by(Member::order);
-            if members.windows(2).any(|pair| pair[0].name == pair[1].name) {
-                return Err(malformed("an object has two members of the same name"));
-            }
-            out.push(b'{');
-            for (i, member) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(&buffer[member.text.clone()]);
-            }
-            out.push(b'}');
-            Ok(())
+        if self.objects.capacity() == 0 {
+            // Room for what an order of a few lines per KiB needs, so most
+            // texts never grow these.
+            let room = (self.text.len() / 64 + 4).min(1024);
+            self.objects.reserve(room);
+            self.open.reserve(room.min(64));
+            self.sorted.reserve(room * 4);
+        }
+        let index = self.objects.len();
+        self.objects.push(Object {
+            start,
+            end: start,
+            next: index + 1,
+            sorted: None,
         });
-        buffer.clear();
-        members.clear();
-        self.spare.push((buffer, members));
-        result
-    }
-
-    /// Reads the members of an object into `buffer`, each as `"name":value`.
-    fn members(
-        &mut self,
-        buffer: &mut Vec<u8>,
-        members: &mut Vec<Member<'a>>,
-    ) -> Result<(), InvalidInput> {
+        let base = self.open.len();
+        let mut in_order = true;
         loop {
             self.skip_whitespace();
             if self.peek() != Some(b'"') {
@@ -226,36 +356,42 @@ impl<'a> Parser<'a> {
                     self.at
                 )));
             }
-            let start = buffer.len();
+            let member_start = self.position();
             let quoted = self.at;
-            let name = if self.string(buffer)? {
+            let (decoded, ascii) = self.string()?;
+            let name = match decoded {
                 // Between two ASCII quotes of a &str: a str, checked in O(1).
-                let text = self.json.get(quoted + 1..self.at - 1).unwrap_or_default();
-                std::borrow::Cow::Borrowed(text)
-            } else {
-                let canonical =
-                    std::str::from_utf8(&buffer[start..]).map_err(|e| malformed(e.to_string()))?;
-                std::borrow::Cow::Owned(
-                    serde_json::from_str(canonical).map_err(|e| malformed(e.to_string()))?,
-                )
+                None => Cow::Borrowed(self.json.get(quoted + 1..self.at - 1).unwrap_or_default()),
+                Some(decoded) => Cow::Owned(decoded),
             };
-            let ascii = name.is_ascii();
             self.skip_whitespace();
             self.expect(b':')?;
-            buffer.push(b':');
             self.skip_whitespace();
-            self.value(buffer)?;
-            members.push(Member {
+            let first_object = self.objects.len();
+            self.value()?;
+            let member = Member {
+                prefix: prefix(&name),
                 name,
                 ascii,
-                text: start..buffer.len(),
-            });
+                span: Span {
+                    start: member_start,
+                    end: self.position(),
+                    first_object,
+                },
+            };
+            if in_order
+                && let Some(previous) = self.open[base..].last()
+                && previous.order(&member) != Ordering::Less
+            {
+                in_order = false;
+            }
+            self.open.push(member);
             self.skip_whitespace();
             match self.peek() {
                 Some(b',') => self.at += 1,
                 Some(b'}') => {
                     self.at += 1;
-                    return Ok(());
+                    break;
                 }
                 _ => {
                     return Err(malformed(format!(
@@ -265,39 +401,90 @@ impl<'a> Parser<'a> {
                 }
             }
         }
+        let sorted = if in_order {
+            // Strictly increasing names: no two alike.
+            None
+        } else {
+            let members = &mut self.open[base..];
+            members.sort_unstable_by(Member::order);
+            if members.windows(2).any(|pair| pair[0].same_name(&pair[1])) {
+                return Err(malformed("an object has two members of the same name"));
+            }
+            let from = self.sorted.len();
+            self.sorted.extend(members.iter().map(|member| member.span));
+            Some(from..self.sorted.len())
+        };
+        self.open.truncate(base);
+        let (end, next) = (self.position(), self.objects.len());
+        if let Some(object) = self.objects.get_mut(index) {
+            *object = Object {
+                start,
+                end,
+                next,
+                sorted,
+            };
+        }
+        Ok(())
     }
 
-    /// Writes a string's canonical form; `true` if it was copied verbatim.
-    fn string(&mut self, out: &mut Vec<u8>) -> Result<bool, InvalidInput> {
+    /// Reads a string, written as its canonical form. Returns its decoded
+    /// text if it had escapes (`None`: it stands as it is canonical), and
+    /// whether it is all ASCII.
+    fn string(&mut self) -> Result<(Option<String>, bool), InvalidInput> {
         let start = self.at;
         self.expect(b'"')?;
-        let body = self.at;
         // Fast path: no escapes means the input is already canonical.
-        while let Some(byte) = self.peek() {
-            match byte {
-                b'"' => {
-                    self.at += 1;
-                    out.extend_from_slice(&self.text[start..self.at]);
-                    return Ok(true);
-                }
-                b'\\' => break,
-                0x00..=0x1f => {
-                    return Err(malformed(format!(
-                        "control character in a string at byte {}",
-                        self.at
-                    )));
-                }
-                _ => self.at += 1,
+        // Eight bytes at a time while there are eight.
+        let text = self.text;
+        let mut at = self.at;
+        let mut seen = 0u64;
+        while let Some(chunk) = text.get(at..at + 8) {
+            let Ok(bytes) = <[u8; 8]>::try_from(chunk) else {
+                break;
+            };
+            let chunk = u64::from_le_bytes(bytes);
+            let special = specials(chunk);
+            if special == 0 {
+                seen |= chunk;
+                at += 8;
+                continue;
             }
+            let before = special.trailing_zeros() as usize / 8;
+            seen |= chunk & ((1u64 << (8 * before)) - 1);
+            at += before;
+            break;
+        }
+        while let Some(&byte) = text.get(at) {
+            if matches!(byte, b'"' | b'\\' | 0x00..=0x1f) {
+                break;
+            }
+            seen |= u64::from(byte);
+            at += 1;
+        }
+        match text.get(at) {
+            Some(b'"') => {
+                self.at = at + 1;
+                return Ok((None, seen & HIGHS == 0));
+            }
+            Some(0x00..=0x1f) => {
+                return Err(malformed(format!(
+                    "control character in a string at byte {at}"
+                )));
+            }
+            _ => {}
         }
         // Slow path: decode with serde_json, then escape as RFC 8785 says.
-        let end = self.string_end(body)?;
+        let end = self.string_end(self.at)?;
         let literal = &self.text[start..end];
         let text = std::str::from_utf8(literal).map_err(|e| malformed(e.to_string()))?;
         let decoded: String = serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
+        self.at = start;
+        self.flush();
+        write_string(&decoded, &mut self.written);
         self.at = end;
-        write_string(&decoded, out);
-        Ok(false)
+        self.run = end;
+        let ascii = decoded.is_ascii();
+        Ok((Some(decoded), ascii))
     }
 
     /// The index just past the closing quote of a string whose body starts at `from`.
@@ -313,7 +500,7 @@ impl<'a> Parser<'a> {
         Err(malformed("unterminated string"))
     }
 
-    fn number(&mut self, out: &mut Vec<u8>) -> Result<(), InvalidInput> {
+    fn number(&mut self) -> Result<(), InvalidInput> {
         let start = self.at;
         let digits = |p: &mut Self| {
             let from = p.at;
@@ -349,22 +536,64 @@ impl<'a> Parser<'a> {
                 return Err(malformed(format!("invalid number at byte {start}")));
             }
         }
-        let literal = &self.text[start..self.at];
+        let end = self.at;
+        let literal = &self.text[start..end];
         // An integer of up to 21 digits, or a plain decimal, is already
         // written as its canonical form would write it (but -0 as 0).
+        if (integer && int_digits <= 21 && literal != b"-0")
+            || (!integer && is_canonical_decimal(&self.text[int_start..end]))
+        {
+            return Ok(());
+        }
+        self.at = start;
+        self.flush();
+        self.at = end;
+        self.run = end;
         if integer && int_digits <= 21 {
-            if literal == b"-0" {
-                out.push(b'0');
-            } else {
-                out.extend_from_slice(literal);
+            self.written.push(b'0'); // -0
+            Ok(())
+        } else {
+            write_exact(literal, &mut self.written)
+        }
+    }
+}
+
+/// The canonical form with members in the text's order, and what reorders it.
+struct Reordered<'t> {
+    text: &'t [u8],
+    objects: &'t [Object],
+    sorted: &'t [Span],
+}
+
+impl Reordered<'_> {
+    /// Appends to `out` the canonical form of `text[pos..end]`, whose
+    /// objects are `objects[object..]` from the first that opens there on:
+    /// each reordered object's members in order.
+    fn emit(&self, mut pos: usize, end: usize, mut object: usize, out: &mut Vec<u8>) {
+        while let Some(next) = self.objects.get(object).filter(|o| o.start < end) {
+            out.extend_from_slice(&self.text[pos..next.start]);
+            match &next.sorted {
+                None => self.emit(next.start, next.end, object + 1, out),
+                Some(members) => {
+                    out.push(b'{');
+                    for (i, member) in self.sorted[members.clone()].iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        let nested = self.objects.get(member.first_object);
+                        if nested.is_some_and(|o| o.start < member.end) {
+                            self.emit(member.start, member.end, member.first_object, out);
+                        } else {
+                            out.extend_from_slice(&self.text[member.start..member.end]);
+                        }
+                    }
+                    out.push(b'}');
+                }
             }
-            return Ok(());
+            pos = next.end;
+            object = next.next;
         }
-        if is_canonical_decimal(&self.text[int_start..self.at]) {
-            out.extend_from_slice(literal);
-            return Ok(());
-        }
-        write_exact(literal, out)
+        out.extend_from_slice(&self.text[pos..end]);
     }
 }
 

@@ -13,7 +13,7 @@ use std::str::FromStr;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::canonicalize;
+use crate::canonical::{canonical, canonicalize};
 use crate::error::InvalidInput;
 
 /// The SHA-256 of a canonical request.
@@ -64,9 +64,7 @@ impl Fingerprint {
     /// member names included), nests deeper than 128 levels, or has a
     /// non-zero number with an exponent of more than 15 digits.
     pub fn json(json: &str) -> Result<Self, InvalidInput> {
-        let mut canonical = Vec::with_capacity(json.len());
-        canonicalize(json, &mut canonical)?;
-        Ok(Self::of_bytes(canonical))
+        Ok(Self::of_bytes(canonical(json)?))
     }
 
     /// The fingerprint of any serialisable value, canonicalised like [`json`](Self::json).
@@ -187,8 +185,17 @@ impl FingerprintBuilder {
     }
 
     fn update(&mut self, bytes: &[u8]) {
-        self.hasher.update((bytes.len() as u64).to_be_bytes());
-        self.hasher.update(bytes);
+        self.update_joined(&[bytes]);
+    }
+
+    /// Hashes `pieces` as the one part they make end to end (SHA-256 is a
+    /// stream: no need to join them first).
+    fn update_joined(&mut self, pieces: &[&[u8]]) {
+        let len: usize = pieces.iter().map(|piece| piece.len()).sum();
+        self.hasher.update((len as u64).to_be_bytes());
+        for piece in pieces {
+            self.hasher.update(piece);
+        }
     }
 
     /// Adds a part under any name.
@@ -200,7 +207,12 @@ impl FingerprintBuilder {
 
     /// Adds the HTTP method, case-insensitively.
     pub fn method(self, method: &str) -> Self {
-        self.part("method", method.to_ascii_uppercase())
+        // Methods are nearly always upper case already: no copy then.
+        if method.bytes().any(|b| b.is_ascii_lowercase()) {
+            self.part("method", method.to_ascii_uppercase())
+        } else {
+            self.part("method", method)
+        }
     }
 
     /// Adds the request path (and query, if it belongs to the intent).
@@ -209,9 +221,17 @@ impl FingerprintBuilder {
     }
 
     /// Adds a header; its name is case-insensitive, its value is taken verbatim.
-    pub fn header(self, name: &str, value: impl AsRef<[u8]>) -> Self {
-        let name = format!("header:{}", name.to_ascii_lowercase());
-        self.part(&name, value)
+    pub fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
+        // The part's name is `header:` and the name in lower case (as
+        // http's `HeaderName` already is: no copy then).
+        if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            let lower = name.to_ascii_lowercase();
+            self.update_joined(&[b"header:", lower.as_bytes()]);
+        } else {
+            self.update_joined(&[b"header:", name.as_bytes()]);
+        }
+        self.update(value.as_ref());
+        self
     }
 
     /// Adds a body taken byte for byte.
@@ -225,8 +245,7 @@ impl FingerprintBuilder {
     ///
     /// [`InvalidInput::Malformed`] if `json` is not valid JSON.
     pub fn json_body(self, json: &str) -> Result<Self, InvalidInput> {
-        let mut canonical = Vec::with_capacity(json.len());
-        canonicalize(json, &mut canonical)?;
+        let canonical = canonical(json)?;
         Ok(self.part("json-body", canonical))
     }
 
@@ -280,7 +299,7 @@ fn malformed(e: &serde_json::Error) -> InvalidInput {
 /// and objects with two members of one name), nesting deeper than 128
 /// levels, and a non-zero number with an exponent of more than 15 digits.
 pub fn canonical_json(json: &str) -> Result<String, InvalidInput> {
-    let mut out = Vec::with_capacity(json.len());
+    let mut out = Vec::new();
     canonicalize(json, &mut out)?;
     String::from_utf8(out).map_err(|e| InvalidInput::Malformed {
         field: "json",

@@ -240,6 +240,22 @@ impl StoredResponse {
         self.body
     }
 
+    /// Takes the headers out, in their order, leaving none: with
+    /// [`into_body`](Self::into_body), the response taken apart without a copy.
+    ///
+    /// ```
+    /// use idem_core::StoredResponse;
+    ///
+    /// let mut response = StoredResponse::new(201, "placed").with_header("content-type", "text/plain");
+    /// let headers = response.take_headers();
+    /// assert_eq!(headers, [("content-type".to_string(), b"text/plain".to_vec())]);
+    /// assert!(response.headers().is_empty());
+    /// assert_eq!(response.into_body(), b"placed");
+    /// ```
+    pub fn take_headers(&mut self) -> Vec<(String, Vec<u8>)> {
+        std::mem::take(&mut self.headers)
+    }
+
     /// The size stores compare with their limit: body bytes plus the bytes of
     /// every header name and value.
     pub fn size(&self) -> usize {

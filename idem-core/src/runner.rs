@@ -445,49 +445,55 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
                 Claimed::Run(ctx) => ctx,
                 Claimed::Replay(response) => return Ok(RunOutcome::Replayed(response)),
             };
-            let tx = match begin {
-                None => None,
-                Some(begin) => match begin.await {
-                    Ok(tx) => Some(tx),
-                    Err(error) => return Err(self.nothing_committed(&ctx, error).await),
-                },
-            };
-            let (tx, produced) = match self.drive(&ctx, work(ctx.clone(), tx)).await {
-                Ok(done) => done,
-                Err(error) => return Err(self.fail(&ctx, error, transactional).await),
-            };
-            let value = match produced.into_verdict() {
-                Verdict::Store(value) => value,
-                // Dropping the transaction rolls the handler's writes back.
-                Verdict::Keep(value) => return Ok(RunOutcome::Executed(value)),
-                Verdict::Release(value) => {
-                    drop(tx);
-                    self.release(&ctx).await;
-                    return Ok(RunOutcome::Executed(value));
-                }
-            };
-            let lease = ctx.lease();
-            {
-                let response = value.to_stored();
-                let stored = self.storable(&response);
-                match tx {
-                    // The handler's work happened outside: a failed completion
-                    // keeps the key (fenced, its outcome may be unknown).
-                    None => {
-                        self.store.complete(&lease, &stored).await?;
+            // Boxed: the handler's future and the completion after it are
+            // kilobytes, which a replay never needs and which every future
+            // holding this one would otherwise carry (and copy) inline.
+            Box::pin(async move {
+                let tx = match begin {
+                    None => None,
+                    Some(begin) => match begin.await {
+                        Ok(tx) => Some(tx),
+                        Err(error) => return Err(self.nothing_committed(&ctx, error).await),
+                    },
+                };
+                let (tx, produced) = match self.drive(&ctx, work(ctx.clone(), tx)).await {
+                    Ok(done) => done,
+                    Err(error) => return Err(self.fail(&ctx, error, transactional).await),
+                };
+                let value = match produced.into_verdict() {
+                    Verdict::Store(value) => value,
+                    // Dropping the transaction rolls the handler's writes back.
+                    Verdict::Keep(value) => return Ok(RunOutcome::Executed(value)),
+                    Verdict::Release(value) => {
+                        drop(tx);
+                        self.release(&ctx).await;
+                        return Ok(RunOutcome::Executed(value));
                     }
-                    Some(mut tx) => {
-                        if let Err(error) = tx.complete(&lease, &stored).await {
-                            drop(tx);
-                            return Err(self.nothing_committed(&ctx, error).await);
+                };
+                let lease = ctx.lease();
+                {
+                    let response = value.to_stored();
+                    let stored = self.storable(&response);
+                    match tx {
+                        // The handler's work happened outside: a failed completion
+                        // keeps the key (fenced, its outcome may be unknown).
+                        None => {
+                            self.store.complete(&lease, &stored).await?;
                         }
-                        if let Err(error) = tx.commit().await {
-                            return Err(self.nothing_committed(&ctx, error).await);
+                        Some(mut tx) => {
+                            if let Err(error) = tx.complete(&lease, &stored).await {
+                                drop(tx);
+                                return Err(self.nothing_committed(&ctx, error).await);
+                            }
+                            if let Err(error) = tx.commit().await {
+                                return Err(self.nothing_committed(&ctx, error).await);
+                            }
                         }
                     }
                 }
-            }
-            Ok(RunOutcome::Executed(value))
+                Ok(RunOutcome::Executed(value))
+            })
+            .await
         }
         .instrument(span.clone())
         .await;

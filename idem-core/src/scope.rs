@@ -36,6 +36,12 @@ macro_rules! name_type {
                 Ok(Self(value.into()))
             }
 
+            /// [`new`](Self::new) from borrowed text: one allocation, the shared one.
+            fn from_text(value: &str) -> Result<Self, InvalidInput> {
+                check_name($field, value)?;
+                Ok(Self(value.into()))
+            }
+
             /// The validated text, exactly as given.
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -46,7 +52,7 @@ macro_rules! name_type {
             type Err = InvalidInput;
 
             fn from_str(s: &str) -> Result<Self, Self::Err> {
-                Self::new(s)
+                Self::from_text(s)
             }
         }
 
@@ -62,7 +68,7 @@ macro_rules! name_type {
             type Error = InvalidInput;
 
             fn try_from(value: &str) -> Result<Self, Self::Error> {
-                Self::new(value)
+                Self::from_text(value)
             }
         }
 
@@ -171,7 +177,10 @@ impl Scope {
     ///
     /// [`InvalidInput`] for whichever part breaks a rule, tenant first.
     pub fn parse(tenant: &str, key: &str) -> Result<Self, InvalidInput> {
-        Ok(Self::new(Tenant::new(tenant)?, IdempotencyKey::new(key)?))
+        Ok(Self::new(
+            Tenant::from_text(tenant)?,
+            IdempotencyKey::from_text(key)?,
+        ))
     }
 
     /// The tenant.

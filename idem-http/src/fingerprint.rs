@@ -26,8 +26,12 @@ fn is_json(parts: &Parts) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .map(|mime| {
-            let mime = mime.trim().to_ascii_lowercase();
-            mime == "application/json" || mime.ends_with("+json")
+            let mime = mime.trim().as_bytes();
+            mime.eq_ignore_ascii_case(b"application/json")
+                || mime
+                    .len()
+                    .checked_sub(5)
+                    .is_some_and(|at| mime[at..].eq_ignore_ascii_case(b"+json"))
         })
         .unwrap_or(false)
 }

@@ -47,7 +47,7 @@ pub(crate) fn from_headers(
         .bare_item
         .as_string()
         .ok_or_else(|| KeyError::NotAString("the value is not a string".into()))?;
-    IdempotencyKey::new(text.as_str())
+    IdempotencyKey::try_from(text.as_str())
         .map(Some)
         .map_err(|e| KeyError::Invalid(e.to_string()))
 }

@@ -8,31 +8,34 @@ use idem_core::StoredResponse;
 
 use crate::config::{Config, connection_options};
 
-/// A stored response as an HTTP response, marked as a replay.
-pub(crate) fn replay(stored: &StoredResponse, config: &Config) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::copy_from_slice(stored.body())));
-    *response.status_mut() =
-        StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+/// A stored response as an HTTP response, marked as a replay. Taken by
+/// value: its body and header values become the response's without a copy.
+pub(crate) fn replay(mut stored: StoredResponse, config: &Config) -> Response<Full<Bytes>> {
+    let headers = stored.take_headers();
+    let status = StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(Full::new(Bytes::from(stored.into_body())));
+    *response.status_mut() = status;
     // A record written under another configuration (or by another writer)
-    // may hold fields this one never replays.
+    // may hold fields this one never replays, or bytes no header may hold.
     let hop_by_hop = connection_options(
-        stored
-            .headers()
+        headers
             .iter()
             .filter(|(name, _)| name.eq_ignore_ascii_case(CONNECTION.as_str()))
             .map(|(_, value)| value.as_slice()),
     );
-    for (name, value) in stored.headers() {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) && config.is_replayed(&name, &hop_by_hop)
+    let replayed = response.headers_mut();
+    replayed.reserve(headers.len() + 1);
+    for (name, value) in headers {
+        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+            continue;
+        };
+        if config.is_replayed(&name, &hop_by_hop)
+            && let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value))
         {
-            response.headers_mut().append(name, value);
+            replayed.append(name, value);
         }
     }
-
-    response.headers_mut().insert(
+    replayed.insert(
         config.replay_header.clone(),
         HeaderValue::from_static("true"),
     );

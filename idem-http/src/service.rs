@@ -2,7 +2,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -157,19 +159,62 @@ where
             scope: Scope::new(tenant, key),
             service: PhantomData,
         };
-        // Claimed work runs to the end in a task of its own: a client that
-        // hangs up drops this future, not the handler or the completion.
-        let task = tokio::spawn(job.run(inner, parts, body));
+        // Claimed work runs to its end whatever the client does: in place
+        // while it needs no waiting (a replay from memory), and in a task of
+        // its own from its first wait on, spawned within the poll that
+        // waited, so no hang-up can stop it once it started. Boxed: its
+        // future is kilobytes, which the spawn would otherwise copy.
+        let mut job = Some(Box::pin(job.run(inner, parts, body)));
         ResponseFuture::new(async move {
-            match task.await {
-                Ok(result) => result,
-                Err(join) => {
-                    tracing::error!(error = %join, "the idempotent request's task failed");
+            let failed =
+                |why: &dyn fmt::Display| {
+                    tracing::error!(error = %why, "the idempotent request's task failed");
                     Ok(internal_error(&config, "the request's task failed")
                         .map(ResponseBody::buffered))
-                }
+                };
+            let first = std::future::poll_fn(|cx| {
+                let Some(running) = job.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                Poll::Ready(
+                    match panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+                        Ok(Poll::Ready(result)) => Some(Ok(result)),
+                        Ok(Poll::Pending) => None,
+                        Err(panicked) => Some(Err(panicked)),
+                    },
+                )
+            })
+            .await;
+            match first {
+                Some(Ok(result)) => result,
+                Some(Err(panicked)) => failed(&Panicked(panicked)),
+                None => match job.take() {
+                    // Polled by its task at once, with that task's waker.
+                    Some(waiting) => match tokio::spawn(waiting).await {
+                        Ok(result) => result,
+                        Err(join) => failed(&join),
+                    },
+                    None => failed(&"the request's job was lost"),
+                },
             }
         })
+    }
+}
+
+/// A panic caught from a job's first poll, as a task's `JoinError` shows one.
+struct Panicked(Box<dyn std::any::Any + Send>);
+
+impl fmt::Display for Panicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let message = self
+            .0
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| self.0.downcast_ref::<String>().map(String::as_str));
+        match message {
+            Some(message) => write!(f, "panicked with message {message:?}"),
+            None => f.write_str("panicked"),
+        }
     }
 }
 
@@ -314,15 +359,14 @@ where
         };
         let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
         let deadline = config.wait.map(|wait| tokio::time::Instant::now() + wait);
-        let mut inner = Some(inner);
+        // The inner service is called at most once, with the request itself:
+        // a later lap only happens after an in-progress answer, which did
+        // not use it.
+        let mut request = Some((inner, parts, bytes));
         loop {
-            // The inner service is called at most once: a later lap only
-            // happens after an in-progress answer, which did not use it.
             let attempt = Attempt {
                 config: Arc::clone(&config),
-                inner: &mut inner,
-                parts: parts.clone(),
-                body: bytes.clone(),
+                request: &mut request,
             };
             let outcome = match &self.begin {
                 None => self.standalone(fingerprint, attempt).await,
@@ -394,24 +438,25 @@ where
         outcome: Result<RunOutcome<Produced<Inner::Error>>, RunError>,
     ) -> Result<Response<ResponseBody<ResBody>>, Inner::Error> {
         let config = &self.config;
-        let key = self.scope.key().redacted();
+        // Hashed only where a warning names it.
+        let key = || self.scope.key().redacted();
         let response = match outcome {
             Ok(RunOutcome::Executed(Produced::Response(answer))) => {
                 Response::from_parts(answer.parts, Full::new(answer.body))
             }
             Ok(RunOutcome::Executed(Produced::Failed(error))) => return Err(error),
-            Ok(RunOutcome::Replayed(stored)) => replay(&stored, config),
+            Ok(RunOutcome::Replayed(stored)) => replay(stored, config),
             Err(RunError::Mismatch) => config.problem(
                 Problem::KeyReused,
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "This operation is idempotent and it requires correct usage of Idempotency Key. Idempotency Key MUST not be reused across different payloads of this operation.",
             ),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
-                tracing::warn!(%error, key, "idempotent request failed");
+                tracing::warn!(%error, key = key(), "idempotent request failed");
                 internal_error(config, &error.to_string())
             }
             Err(RunError::LostLease) => {
-                tracing::warn!(key, "idempotency lease lost before completion");
+                tracing::warn!(key = key(), "idempotency lease lost before completion");
                 problem::retry_after(
                     config.problem(
                         Problem::TakenOver,
@@ -422,7 +467,7 @@ where
                 )
             }
             Err(RunError::Store(error)) if error.is_retryable() => {
-                tracing::warn!(%error, key, "idempotency store unavailable");
+                tracing::warn!(%error, key = key(), "idempotency store unavailable");
                 problem::retry_after(
                     config.problem(
                         Problem::StoreUnavailable,
@@ -433,7 +478,7 @@ where
                 )
             }
             Err(error) => {
-                tracing::error!(%error, key, "idempotency store failed");
+                tracing::error!(%error, key = key(), "idempotency store failed");
                 internal_error(config, &error.to_string())
             }
         };
@@ -444,9 +489,8 @@ where
 /// One call of the inner service within a claim.
 struct Attempt<'a, Inner> {
     config: Arc<Config>,
-    inner: &'a mut Option<Inner>,
-    parts: Parts,
-    body: Bytes,
+    /// The inner service and the request, until the one call takes them.
+    request: &'a mut Option<(Inner, Parts, Bytes)>,
 }
 
 impl<Inner> Attempt<'_, Inner> {
@@ -465,12 +509,12 @@ impl<Inner> Attempt<'_, Inner> {
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
-        let Some(inner) = self.inner.take() else {
+        let Some((inner, parts, body)) = self.request.take() else {
             return Err(HandlerError::not_started(
                 "the inner service was already called",
             ));
         };
-        let mut request = Request::from_parts(self.parts.clone(), ReqBody::from(self.body.clone()));
+        let mut request = Request::from_parts(parts, ReqBody::from(body));
         request.extensions_mut().insert(ctx);
         if let Some(tx) = tx {
             request.extensions_mut().insert(tx);

@@ -31,6 +31,7 @@
 //! ```
 
 use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,9 +166,67 @@ forward_store!(MemoryStore => records);
 /// The records and the rules on them, inside the store's layer.
 #[derive(Clone)]
 struct Records {
-    records: Cache<Scope, Arc<Record>>,
+    records: Cache<Key, Arc<Record>, KeyHash>,
+    /// Seeds the one SipHash of each operation's scope.
+    hashing: RandomState,
     clock: Arc<dyn Clock>,
     max_response_bytes: usize,
+}
+
+/// A scope with its hash, computed once per operation: moka hashes the key
+/// it is given more than once, and a scope is two strings.
+#[derive(Clone)]
+struct Key {
+    hash: u64,
+    scope: Scope,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.scope == other.scope
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Hands moka the hash a [`Key`] carries (a randomly seeded SipHash, so
+/// no client can choose colliding keys).
+#[derive(Clone, Default)]
+struct KeyHash;
+
+impl BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only a Key is hashed here, through write_u64; anything else still
+        // gets a hash of all its bytes.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -226,9 +285,10 @@ impl MemoryStore {
                     .retained_until()
                     .saturating_duration_since(store_clock.now())
             }))
-            .build();
+            .build_with_hasher(KeyHash);
         let records = Records {
             records,
+            hashing: RandomState::new(),
             clock,
             max_response_bytes,
         };
@@ -239,6 +299,13 @@ impl MemoryStore {
 }
 
 impl Records {
+    fn key(&self, scope: &Scope) -> Key {
+        Key {
+            hash: self.hashing.hash_one(scope),
+            scope: scope.clone(),
+        }
+    }
+
     /// Runs `change` on the record only while `lease` holds it, atomically
     /// with respect to every other operation on the scope. Where the lease no
     /// longer holds, `done_before` says whether the record shows this very
@@ -252,7 +319,7 @@ impl Records {
         let now = self.clock.now();
         let mut answered = false;
         self.records
-            .entry(lease.scope().clone())
+            .entry(self.key(lease.scope()))
             .and_compute_with(|entry| match entry {
                 Some(entry) if entry.value().is_held_by(lease, now) => {
                     answered = true;
@@ -279,18 +346,26 @@ impl Records {
 impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.clock.now();
+        let key = self.key(request.scope());
+        // A decision that writes nothing (a replay, a mismatch, a duplicate
+        // in flight) holds at the instant the record is read: it needs no
+        // lock on the entry. One that writes decides again under it.
+        if let Some(existing) = self.records.get(&key) {
+            let decision = decide(Some(&existing), request, now);
+            if decision.write.is_none() {
+                return Ok(decision.outcome);
+            }
+        }
         let mut outcome = None;
-        self.records
-            .entry(request.scope().clone())
-            .and_compute_with(|entry| {
-                let existing = entry.map(|e| e.into_value());
-                let decision = decide(existing.as_deref(), request, now);
-                outcome = Some(decision.outcome);
-                match decision.write {
-                    Some(record) => Op::Put(Arc::new(record)),
-                    None => Op::Nop,
-                }
-            });
+        self.records.entry(key).and_compute_with(|entry| {
+            let existing = entry.map(|e| e.into_value());
+            let decision = decide(existing.as_deref(), request, now);
+            outcome = Some(decision.outcome);
+            match decision.write {
+                Some(record) => Op::Put(Arc::new(record)),
+                None => Op::Nop,
+            }
+        });
         outcome.ok_or_else(|| {
             StoreError::backend(STORE, Operation::Claim, "moka did not run the claim")
         })
@@ -354,28 +429,28 @@ impl IdempotencyStore for Records {
         let now = self.clock.now();
         Ok(self
             .records
-            .get(scope)
+            .get(&self.key(scope))
             .filter(|r| r.is_live(now))
             .map(|r| (*r).clone()))
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let now = self.clock.now();
-        let expired: Vec<Arc<Scope>> = self
+        let expired: Vec<Arc<Key>> = self
             .records
             .iter()
             .filter(|(_, record)| !record.is_live(now))
-            .map(|(scope, _)| scope)
+            .map(|(key, _)| key)
             .collect();
         let mut removed = 0;
-        for scope in expired {
-            let result = self
-                .records
-                .entry(Scope::clone(&scope))
-                .and_compute_with(|entry| match entry {
-                    Some(e) if !e.value().is_live(now) => Op::Remove,
-                    _ => Op::Nop,
-                });
+        for key in expired {
+            let result =
+                self.records
+                    .entry(Key::clone(&key))
+                    .and_compute_with(|entry| match entry {
+                        Some(e) if !e.value().is_live(now) => Op::Remove,
+                        _ => Op::Nop,
+                    });
             if matches!(result, CompResult::Removed(_)) {
                 removed += 1;
             }
@@ -386,7 +461,10 @@ impl IdempotencyStore for Records {
 
     async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
         let now = self.clock.now();
-        Ok(self.records.remove(scope).is_some_and(|r| r.is_live(now)))
+        Ok(self
+            .records
+            .remove(&self.key(scope))
+            .is_some_and(|r| r.is_live(now)))
     }
 
     async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
