@@ -47,9 +47,11 @@ use moka::sync::Cache;
 
 mod journal;
 mod outbox;
+mod parking;
 
 pub use journal::MemoryJournal;
 pub use outbox::MemoryOutbox;
+pub use parking::MemoryParking;
 
 /// The store's name in errors.
 const STORE: &str = "memory";
