@@ -118,6 +118,8 @@ pub enum Operation {
     Park,
     /// Settling a parked message: replayed or dropped.
     Resolve,
+    /// A version check: moving an aggregate's version to an event's.
+    Advance,
 }
 
 impl Operation {
@@ -147,6 +149,7 @@ impl Operation {
             Self::Stats => "stats",
             Self::Park => "park",
             Self::Resolve => "resolve",
+            Self::Advance => "advance",
         }
     }
 }

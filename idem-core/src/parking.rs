@@ -332,6 +332,37 @@ impl VersionCheck {
     }
 }
 
+/// A store's version check: moves an aggregate's stored version to an
+/// event's when it holds the event's predecessor, inside the transaction
+/// `Tx` that holds the handler's writes (so the move and the effect commit
+/// together, and the conditional write serialises racing handlers of one
+/// aggregate); otherwise reads the stored version and tells a stale event
+/// from a gap ([`VersionCheck::of`]).
+///
+/// `idem_postgres::VersionedTable` is one, over a table of yours.
+///
+/// # Contract
+///
+/// - An aggregate with no stored version is at version 0: its event 1 is
+///   [`VersionCheck::Apply`] (and the handler writes its first version).
+/// - [`VersionCheck::Apply`] means the stored version is now the event's,
+///   inside `tx`; the others change nothing. The version read after a
+///   refused move is the latest committed one, never an older snapshot's.
+#[async_trait]
+pub trait VersionStore<Tx: Send + ?Sized>: Send + Sync + fmt::Debug + 'static {
+    /// Moves `aggregate` to `version` if it holds `version - 1`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] for version 0; the store's failures.
+    async fn advance(
+        &self,
+        tx: &mut Tx,
+        aggregate: &str,
+        version: u64,
+    ) -> Result<VersionCheck, StoreError>;
+}
+
 /// Checks a listing or purge limit of a parking store: 1 to
 /// [`MAX_OUTBOX_BATCH`](crate::store::MAX_OUTBOX_BATCH).
 ///

@@ -40,6 +40,6 @@ pub use crate::outbox::{
 };
 pub use crate::parking::{
     InboundMessage, NewParked, ParkedMessage, ParkedState, ParkingStore, Resolution, VersionCheck,
-    validate_parking_batch,
+    VersionStore, validate_parking_batch,
 };
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};
