@@ -34,6 +34,7 @@ use std::sync::Arc;
 use idem_core::store::{IdempotencyStore, JournalStore, OutboxStore, ParkingStore};
 
 pub mod cases;
+pub mod consumers;
 pub mod faults;
 pub mod journal;
 pub mod outbox;

@@ -1,163 +1,16 @@
-//! An in-process broker and a shop whose writes and inbox records commit
-//! together, for the consumer's rules on the memory stores.
+//! An in-process broker, for the consumer's rules on the memory stores
+//! (the shop is the conformance crate's).
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_consumer::{
-    BrokerError, Delivery, Handled, Handler, RedeliveryHorizon, Source, async_trait,
-};
-use idem_core::store::{
-    Clock, IdempotencyStore, InboundMessage, Lease, SystemClock, Timestamp, Transaction,
-    VersionCheck,
-};
-use idem_core::{Checkpoint, HandlerError, StoreError, StoredResponse};
-use idem_memory::MemoryStore;
+pub use idem_conformance::consumers::Shop;
+use idem_consumer::{BrokerError, Delivery, RedeliveryHorizon, Source, async_trait};
+use idem_core::store::{Clock, InboundMessage, SystemClock, Timestamp};
 use tokio::sync::Notify;
-
-/// What the shop committed: one effect per applied message, and each
-/// aggregate's version.
-#[derive(Debug, Default)]
-pub struct Domain {
-    pub effects: Vec<String>,
-    pub versions: HashMap<String, u64>,
-}
-
-/// The shop's transaction: its writes and the inbox completion, applied
-/// together at commit under the domain's lock.
-pub struct Ledger {
-    store: MemoryStore,
-    domain: Arc<tokio::sync::Mutex<Domain>>,
-    effect: Option<(String, Option<(String, u64)>)>,
-    completion: Option<(Lease, StoredResponse)>,
-}
-
-#[async_trait]
-impl Transaction for Ledger {
-    async fn complete(
-        &mut self,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.completion = Some((lease.clone(), response.clone()));
-        Ok(())
-    }
-
-    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn commit(self) -> Result<(), StoreError> {
-        let mut domain = self.domain.lock().await;
-        if let Some((lease, response)) = &self.completion {
-            self.store.complete(lease, response).await?;
-        }
-        if let Some((effect, version)) = self.effect {
-            domain.effects.push(effect);
-            if let Some((aggregate, version)) = version {
-                domain.versions.insert(aggregate, version);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A held handler's gates: it notifies the first on entry, waits for the second.
-pub type Gates = (Arc<Notify>, Arc<Notify>);
-
-/// Applies each message as one effect, checking versions; fails a message
-/// as many times as asked; can hold a message until released.
-#[derive(Clone)]
-pub struct Shop {
-    pub store: MemoryStore,
-    pub domain: Arc<tokio::sync::Mutex<Domain>>,
-    pub failures: Arc<Mutex<HashMap<String, u32>>>,
-    pub hold: Arc<Mutex<Option<Gates>>>,
-}
-
-impl Shop {
-    pub fn new(store: MemoryStore) -> Self {
-        Self {
-            store,
-            domain: Arc::default(),
-            failures: Arc::default(),
-            hold: Arc::default(),
-        }
-    }
-
-    /// Fails the message `id` the next `times` times.
-    pub fn fail(&self, id: &str, times: u32) {
-        self.failures.lock().unwrap().insert(id.to_string(), times);
-    }
-
-    /// Holds the next handled message: `entered` is notified when it is
-    /// inside the handler, which then waits for `go`.
-    pub fn hold_next(&self) -> (Arc<Notify>, Arc<Notify>) {
-        let gates = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        *self.hold.lock().unwrap() = Some(gates.clone());
-        gates
-    }
-
-    pub async fn effects(&self) -> Vec<String> {
-        self.domain.lock().await.effects.clone()
-    }
-}
-
-#[async_trait]
-impl Handler for Shop {
-    type Tx = Ledger;
-
-    async fn begin(&self) -> Result<Ledger, StoreError> {
-        Ok(Ledger {
-            store: self.store.clone(),
-            domain: self.domain.clone(),
-            effect: None,
-            completion: None,
-        })
-    }
-
-    async fn handle(
-        &self,
-        message: &InboundMessage,
-        mut tx: Ledger,
-    ) -> Result<(Ledger, Handled), HandlerError> {
-        let gates = self.hold.lock().unwrap().take();
-        if let Some((entered, go)) = gates {
-            entered.notify_one();
-            go.notified().await;
-        }
-        let id = message.id().as_str().to_string();
-        {
-            let mut failures = self.failures.lock().unwrap();
-            if let Some(left) = failures.get_mut(&id).filter(|left| **left > 0) {
-                *left -= 1;
-                return Err(HandlerError::from(format!("{id} is refused")));
-            }
-        }
-        let mut version = None;
-        if let (Some(aggregate), Some(event)) = (message.aggregate(), message.version()) {
-            let current = self
-                .domain
-                .lock()
-                .await
-                .versions
-                .get(aggregate)
-                .copied()
-                .unwrap_or(0);
-            let check = VersionCheck::of(event, current);
-            if check != VersionCheck::Apply {
-                return Ok((tx, check.into()));
-            }
-            version = Some((aggregate.to_string(), event));
-        }
-        let effect = String::from_utf8_lossy(message.payload()).into_owned();
-        tx.effect = Some((effect, version));
-        Ok((tx, Handled::Applied))
-    }
-}
 
 /// One delivery of the in-process broker.
 pub struct TestDelivery {
