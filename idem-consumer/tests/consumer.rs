@@ -10,27 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Broker, Settled, Shop, TestSource, event, plain};
+use idem_conformance::consumers::consumer_with;
 use idem_consumer::{Consumed, Consumer, ConsumerError, ConsumerOptions, RedeliveryHorizon};
 use idem_core::IdempotencyKey;
 use idem_core::store::{ParkedState, ParkingStore};
-use idem_memory::{MemoryParking, MemoryStore};
+use idem_memory::MemoryParking;
 
 const FIRST: Duration = Duration::from_millis(100);
-
-fn consumer_with(options: ConsumerOptions) -> (Consumer<Shop>, Shop, MemoryParking) {
-    let store = MemoryStore::new();
-    let shop = Shop::new(store.clone());
-    let parking = MemoryParking::new();
-    let consumer = Consumer::with_options(
-        "billing",
-        Arc::new(store),
-        Arc::new(parking.clone()),
-        shop.clone(),
-        options,
-    )
-    .unwrap();
-    (consumer, shop, parking)
-}
 
 fn consumer() -> (Consumer<Shop>, Shop, MemoryParking) {
     consumer_with(

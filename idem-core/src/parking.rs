@@ -228,6 +228,31 @@ pub enum Resolution {
     Dropped(String),
 }
 
+impl Resolution {
+    /// The state it leaves an entry in.
+    ///
+    /// ```
+    /// use idem_core::store::{ParkedState, Resolution};
+    ///
+    /// assert_eq!(Resolution::Replayed.state(), ParkedState::Replayed);
+    /// assert_eq!(Resolution::Dropped("refunded".into()).reason(), Some("refunded"));
+    /// ```
+    pub fn state(&self) -> ParkedState {
+        match self {
+            Self::Replayed => ParkedState::Replayed,
+            Self::Dropped(_) => ParkedState::Dropped,
+        }
+    }
+
+    /// The operator's reason, for a drop.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Replayed => None,
+            Self::Dropped(reason) => Some(reason),
+        }
+    }
+}
+
 /// The storage of a consumer's parked messages (`idem-consumer`).
 ///
 /// # Contract

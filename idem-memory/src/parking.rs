@@ -150,11 +150,8 @@ impl ParkingStore for Entries {
         else {
             return Ok(false);
         };
-        (entry.state, entry.resolution) = match resolution {
-            Resolution::Replayed => (ParkedState::Replayed, None),
-            Resolution::Dropped(reason) => (ParkedState::Dropped, Some(reason.clone())),
-            _ => return Ok(false),
-        };
+        entry.state = resolution.state();
+        entry.resolution = resolution.reason().map(str::to_string);
         entry.resolved_at = Some(now);
         Ok(true)
     }

@@ -350,16 +350,11 @@ impl ParkingStore for Entries {
         id: &IdempotencyKey,
         resolution: &Resolution,
     ) -> Result<bool, StoreError> {
-        let (state, reason) = match resolution {
-            Resolution::Replayed => (ParkedState::Replayed, None),
-            Resolution::Dropped(reason) => (ParkedState::Dropped, Some(reason.as_str())),
-            _ => return Ok(false),
-        };
         let done = sqlx::query(AssertSqlSafe(self.sql.resolve.clone()))
             .bind(consumer.as_str())
             .bind(id.as_str())
-            .bind(state.as_str())
-            .bind(reason)
+            .bind(resolution.state().as_str())
+            .bind(resolution.reason())
             .execute(&self.pool)
             .await
             .map_err(|e| classify(Operation::Resolve, e))?;

@@ -217,12 +217,18 @@ pub async fn publish(publisher: &dyn Publisher, messages: &[NewMessage]) -> Vec<
 /// A consumer over the memory stores with `max_deliveries` and short
 /// delays, and its shop.
 pub fn consumer(max_deliveries: u32) -> (Consumer<Shop>, Shop, MemoryParking) {
+    consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(max_deliveries)
+            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
+    )
+}
+
+/// A consumer over the memory stores with `options`, and its shop.
+pub fn consumer_with(options: ConsumerOptions) -> (Consumer<Shop>, Shop, MemoryParking) {
     let store = MemoryStore::new();
     let shop = Shop::new(store.clone());
     let parking = MemoryParking::new();
-    let options = ConsumerOptions::default()
-        .max_deliveries(max_deliveries)
-        .backoff(Duration::from_millis(50), Duration::from_millis(200));
     let consumer = Consumer::with_options(
         "scenario",
         Arc::new(store),

@@ -198,14 +198,11 @@ impl ParkingStore for OwnParking {
         if entry.state != ParkedState::Parked && !self.is(ParkingDefect::ResolvesTwice) {
             return Ok(false);
         }
-        (entry.state, entry.resolution) = match resolution {
-            Resolution::Replayed => (ParkedState::Replayed, None),
-            Resolution::Dropped(_) if self.is(ParkingDefect::ForgetsDropReason) => {
-                (ParkedState::Dropped, None)
-            }
-            Resolution::Dropped(reason) => (ParkedState::Dropped, Some(reason.clone())),
-            _ => return Ok(false),
-        };
+        entry.state = resolution.state();
+        entry.resolution = resolution
+            .reason()
+            .filter(|_| !self.is(ParkingDefect::ForgetsDropReason))
+            .map(str::to_string);
         entry.resolved_at = Some(now);
         Ok(true)
     }
