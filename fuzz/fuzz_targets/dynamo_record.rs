@@ -13,44 +13,17 @@
 use std::collections::HashMap;
 
 use arbitrary::{Result, Unstructured};
-use idem_core::store::{OwnerToken, Record, Timestamp, decode_checkpoint, encode_headers};
-use idem_core::{Checkpoint, Fingerprint, Operation, Scope, StoreError, StoredResponse};
+use idem_core::store::{OwnerToken, Record, Timestamp, encode_headers};
+use idem_core::{Checkpoint, Fingerprint, Operation, Scope, StoredResponse};
 use idem_dynamo::aws_sdk_dynamodb::primitives::Blob;
 use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamo::fuzzing::{Item, is_live, record, refused_item, takeover_checkpoint};
+use idem_fuzz::{WORDS, checkpoint, decoded_or_corrupt};
 use libfuzzer_sys::fuzz_target;
 
 const NAMES: &[&str] = &[
     "pk", "tenant", "k", "fp", "own", "att", "datt", "st", "lease", "exp", "ttl", "cpn", "cpd",
     "rs", "rh", "rb",
-];
-const WORDS: &[&str] = &[
-    "f",
-    "c",
-    "0",
-    "1",
-    "-1",
-    "200",
-    "9000",
-    "4294967296",
-    "1e3",
-    "-0",
-    " 1",
-    "{}",
-    "[1]",
-    "{\"a\":1}",
-    "null",
-    "00000000-0000-0000-0000-000000000000",
-];
-const JSON: &[&str] = &[
-    "{\"id\":7}",
-    "[1,2.5,-0]",
-    "null",
-    "\"é\"",
-    "1e400",
-    "{",
-    "",
-    "[1]]",
 ];
 
 fn owner(u: &mut Unstructured<'_>) -> Result<OwnerToken> {
@@ -177,17 +150,7 @@ fn written(u: &mut Unstructured<'_>, scope: &Scope) -> Result<(Item, bool, Expec
     let record = Record::in_flight(scope.clone(), fingerprint, owner, attempt, lease, retained);
     // A checkpoint is stored in flight; a completed item may keep a stale one.
     let checkpoint = if u.arbitrary()? {
-        let name = if u.arbitrary()? {
-            "charged".to_owned()
-        } else {
-            u.arbitrary()?
-        };
-        let data = if u.ratio(3, 4)? {
-            (*u.choose(JSON)?).to_owned()
-        } else {
-            u.arbitrary()?
-        };
-        let decoded = decode_checkpoint(Some(&name), Some(&data)).ok().flatten();
+        let (name, data, decoded) = checkpoint(u)?;
         item.insert("cpn".into(), s(name));
         item.insert("cpd".into(), s(data));
         decoded.map(Some)
@@ -239,18 +202,6 @@ fn written(u: &mut Unstructured<'_>, scope: &Scope) -> Result<(Item, bool, Expec
     Ok((item, changed, expected))
 }
 
-fn check<T>(result: std::result::Result<T, StoreError>, operation: Operation) {
-    match result {
-        Ok(_) => {}
-        Err(StoreError::Corrupt {
-            store: "dynamodb",
-            operation: op,
-            ..
-        }) if op == operation => {}
-        Err(other) => panic!("not a Corrupt of {operation:?}: {other:?}"),
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let Ok(scope) = Scope::parse("tenant", "key") else {
@@ -279,8 +230,8 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(record.scope(), &scope);
             assert_eq!(live, record.is_live(now));
         }
-        Err(e) => check::<()>(Err(e), Operation::Get),
+        Err(e) => decoded_or_corrupt::<()>(Err(e), "dynamodb", Operation::Get),
     }
-    check(refused_item(&scope, &item), Operation::Claim);
-    check(takeover_checkpoint(&item), Operation::Claim);
+    decoded_or_corrupt(refused_item(&scope, &item), "dynamodb", Operation::Claim);
+    decoded_or_corrupt(takeover_checkpoint(&item), "dynamodb", Operation::Claim);
 });

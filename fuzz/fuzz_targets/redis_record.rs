@@ -13,50 +13,14 @@ use std::time::Duration;
 
 use arbitrary::{Result, Unstructured};
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Lease, OwnerToken, Record, Timestamp, decode_checkpoint,
-    encode_headers, retry_after_millis,
+    ClaimOutcome, ClaimRequest, Lease, OwnerToken, Record, Timestamp, encode_headers,
+    retry_after_millis,
 };
-use idem_core::{Checkpoint, Fingerprint, Operation, Scope, StoreError, StoredResponse};
+use idem_core::{Fingerprint, Operation, Scope, StoredResponse};
+use idem_fuzz::{WORDS, checkpoint, decoded_or_corrupt};
 use idem_redis::fuzzing::{claim_reply, record_hash};
 use idem_redis::redis::{self, Value};
 use libfuzzer_sys::fuzz_target;
-
-const WORDS: &[&str] = &[
-    "claimed",
-    "in_progress",
-    "completed",
-    "mismatch",
-    "fp",
-    "own",
-    "att",
-    "st",
-    "lease",
-    "exp",
-    "cpn",
-    "cpd",
-    "rs",
-    "rh",
-    "rb",
-    "f",
-    "c",
-    "0",
-    "1",
-    "-1",
-    "200",
-    "4294967296",
-    "{}",
-    "[1]",
-];
-const JSON: &[&str] = &[
-    "{\"id\":7}",
-    "[1,2.5,-0]",
-    "null",
-    "\"é\"",
-    "1e400",
-    "{",
-    "",
-    "[1]]",
-];
 
 fn text(u: &mut Unstructured<'_>) -> Result<Vec<u8>> {
     Ok(match u.int_in_range(0..=4)? {
@@ -122,23 +86,6 @@ fn response(u: &mut Unstructured<'_>) -> Result<StoredResponse> {
         response = response.with_header(u.arbitrary::<String>()?, u.arbitrary::<Vec<u8>>()?);
     }
     Ok(response)
-}
-
-/// A checkpoint's name and data as stored, and what it decodes to (`None`
-/// if the pair is not a checkpoint, which makes the record corrupt).
-fn checkpoint(u: &mut Unstructured<'_>) -> Result<(String, String, Option<Checkpoint>)> {
-    let name = if u.arbitrary()? {
-        "charged".to_owned()
-    } else {
-        u.arbitrary()?
-    };
-    let data = if u.ratio(3, 4)? {
-        (*u.choose(JSON)?).to_owned()
-    } else {
-        u.arbitrary()?
-    };
-    let decoded = decode_checkpoint(Some(&name), Some(&data)).ok().flatten();
-    Ok((name, data, decoded))
 }
 
 /// Changes `fields` a few times; whether it changed anything.
@@ -282,18 +229,6 @@ fn written_claim(
     Ok((reply, changed, expected))
 }
 
-fn check<T>(result: std::result::Result<T, StoreError>, operation: Operation) {
-    match result {
-        Ok(_) => {}
-        Err(StoreError::Corrupt {
-            store: "redis",
-            operation: op,
-            ..
-        }) if op == operation => {}
-        Err(other) => panic!("not a Corrupt of {operation:?}: {other:?}"),
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let Ok(scope) = Scope::parse("tenant", "key") else {
@@ -335,17 +270,17 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(lease.owner(), request.owner());
         assert_eq!(lease.scope(), &scope);
     }
-    check(claimed, Operation::Claim);
+    decoded_or_corrupt(claimed, "redis", Operation::Claim);
     match record_hash(&scope, &reply) {
         Ok(Some(record)) => assert_eq!(record.scope(), &scope),
         Ok(None) => assert!(reply.is_empty()),
-        Err(e) => check::<()>(Err(e), Operation::Get),
+        Err(e) => decoded_or_corrupt::<()>(Err(e), "redis", Operation::Get),
     }
     // A whole reply as the driver hands it over, through its own conversion.
     if let Ok(whole) = value(&mut u, 0)
         && let Ok(reply) = redis::from_redis_value::<Vec<Value>>(whole)
     {
-        check(claim_reply(&reply, &request), Operation::Claim);
-        check(record_hash(&scope, &reply), Operation::Get);
+        decoded_or_corrupt(claim_reply(&reply, &request), "redis", Operation::Claim);
+        decoded_or_corrupt(record_hash(&scope, &reply), "redis", Operation::Get);
     }
 });

@@ -143,6 +143,11 @@ impl OperationKey {
         Self { namespace, id }
     }
 
+    /// The key as `owner` names it to the fenced writes.
+    pub fn held_by(&self, owner: OwnerToken) -> Holder<'_> {
+        Holder { key: self, owner }
+    }
+
     /// The journal's namespace.
     pub fn namespace(&self) -> &Tenant {
         &self.namespace
@@ -172,6 +177,30 @@ impl OperationKey {
         }
         out
     }
+}
+
+/// An operation as the owner of its lease names it to the fenced writes
+/// ([`JournalStore::acquire`], [`mark_sent`](JournalStore::mark_sent) and
+/// [`finish`](JournalStore::finish)).
+///
+/// ```
+/// use idem_core::Tenant;
+/// use idem_core::store::{OperationId, OperationKey, OwnerToken};
+///
+/// # fn example() -> Result<(), idem_core::InvalidInput> {
+/// let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-42", "charge")?);
+/// let owner = OwnerToken::generate();
+/// let held = key.held_by(owner);
+/// assert_eq!((held.key, held.owner), (&key, owner));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder<'a> {
+    /// The operation.
+    pub key: &'a OperationKey,
+    /// Who holds (or asks for) its lease.
+    pub owner: OwnerToken,
 }
 
 impl fmt::Display for OperationKey {
@@ -451,6 +480,74 @@ impl Finish {
     }
 }
 
+/// What [`JournalStore::list`] looks for: the operations of one namespace
+/// in some states, unchanged for a while, at most a number of them.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::Tenant;
+/// use idem_core::store::{ListQuery, OperationState};
+///
+/// # fn example() -> Result<(), idem_core::InvalidInput> {
+/// let stuck = ListQuery::new(Tenant::new("billing")?, &[OperationState::Unknown])
+///     .older_than(Duration::from_secs(60))
+///     .limit(100);
+/// assert_eq!(stuck.limit, 100);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListQuery {
+    /// The namespace listed.
+    pub namespace: Tenant,
+    /// The states listed, each once (none: nothing is found).
+    pub states: Vec<OperationState>,
+    /// How long an operation has been unchanged, by the store's clock.
+    pub older_than: Duration,
+    /// At most this many, 1 to [`MAX_LIST`]: the store refuses others.
+    pub limit: usize,
+}
+
+impl ListQuery {
+    /// The operations of `namespace` in `states`, whatever their age, at
+    /// most [`MAX_LIST`].
+    pub fn new(namespace: Tenant, states: &[OperationState]) -> Self {
+        let mut once = Vec::with_capacity(states.len());
+        for state in states {
+            if !once.contains(state) {
+                once.push(*state);
+            }
+        }
+        Self {
+            namespace,
+            states: once,
+            older_than: Duration::ZERO,
+            limit: MAX_LIST,
+        }
+    }
+
+    /// Whether `record` is one the query asks for at the store's time `now`.
+    pub fn matches(&self, record: &JournalRecord, now: Timestamp) -> bool {
+        record.key().namespace() == &self.namespace
+            && self.states.contains(&record.state())
+            && record.parts().updated_at <= now - self.older_than
+    }
+
+    /// Only those unchanged for `older_than`.
+    #[must_use]
+    pub fn older_than(mut self, older_than: Duration) -> Self {
+        self.older_than = older_than;
+        self
+    }
+
+    /// At most `limit` (the store refuses one outside 1 to [`MAX_LIST`]).
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
 /// What [`JournalStore::acquire`] found.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -474,6 +571,43 @@ pub enum Acquired {
     Settled(JournalRecord),
     /// No operation has this key.
     Absent,
+}
+
+impl Acquired {
+    /// For stores whose server names its answer to an acquisition
+    /// (`absent`, `settled`, `busy`, `held`) beside the record and its
+    /// time: the answer, reading the record with `record` where there is
+    /// one. `None` for an unknown name, or a `busy` record with no live
+    /// lease of another owner (the store's reply is then corrupt).
+    ///
+    /// # Errors
+    ///
+    /// What `record` fails with.
+    pub fn from_answer(
+        answer: &[u8],
+        owner: OwnerToken,
+        now: Timestamp,
+        record: impl FnOnce() -> Result<JournalRecord, StoreError>,
+    ) -> Result<Option<Self>, StoreError> {
+        Ok(match answer {
+            b"absent" => Some(Self::Absent),
+            b"settled" => Some(Self::Settled(record()?)),
+            b"held" => Some(Self::Held {
+                record: record()?,
+                now,
+            }),
+            b"busy" => {
+                let record = record()?;
+                record
+                    .held_by_other(owner, now)
+                    .map(|retry_after| Self::Busy {
+                        record,
+                        retry_after,
+                    })
+            }
+            _ => None,
+        })
+    }
 }
 
 /// The storage of an outbound operation journal (`idem-journal`).
@@ -529,48 +663,27 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// The operation with `key`, if any.
     async fn get(&self, key: &OperationKey) -> Result<Option<JournalRecord>, StoreError>;
 
-    /// Leases the operation to `owner` for `lease` from the store's now.
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError>;
+    /// Leases the operation to its holder's owner for `lease` from the
+    /// store's now.
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError>;
 
-    /// Counts a send after `sends` under `owner`'s lease.
+    /// Counts a send after `sends` under the owner's lease.
     ///
     /// # Errors
     ///
-    /// [`StoreError::LostLease`] unless `owner` holds a live lease.
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError>;
+    /// [`StoreError::LostLease`] unless the owner holds a live lease.
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError>;
 
-    /// Writes `finish` under `owner`'s lease and releases it.
+    /// Writes `finish` under the owner's lease and releases it.
     ///
     /// # Errors
     ///
-    /// [`StoreError::LostLease`] unless `owner` holds a live lease (or
+    /// [`StoreError::LostLease`] unless the owner holds a live lease (or
     /// this very finish was written already).
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError>;
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError>;
 
-    /// Operations of `namespace` in `states`, unchanged for `older_than`,
-    /// oldest first, at most `limit`.
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError>;
+    /// The operations `query` asks for, oldest change first.
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError>;
 
     /// What the store is: its name and whose clock it keeps.
     fn capabilities(&self) -> Capabilities;

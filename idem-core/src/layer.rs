@@ -13,12 +13,15 @@ use crate::claim::{ClaimOutcome, ClaimRequest};
 use crate::clock::Timestamp;
 use crate::error::{Operation, StoreError};
 use crate::journal::{
-    Acquired, Finish, JournalRecord, JournalStore, NewOperation, OperationKey, OperationState,
+    Acquired, Finish, Holder, JournalRecord, JournalStore, ListQuery, NewOperation, OperationKey,
 };
 use crate::observability::store_call;
-use crate::outbox::{MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore};
+use crate::outbox::{
+    BatchClaim, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    PublishFailure,
+};
 use crate::record::{Checkpoint, Lease, OwnerToken, Record, StoredResponse};
-use crate::scope::{Scope, Tenant};
+use crate::scope::Scope;
 
 /// What a store does around each of its operations: bounds it in time,
 /// opens its `idem.store` span and records its metrics (see
@@ -393,53 +396,32 @@ impl<S: JournalStore> JournalStore for Layered<S> {
             .await
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
-        let acquired = self.inner.acquire(key, owner, lease);
-        let scope = journal_scope(key);
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let acquired = self.inner.acquire(held, lease);
+        let scope = journal_scope(held.key);
         self.layer
             .traced(Operation::Acquire, scope.as_ref(), None, acquired)
             .await
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
-        let sent = self.inner.mark_sent(key, owner, sends);
-        let scope = journal_scope(key);
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let sent = self.inner.mark_sent(held, sends);
+        let scope = journal_scope(held.key);
         self.layer
             .traced(Operation::MarkSent, scope.as_ref(), None, sent)
             .await
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
-        let finished = self.inner.finish(key, owner, finish);
-        let scope = journal_scope(key);
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let finished = self.inner.finish(held, finish);
+        let scope = journal_scope(held.key);
         self.layer
             .traced(Operation::Finish, scope.as_ref(), None, finished)
             .await
     }
 
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
-        let listed = self.inner.list(namespace, states, older_than, limit);
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
+        let listed = self.inner.list(query);
         self.layer.traced(Operation::List, None, None, listed).await
     }
 
@@ -457,13 +439,8 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
             .await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
-        let claimed = self.inner.claim(owner, lease, limit);
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let claimed = self.inner.claim(batch);
         self.layer
             .traced(Operation::Claim, None, None, claimed)
             .await
@@ -476,17 +453,8 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
             .await
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
-        let failed = self
-            .inner
-            .mark_failed(owner, id, error, retry_after, max_attempts);
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
+        let failed = self.inner.mark_failed(failure);
         self.layer
             .traced(Operation::MarkFailed, None, None, failed)
             .await
@@ -565,14 +533,12 @@ macro_rules! __forward_store {
             }
             async fn claim(
                 &self,
-                owner: $crate::store::OwnerToken,
-                lease: ::core::time::Duration,
-                limit: usize,
+                batch: &$crate::store::BatchClaim,
             ) -> ::core::result::Result<
                 ::std::vec::Vec<$crate::store::OutboxMessage>,
                 $crate::StoreError,
             > {
-                self.$field.claim(owner, lease, limit).await
+                self.$field.claim(batch).await
             }
             async fn mark_sent(
                 &self,
@@ -583,15 +549,9 @@ macro_rules! __forward_store {
             }
             async fn mark_failed(
                 &self,
-                owner: $crate::store::OwnerToken,
-                id: $crate::store::MessageId,
-                error: &str,
-                retry_after: ::core::time::Duration,
-                max_attempts: u32,
+                failure: &$crate::store::PublishFailure,
             ) -> ::core::result::Result<$crate::store::MessageState, $crate::StoreError> {
-                self.$field
-                    .mark_failed(owner, id, error, retry_after, max_attempts)
-                    .await
+                self.$field.mark_failed(failure).await
             }
             async fn parked(
                 &self,
@@ -652,39 +612,33 @@ macro_rules! __forward_store {
             }
             async fn acquire(
                 &self,
-                key: &$crate::store::OperationKey,
-                owner: $crate::store::OwnerToken,
+                held: $crate::store::Holder<'_>,
                 lease: ::core::time::Duration,
             ) -> ::core::result::Result<$crate::store::Acquired, $crate::StoreError> {
-                self.$field.acquire(key, owner, lease).await
+                self.$field.acquire(held, lease).await
             }
             async fn mark_sent(
                 &self,
-                key: &$crate::store::OperationKey,
-                owner: $crate::store::OwnerToken,
+                held: $crate::store::Holder<'_>,
                 sends: u32,
             ) -> ::core::result::Result<$crate::store::JournalRecord, $crate::StoreError> {
-                self.$field.mark_sent(key, owner, sends).await
+                self.$field.mark_sent(held, sends).await
             }
             async fn finish(
                 &self,
-                key: &$crate::store::OperationKey,
-                owner: $crate::store::OwnerToken,
+                held: $crate::store::Holder<'_>,
                 finish: &$crate::store::Finish,
             ) -> ::core::result::Result<$crate::store::JournalRecord, $crate::StoreError> {
-                self.$field.finish(key, owner, finish).await
+                self.$field.finish(held, finish).await
             }
             async fn list(
                 &self,
-                namespace: &$crate::Tenant,
-                states: &[$crate::store::OperationState],
-                older_than: ::core::time::Duration,
-                limit: usize,
+                query: &$crate::store::ListQuery,
             ) -> ::core::result::Result<
                 ::std::vec::Vec<$crate::store::JournalRecord>,
                 $crate::StoreError,
             > {
-                self.$field.list(namespace, states, older_than, limit).await
+                self.$field.list(query).await
             }
             fn capabilities(&self) -> $crate::store::Capabilities {
                 self.$field.capabilities()

@@ -248,6 +248,35 @@ impl OutboxMessage {
     pub fn state(&self) -> MessageState {
         self.parts.state
     }
+
+    /// The same message with its parts edited.
+    #[must_use]
+    pub fn edited(&self, edit: impl FnOnce(&mut MessageParts)) -> Self {
+        let mut parts = self.parts.clone();
+        edit(&mut parts);
+        Self::new(self.message.clone(), parts)
+    }
+
+    /// Whether `owner` holds it at the store's time `now`.
+    pub fn is_held_by(&self, owner: OwnerToken, now: Timestamp) -> bool {
+        self.parts.lease_owner == Some(owner) && self.parts.lease_until.is_some_and(|u| u > now)
+    }
+
+    /// The message after `failure` at the store's time `now`: one more
+    /// attempt, the error kept, the lease freed, available again after the
+    /// back-off, parked at the last attempt.
+    #[must_use]
+    pub fn failed(&self, failure: &PublishFailure, now: Timestamp) -> Self {
+        self.edited(|parts| {
+            parts.attempts = parts.attempts.saturating_add(1);
+            parts.last_error = Some(failure.error.clone());
+            parts.lease_until = None;
+            parts.available_at = now + failure.retry_after;
+            if parts.attempts >= failure.max_attempts {
+                parts.state = MessageState::Parked;
+            }
+        })
+    }
 }
 
 /// The age of the backlog, for gauges.
@@ -273,6 +302,96 @@ impl OutboxStats {
     }
 }
 
+/// What a relay asks of [`OutboxStore::claim`]: up to `limit` messages,
+/// leased to `owner` for `lease`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::store::{BatchClaim, OwnerToken};
+///
+/// let batch = BatchClaim::new(OwnerToken::generate(), Duration::from_secs(30), 100);
+/// assert_eq!(batch.limit, 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchClaim {
+    /// Who leases the messages.
+    pub owner: OwnerToken,
+    /// For how long, by the store's clock (1 ms to 7 days: the store
+    /// refuses others).
+    pub lease: Duration,
+    /// At most this many (1 to [`MAX_OUTBOX_BATCH`]: the store refuses
+    /// others).
+    pub limit: usize,
+}
+
+impl BatchClaim {
+    /// Up to `limit` messages for `owner`, for `lease`.
+    pub fn new(owner: OwnerToken, lease: Duration, limit: usize) -> Self {
+        Self {
+            owner,
+            lease,
+            limit,
+        }
+    }
+}
+
+/// A failed publish, as [`OutboxStore::mark_failed`] counts it: the message,
+/// the owner whose lease it is under, the broker's error, and what the
+/// failure leads to.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::store::{MessageId, OwnerToken, PublishFailure};
+///
+/// let failure = PublishFailure::new(OwnerToken::generate(), MessageId::generate(), "nacked")
+///     .retry_after(Duration::from_secs(2))
+///     .max_attempts(5);
+/// assert_eq!(failure.max_attempts, 5);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublishFailure {
+    /// Whose lease the message is under.
+    pub owner: OwnerToken,
+    /// The message.
+    pub id: MessageId,
+    /// Why it failed, kept with the message.
+    pub error: String,
+    /// How long until the message is available again.
+    pub retry_after: Duration,
+    /// The failures at which the message is parked instead (at least 1).
+    pub max_attempts: u32,
+}
+
+impl PublishFailure {
+    /// A failure of `id` under `owner`'s lease: available again at once,
+    /// parked at its tenth failure.
+    pub fn new(owner: OwnerToken, id: MessageId, error: impl Into<String>) -> Self {
+        Self {
+            owner,
+            id,
+            error: error.into(),
+            retry_after: Duration::ZERO,
+            max_attempts: 10,
+        }
+    }
+
+    /// Available again only after `retry_after`.
+    #[must_use]
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// Parked at its `max_attempts`-th failure (0 counts as 1).
+    #[must_use]
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+}
+
 /// The storage of a transactional outbox (`idem-outbox`).
 ///
 /// # Contract
@@ -285,8 +404,8 @@ impl OutboxStats {
 ///   share the caller's transaction enqueue inside it, so a message exists
 ///   exactly when the business change committed, and sequences follow the
 ///   commit order within an aggregate.
-/// - **Claim.** [`claim`](Self::claim) leases to `owner`, for `lease` by the
-///   store's clock, up to `limit` messages: for each aggregate with nothing
+/// - **Claim.** [`claim`](Self::claim) leases to the batch's `owner`, for
+///   its `lease` by the store's clock, up to its `limit` messages: for each aggregate with nothing
 ///   parked and nothing leased to anyone, its lowest pending sequence, if it
 ///   is available (`available_at` passed); never two messages of one
 ///   aggregate at once. It never skips a message: one that commits late is
@@ -296,8 +415,8 @@ impl OutboxStats {
 ///   in one operation, only those `owner` still holds; it answers how many.
 ///   Delivered twice, the second marks nothing more and fails nothing.
 /// - **Failed.** [`mark_failed`](Self::mark_failed) counts a failed publish
-///   under `owner`'s lease, keeps the error, frees the message, and makes it
-///   available again after `retry_after`; at `max_attempts` failures it is
+///   under its owner's lease, keeps the error, frees the message, and makes
+///   it available again after `retry_after`; at `max_attempts` failures it is
 ///   parked instead, and so, in effect, its aggregate. Without the lease:
 ///   [`StoreError::LostLease`], nothing written.
 /// - **Operator.** [`parked`](Self::parked) lists parked messages, oldest
@@ -315,31 +434,20 @@ pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
     /// Stores `message` pending with its aggregate's next sequence.
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError>;
 
-    /// Leases the available heads of up to `limit` aggregates to `owner`.
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError>;
+    /// Leases the available heads of up to `batch.limit` aggregates to
+    /// `batch.owner`.
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError>;
 
     /// Marks `ids` sent where `owner` holds them; how many it marked.
     async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError>;
 
-    /// Counts a failed publish of `id` under `owner`'s lease; the state it
-    /// leaves (pending again, or parked).
+    /// Counts `failure` under its owner's lease; the state it leaves
+    /// (pending again, or parked).
     ///
     /// # Errors
     ///
-    /// [`StoreError::LostLease`] unless `owner` holds it.
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError>;
+    /// [`StoreError::LostLease`] unless the owner holds it.
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError>;
 
     /// Parked messages, oldest first, at most `limit`.
     async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError>;

@@ -29,14 +29,14 @@ pub use crate::decision::{Decision, decide};
 #[cfg(feature = "moka")]
 pub use crate::expiry::ExpireAfter;
 pub use crate::journal::{
-    Acquired, Finish, JournalParts, JournalRecord, JournalStore, MAX_LIST, NewOperation,
-    OperationId, OperationKey, OperationState, validate_list_limit,
+    Acquired, Finish, Holder, JournalParts, JournalRecord, JournalStore, ListQuery, MAX_LIST,
+    NewOperation, OperationId, OperationKey, OperationState, validate_list_limit,
 };
 pub use crate::layer::{Layered, OperationLayer};
 pub use crate::options::validate_name;
 pub use crate::outbox::{
-    MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState, NewMessage,
-    OutboxMessage, OutboxStats, OutboxStore, validate_outbox_batch,
+    BatchClaim, MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState,
+    NewMessage, OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
 };
 pub use crate::parking::{
     InboundMessage, NewParked, ParkedMessage, ParkedState, ParkingStore, Resolution, VersionCheck,

@@ -3,10 +3,8 @@
 //! implementation (one conditional request per operation, `list` aside).
 
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -16,9 +14,8 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem,
 };
 use idem_core::store::{
-    Acquired, Capabilities, ClockSource, Durability, Finish, JournalRecord, JournalStore, Layered,
-    NewOperation, OperationKey, OperationState, OwnerToken, Timestamp, TransactionSharing,
-    forward_journal_store, validate_lease, validate_list_limit,
+    Acquired, Capabilities, Finish, Holder, JournalRecord, JournalStore, ListQuery, NewOperation,
+    OperationKey, OperationState, Timestamp, validate_lease, validate_list_limit,
 };
 use idem_core::{Operation, StoreError, Tenant, async_trait};
 
@@ -27,7 +24,7 @@ use crate::error::{STORE, build_failure, classify};
 use crate::journal_item::{
     self, LIST_INDEX, attr, list_key, millis, names, open_condition, used_values,
 };
-use crate::options::{DynamoJournalOptions, JournalSettings};
+use crate::options::DynamoJournalOptions;
 use crate::store::wait_until_active;
 
 /// The most keys one `BatchGetItem` takes.
@@ -37,167 +34,77 @@ const BATCH_GET_LIMIT: usize = 100;
 /// (throttled) before it gives up as unavailable.
 const UNPROCESSED_RETRIES: u32 = 8;
 
-/// The journal store on DynamoDB, over the caller's `aws_sdk_dynamodb::Client`:
-/// what [`idem-journal`](idem_core::store::JournalStore) keeps of each call
-/// to a provider.
-///
-/// One item per operation under the partition key
-/// [`OperationKey::storage_key`] (injective, so no two operations, nor two
-/// namespaces, share an item), each part of the record an attribute of its
-/// own. Each operation is one request: `record` a conditional `PutItem`
-/// (`attribute_not_exists(pk)`, answered from the item that stopped it, so
-/// a second record or a second delivery returns the first), `get` a
-/// strongly consistent `GetItem`, `acquire`, `mark_sent` and `finish` one
-/// conditional `UpdateItem` each, fenced on the lease's owner and end, the
-/// state and (for a send) the count, each answering a refusal from the item
-/// that refused it (`ReturnValuesOnConditionCheckFailure::AllOld`), so a
-/// second delivery gets the first's answer without a read. `list` is a
-/// `Query` per state asked and a `BatchGetItem` per hundred operations
-/// found (see [`list`](JournalStore::list) below).
-///
-/// An update stamps `updated_at` with the caller's now only if that is not
-/// before the stored one (DynamoDB has no `max()` in update expressions):
-/// in the rare case of a writer whose clock is behind the last one's, the
-/// write is sent again keeping the stored time, a second request.
-///
-/// DynamoDB has no clock to ask, so leases, the key window and every time in
-/// a record are the caller's clock's ([`ClockSource::Caller`]): callers'
-/// clocks must agree to within a small part of the lease, as for
-/// [`DynamoStore`](crate::DynamoStore) (a caller whose clock runs ahead may
-/// take over a live lease early; the old owner's writes then fail with
-/// `LostLease`, so nothing is written twice).
-///
-/// **`list` reads a global secondary index**, which DynamoDB keeps
-/// eventually consistent: an operation changed a moment ago may be missing
-/// from it, or still filed under its old state. So `list` reads each
-/// operation it finds again, strongly consistent, and returns it only if it
-/// still is in a state asked and unchanged for `older_than`: what it
-/// returns is current, but an operation that changed within the last
-/// moment (usually well under a second) may be left out, and a list may
-/// hold fewer than `limit` though more qualify. A sweep that lists again
-/// later finds them; acquiring one is strongly consistent and fenced either
-/// way.
-///
-/// Every operation goes through the journal's
-/// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
-/// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
-/// by default), ends in a retryable [`StoreError::Unavailable`] past it, and
-/// gets its span and metrics whoever calls it.
-///
-/// ```no_run
-/// use idem_core::Tenant;
-/// use idem_core::store::{Acquired, JournalStore, NewOperation, OperationId, OperationKey, OwnerToken};
-/// use idem_dynamo::{aws_sdk_dynamodb, DynamoJournal, DynamoJournalOptions};
-///
-/// # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
-/// let client = aws_sdk_dynamodb::Client::from_conf(config);
-/// let journal = DynamoJournal::with_options(client, DynamoJournalOptions::default().table("payments-journal"))?;
-/// journal.create_table().await?; // tests and quick starts
-/// let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-42", "charge")?);
-/// journal.record(&NewOperation::new(key.clone(), serde_json::json!({"amount": 1200}))).await?;
-/// let owner = OwnerToken::generate();
-/// if let Acquired::Held { record, .. } = journal.acquire(&key, owner, std::time::Duration::from_secs(30)).await? {
-///     let sent = journal.mark_sent(&key, owner, record.parts().sends).await?;
-///     # let _ = sent;
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct DynamoJournal {
-    operations: Layered<Operations>,
-}
-
-forward_journal_store!(DynamoJournal => operations);
-
-/// The client and the settings, inside the journal's layer. Its trait
-/// implementation sets no time limit of its own: the layer's is the one.
-#[derive(Clone)]
-struct Operations {
-    client: Client,
-    settings: JournalSettings,
-}
-
-impl fmt::Debug for Operations {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DynamoJournal")
-            .field("table", &self.settings.table)
-            .field("clock", &self.settings.clock)
-            .field("operation_timeout", &self.settings.layer.timeout())
-            .finish_non_exhaustive()
-    }
-}
-
-impl DynamoJournal {
-    /// A journal on the table [`DEFAULT_JOURNAL_TABLE`](crate::DEFAULT_JOURNAL_TABLE)
-    /// (`idem-journal`), with the default operation timeout, on the system
-    /// clock.
+crate::part::dynamo_part!(
+    /// The journal store on DynamoDB, over the caller's `aws_sdk_dynamodb::Client`:
+    /// what [`idem-journal`](idem_core::store::JournalStore) keeps of each call
+    /// to a provider.
+    ///
+    /// One item per operation under the partition key
+    /// [`OperationKey::storage_key`] (injective, so no two operations, nor two
+    /// namespaces, share an item), each part of the record an attribute of its
+    /// own. Each operation is one request: `record` a conditional `PutItem`
+    /// (`attribute_not_exists(pk)`, answered from the item that stopped it, so
+    /// a second record or a second delivery returns the first), `get` a
+    /// strongly consistent `GetItem`, `acquire`, `mark_sent` and `finish` one
+    /// conditional `UpdateItem` each, fenced on the lease's owner and end, the
+    /// state and (for a send) the count, each answering a refusal from the item
+    /// that refused it (`ReturnValuesOnConditionCheckFailure::AllOld`), so a
+    /// second delivery gets the first's answer without a read. `list` is a
+    /// `Query` per state asked and a `BatchGetItem` per hundred operations
+    /// found (see [`list`](JournalStore::list) below).
+    ///
+    /// An update stamps `updated_at` with the caller's now only if that is not
+    /// before the stored one (DynamoDB has no `max()` in update expressions):
+    /// in the rare case of a writer whose clock is behind the last one's, the
+    /// write is sent again keeping the stored time, a second request.
+    ///
+    /// DynamoDB has no clock to ask, so leases, the key window and every time in
+    /// a record are the caller's clock's ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)): callers'
+    /// clocks must agree to within a small part of the lease, as for
+    /// [`DynamoStore`](crate::DynamoStore) (a caller whose clock runs ahead may
+    /// take over a live lease early; the old owner's writes then fail with
+    /// `LostLease`, so nothing is written twice).
+    ///
+    /// **`list` reads a global secondary index**, which DynamoDB keeps
+    /// eventually consistent: an operation changed a moment ago may be missing
+    /// from it, or still filed under its old state. So `list` reads each
+    /// operation it finds again, strongly consistent, and returns it only if it
+    /// still is in a state asked and unchanged for `older_than`: what it
+    /// returns is current, but an operation that changed within the last
+    /// moment (usually well under a second) may be left out, and a list may
+    /// hold fewer than `limit` though more qualify. A sweep that lists again
+    /// later finds them; acquiring one is strongly consistent and fenced either
+    /// way.
+    ///
+    /// Every operation goes through the journal's
+    /// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
+    /// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
+    /// by default), ends in a retryable [`StoreError::Unavailable`] past it, and
+    /// gets its span and metrics whoever calls it.
     ///
     /// ```no_run
-    /// use idem_dynamo::{aws_sdk_dynamodb, DynamoJournal};
-    ///
-    /// # fn example(config: aws_sdk_dynamodb::Config) {
-    /// let journal = DynamoJournal::new(aws_sdk_dynamodb::Client::from_conf(config));
-    /// assert_eq!(journal.table(), "idem-journal");
-    /// # }
-    /// ```
-    pub fn new(client: Client) -> Self {
-        Self::from_settings(client, JournalSettings::default())
-    }
-
-    /// A journal with `options`.
-    ///
-    /// ```no_run
+    /// use idem_core::Tenant;
+    /// use idem_core::store::{Acquired, JournalStore, NewOperation, OperationId, OperationKey, OwnerToken};
     /// use idem_dynamo::{aws_sdk_dynamodb, DynamoJournal, DynamoJournalOptions};
     ///
-    /// # fn example(config: aws_sdk_dynamodb::Config) -> Result<(), idem_core::StoreError> {
+    /// # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
     /// let client = aws_sdk_dynamodb::Client::from_conf(config);
     /// let journal = DynamoJournal::with_options(client, DynamoJournalOptions::default().table("payments-journal"))?;
-    /// # let _ = journal;
+    /// journal.create_table().await?; // tests and quick starts
+    /// let key = OperationKey::new(Tenant::new("billing")?, OperationId::new("order-42", "charge")?);
+    /// journal.record(&NewOperation::new(key.clone(), serde_json::json!({"amount": 1200}))).await?;
+    /// let owner = OwnerToken::generate();
+    /// if let Acquired::Held { record, .. } = journal.acquire(key.held_by(owner), std::time::Duration::from_secs(30)).await? {
+    ///     let sent = journal.mark_sent(key.held_by(owner), record.parts().sends).await?;
+    ///     # let _ = sent;
+    /// }
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::InvalidInput`] if the table name breaks DynamoDB's
-    /// rules or the operation timeout is zero.
-    pub fn with_options(client: Client, options: DynamoJournalOptions) -> Result<Self, StoreError> {
-        Ok(Self::from_settings(client, options.validate()?))
-    }
+    pub struct DynamoJournal => operations: Operations, forward_journal_store,
+    DynamoJournalOptions, DEFAULT_JOURNAL_TABLE, usize::MAX, "journal store"
+);
 
-    fn from_settings(client: Client, settings: JournalSettings) -> Self {
-        let layer = settings.layer;
-        Self {
-            operations: Layered::with_layer(Operations { client, settings }, layer),
-        }
-    }
-
-    fn parts(&self) -> &Operations {
-        self.operations.get_ref()
-    }
-
-    /// The table's name.
-    ///
-    /// ```no_run
-    /// # fn example(journal: idem_dynamo::DynamoJournal) {
-    /// println!("journal in {}", journal.table());
-    /// # }
-    /// ```
-    pub fn table(&self) -> &str {
-        &self.parts().settings.table
-    }
-
-    /// The client.
-    ///
-    /// ```no_run
-    /// # async fn example(journal: idem_dynamo::DynamoJournal) -> Result<(), Box<dyn std::error::Error>> {
-    /// let described = journal.client().describe_table().table_name(journal.table()).send().await?;
-    /// # let _ = described;
-    /// # Ok(()) }
-    /// ```
-    pub fn client(&self) -> &Client {
-        &self.parts().client
-    }
-
+impl DynamoJournal {
     /// Creates the table and its list index if the table does not exist,
     /// and waits until it is active.
     ///
@@ -637,12 +544,8 @@ impl JournalStore for Operations {
             .transpose()
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Acquire;
         let lease = validate_lease(lease)?;
         let now = self.now();
@@ -681,12 +584,8 @@ impl JournalStore for Operations {
         }
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::MarkSent;
         let now = self.now();
         let next = sends.saturating_add(1);
@@ -714,12 +613,8 @@ impl JournalStore for Operations {
         }
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Finish;
         let now = self.now();
         let mut write = Fenced::new(OP, key, &held_condition())
@@ -750,27 +645,19 @@ impl JournalStore for Operations {
     /// `BatchGetItem` per hundred operations found, which are returned only
     /// if they still match (see [`DynamoJournal`] on the index's
     /// consistency).
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
         const OP: Operation = Operation::List;
-        let limit = validate_list_limit(limit)?;
-        let cutoff = self.now() - older_than;
-        let mut asked: Vec<OperationState> = Vec::new();
-        for state in states {
-            if !asked.contains(state) {
-                asked.push(*state);
-            }
-        }
+        let limit = validate_list_limit(query.limit)?;
+        let now = self.now();
+        let cutoff = now - query.older_than;
         // The oldest `limit` of all states are among the oldest `limit` of
         // each.
         let mut found = Vec::new();
-        for state in &asked {
-            found.extend(self.listed_keys(namespace, *state, cutoff, limit).await?);
+        for state in &query.states {
+            found.extend(
+                self.listed_keys(&query.namespace, *state, cutoff, limit)
+                    .await?,
+            );
         }
         found.sort_by_key(|(changed, _)| *changed);
         found.truncate(limit);
@@ -781,10 +668,7 @@ impl JournalStore for Operations {
         for item in &items {
             let record = journal_item::record(item, OP)?;
             // The index lags the table: keep only what still matches.
-            if record.key().namespace() == namespace
-                && asked.contains(&record.state())
-                && record.parts().updated_at <= cutoff
-            {
+            if query.matches(&record, now) {
                 listed.push(record);
             }
         }
@@ -794,18 +678,13 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::TransactItems,
-            Durability::Durable,
-            ClockSource::Caller,
-            usize::MAX,
-        )
+        crate::part::capabilities(usize::MAX)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use aws_sdk_dynamodb::Client;
     use aws_sdk_dynamodb::config::{Credentials, Region};
     use idem_core::{InvalidInput, StoreOptions};
 
@@ -840,7 +719,10 @@ mod tests {
             journal.operations.layer().timeout(),
             Some(StoreOptions::DEFAULT_OPERATION_TIMEOUT)
         );
-        assert_eq!(journal.capabilities().clock, ClockSource::Caller);
+        assert_eq!(
+            journal.capabilities().clock,
+            idem_core::store::ClockSource::Caller
+        );
     }
 
     #[test]

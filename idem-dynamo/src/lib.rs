@@ -84,6 +84,7 @@ pub mod fuzzing;
 mod journal;
 mod journal_item;
 mod options;
+mod part;
 mod store;
 mod transaction;
 

@@ -25,58 +25,7 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = ITEM_LIMIT - ITEM_OVERHEAD;
 /// The table [`DynamoStore::new`](crate::DynamoStore::new) uses.
 pub const DEFAULT_TABLE: &str = "idem-records";
 
-/// Settings of a [`DynamoStore`](crate::DynamoStore).
-///
-/// The setters never fail: [`DynamoStore::with_options`](crate::DynamoStore::with_options)
-/// checks the whole set once.
-///
-/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
-/// [`IdempotencyStore`](idem_core::store::IdempotencyStore) operation as a
-/// whole, the SDK's retries included (a claim or a renewal that takes two
-/// requests gets one limit; `purge_expired` gets one per request, each scan
-/// page and each delete), and the commit of a
-/// [`DynamoTransaction`](crate::DynamoTransaction); not
-/// [`create_table`](crate::DynamoStore::create_table), which waits for the
-/// table to become active. The SDK's own limits apply inside it, and the
-/// shorter fires first: its `TimeoutConfig` (`operation_timeout`, unset by
-/// default, bounds the same span; `operation_attempt_timeout`, unset by
-/// default, bounds each attempt, so set it below this limit for the SDK to
-/// retry a stalled attempt within it) and its `RetryConfig` (3 attempts with
-/// back-off by default).
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::StoreOptions;
-/// use idem_dynamo::DynamoOptions;
-///
-/// let options = DynamoOptions::default().table("orders-idempotency").store_options(
-///     StoreOptions::default()
-///         .with_max_response_bytes(64 * 1024)
-///         .with_operation_timeout(Duration::from_secs(2)),
-/// );
-/// # let _ = options;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct DynamoOptions {
-    table: String,
-    clock: Arc<dyn Clock>,
-    store: StoreOptions,
-}
-
-impl Default for DynamoOptions {
-    /// Table [`DEFAULT_TABLE`], limit [`DEFAULT_MAX_RESPONSE_BYTES`], the
-    /// system clock, a 5 s operation timeout.
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_TABLE.to_string(),
-            clock: Arc::new(SystemClock),
-            store: StoreOptions::default(),
-        }
-    }
-}
-
-/// What a store and its transactions work with, once checked.
+/// What a store, its transactions and a journal work with, once checked.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) table: String,
@@ -85,59 +34,151 @@ pub(crate) struct Settings {
     pub(crate) layer: OperationLayer,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
+impl Settings {
+    /// The defaults on `table`.
+    pub(crate) fn on(table: &str, max_response_bytes: usize) -> Self {
         Self {
-            table: DEFAULT_TABLE.to_string(),
+            table: table.to_string(),
             clock: Arc::new(SystemClock),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            max_response_bytes,
             layer: OperationLayer::new(STORE, StoreOptions::DEFAULT_OPERATION_TIMEOUT),
         }
     }
 }
 
-impl DynamoOptions {
-    /// The table holding the records: 3 to 255 characters of `[A-Za-z0-9_.-]`.
-    #[must_use]
-    pub fn table(mut self, name: &str) -> Self {
-        self.table = name.to_string();
-        self
-    }
+/// The options of a DynamoDB part: its table (on `$default` unless set), its
+/// clock and the shared [`StoreOptions`], whose response limit is checked
+/// against `$limits` (default, ceiling, why).
+macro_rules! part_options {
+    ($(#[$doc:meta])* $name:ident, $default:ident, $limits:expr, $table_doc:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        #[non_exhaustive]
+        pub struct $name {
+            table: String,
+            clock: Arc<dyn Clock>,
+            store: StoreOptions,
+        }
 
-    /// The clock that judges leases and retention (DynamoDB has none to
-    /// ask); tests inject a [`ManualClock`](idem_core::ManualClock).
-    #[must_use]
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
+        impl Default for $name {
+            #[doc = concat!("Table [`", stringify!($default), "`], the system clock, a 5 s operation timeout.")]
+            fn default() -> Self {
+                Self {
+                    table: $default.to_string(),
+                    clock: Arc::new(SystemClock),
+                    store: StoreOptions::default(),
+                }
+            }
+        }
 
-    /// The operation timeout and the response limit, as
-    /// [`StoredResponse::size`](idem_core::StoredResponse::size) counts it:
-    /// 1 byte to [`DEFAULT_MAX_RESPONSE_BYTES`] (the default, what an item
-    /// holds).
-    #[must_use]
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
-        self.store = store;
-        self
-    }
+        impl $name {
+            #[doc = concat!("The table: 3 to 255 characters of `[A-Za-z0-9_.-]`. ", $table_doc)]
+            ///
+            /// ```
+            #[doc = concat!("let options = idem_dynamo::", stringify!($name), "::default().table(\"payments-idem\");")]
+            /// # let _ = options;
+            /// ```
+            #[must_use]
+            pub fn table(mut self, name: &str) -> Self {
+                self.table = name.to_string();
+                self
+            }
 
-    /// Checks every setting against DynamoDB's rules.
-    pub(crate) fn validate(self) -> Result<Settings, InvalidInput> {
-        let max_response_bytes = self.store.checked(
-            DEFAULT_MAX_RESPONSE_BYTES,
-            DEFAULT_MAX_RESPONSE_BYTES,
-            "must fit a 400 KB DynamoDB item beside the record's own attributes",
-        )?;
-        validate_table(&self.table)?;
-        Ok(Settings {
-            table: self.table,
-            clock: self.clock,
-            max_response_bytes,
-            layer: OperationLayer::new(STORE, self.store.operation_timeout()),
-        })
-    }
+            /// The clock that judges leases and stamps every time of a
+            /// record (DynamoDB has none to ask); tests inject a
+            /// [`ManualClock`](idem_core::ManualClock).
+            ///
+            /// ```
+            /// use idem_core::ManualClock;
+            /// use idem_core::store::Timestamp;
+            ///
+            /// let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
+            #[doc = concat!("let options = idem_dynamo::", stringify!($name), "::default().clock(clock.clone());")]
+            /// # let _ = options;
+            /// ```
+            #[must_use]
+            pub fn clock(mut self, clock: impl Clock) -> Self {
+                self.clock = Arc::new(clock);
+                self
+            }
+
+            /// The operation timeout and the response limit (see the
+            /// type's documentation for what each bounds here).
+            ///
+            /// ```
+            /// use std::time::Duration;
+            /// use idem_core::StoreOptions;
+            ///
+            #[doc = concat!("let options = idem_dynamo::", stringify!($name), "::default()")]
+            ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+            /// # let _ = options;
+            /// ```
+            #[must_use]
+            pub fn store_options(mut self, store: StoreOptions) -> Self {
+                self.store = store;
+                self
+            }
+
+            /// Checks every setting against DynamoDB's rules.
+            pub(crate) fn validate(self) -> Result<Settings, InvalidInput> {
+                let (default, ceiling, why) = $limits;
+                let max_response_bytes = self.store.checked(default, ceiling, why)?;
+                validate_table(&self.table)?;
+                Ok(Settings {
+                    table: self.table,
+                    clock: self.clock,
+                    max_response_bytes,
+                    layer: OperationLayer::new(STORE, self.store.operation_timeout()),
+                })
+            }
+        }
+    };
 }
+
+part_options!(
+    /// Settings of a [`DynamoStore`](crate::DynamoStore). Its response limit,
+    /// as [`StoredResponse::size`](idem_core::StoredResponse::size) counts it,
+    /// is 1 byte to [`DEFAULT_MAX_RESPONSE_BYTES`] (the default, what an item
+    /// holds).
+    ///
+    /// The setters never fail: [`DynamoStore::with_options`](crate::DynamoStore::with_options)
+    /// checks the whole set once.
+    ///
+    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+    /// [`IdempotencyStore`](idem_core::store::IdempotencyStore) operation as a
+    /// whole, the SDK's retries included (a claim or a renewal that takes two
+    /// requests gets one limit; `purge_expired` gets one per request, each scan
+    /// page and each delete), and the commit of a
+    /// [`DynamoTransaction`](crate::DynamoTransaction); not
+    /// [`create_table`](crate::DynamoStore::create_table), which waits for the
+    /// table to become active. The SDK's own limits apply inside it, and the
+    /// shorter fires first: its `TimeoutConfig` (`operation_timeout`, unset by
+    /// default, bounds the same span; `operation_attempt_timeout`, unset by
+    /// default, bounds each attempt, so set it below this limit for the SDK to
+    /// retry a stalled attempt within it) and its `RetryConfig` (3 attempts with
+    /// back-off by default).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_dynamo::DynamoOptions;
+    ///
+    /// let options = DynamoOptions::default().table("orders-idempotency").store_options(
+    ///     StoreOptions::default()
+    ///         .with_max_response_bytes(64 * 1024)
+    ///         .with_operation_timeout(Duration::from_secs(2)),
+    /// );
+    /// # let _ = options;
+    /// ```
+    DynamoOptions,
+    DEFAULT_TABLE,
+    (
+        DEFAULT_MAX_RESPONSE_BYTES,
+        DEFAULT_MAX_RESPONSE_BYTES,
+        "must fit a 400 KB DynamoDB item beside the record's own attributes",
+    ),
+    ""
+);
 
 /// The table [`DynamoJournal::new`](crate::DynamoJournal::new) uses.
 ///
@@ -146,140 +187,39 @@ impl DynamoOptions {
 /// ```
 pub const DEFAULT_JOURNAL_TABLE: &str = "idem-journal";
 
-/// Settings of a [`DynamoJournal`](crate::DynamoJournal): its table, its
-/// clock and its [operation timeout](StoreOptions::with_operation_timeout),
-/// in the shape of [`DynamoOptions`].
-///
-/// The setters never fail: [`DynamoJournal::with_options`](crate::DynamoJournal::with_options)
-/// checks the whole set once.
-///
-/// The operation timeout bounds each
-/// [`JournalStore`](idem_core::store::JournalStore) operation as a whole, the
-/// SDK's retries included, and every request of it (a `list` is a few); not
-/// [`create_table`](crate::DynamoJournal::create_table). The SDK's own limits
-/// apply inside it, as for [`DynamoOptions`]. A journal keeps no responses,
-/// so the response limit of [`StoreOptions`] is not used (it is still
-/// checked, as everywhere: a zero one is refused).
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::{ManualClock, StoreOptions};
-/// use idem_core::store::Timestamp;
-/// use idem_dynamo::DynamoJournalOptions;
-///
-/// let options = DynamoJournalOptions::default()
-///     .table("payments-journal")
-///     .clock(ManualClock::new(Timestamp::from_unix_millis(0)))
-///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
-/// # let _ = options;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct DynamoJournalOptions {
-    table: String,
-    clock: Arc<dyn Clock>,
-    store: StoreOptions,
-}
-
-impl Default for DynamoJournalOptions {
-    /// Table [`DEFAULT_JOURNAL_TABLE`], the system clock, a 5 s operation
-    /// timeout.
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_JOURNAL_TABLE.to_string(),
-            clock: Arc::new(SystemClock),
-            store: StoreOptions::default(),
-        }
-    }
-}
-
-/// What a journal works with, once checked.
-#[derive(Debug, Clone)]
-pub(crate) struct JournalSettings {
-    pub(crate) table: String,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) layer: OperationLayer,
-}
-
-impl Default for JournalSettings {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_JOURNAL_TABLE.to_string(),
-            clock: Arc::new(SystemClock),
-            layer: OperationLayer::new(STORE, StoreOptions::DEFAULT_OPERATION_TIMEOUT),
-        }
-    }
-}
-
-impl DynamoJournalOptions {
-    /// The table holding the operations: 3 to 255 characters of
-    /// `[A-Za-z0-9_.-]`. It may be the records' table of a
-    /// [`DynamoStore`](crate::DynamoStore) only if that table has the
-    /// journal's index (see [`create_table`](crate::DynamoJournal::create_table));
-    /// a table of its own is simpler.
+part_options!(
+    /// Settings of a [`DynamoJournal`](crate::DynamoJournal): its table, its
+    /// clock and its [operation timeout](StoreOptions::with_operation_timeout),
+    /// in the shape of [`DynamoOptions`].
     ///
-    /// ```
-    /// use idem_dynamo::DynamoJournalOptions;
+    /// The setters never fail: [`DynamoJournal::with_options`](crate::DynamoJournal::with_options)
+    /// checks the whole set once.
     ///
-    /// let options = DynamoJournalOptions::default().table("payments-journal");
-    /// # let _ = options;
-    /// ```
-    #[must_use]
-    pub fn table(mut self, name: &str) -> Self {
-        self.table = name.to_string();
-        self
-    }
-
-    /// The clock that judges leases and stamps every time of a record
-    /// (DynamoDB has none to ask); tests inject a
-    /// [`ManualClock`](idem_core::ManualClock).
-    ///
-    /// ```
-    /// use idem_core::ManualClock;
-    /// use idem_core::store::Timestamp;
-    /// use idem_dynamo::DynamoJournalOptions;
-    ///
-    /// let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
-    /// let options = DynamoJournalOptions::default().clock(clock.clone());
-    /// # let _ = options;
-    /// ```
-    #[must_use]
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// The operation timeout (the response limit is not used).
+    /// The operation timeout bounds each
+    /// [`JournalStore`](idem_core::store::JournalStore) operation as a whole, the
+    /// SDK's retries included, and every request of it (a `list` is a few); not
+    /// [`create_table`](crate::DynamoJournal::create_table). The SDK's own limits
+    /// apply inside it, as for [`DynamoOptions`]. A journal keeps no responses,
+    /// so the response limit of [`StoreOptions`] is not used (it is still
+    /// checked, as everywhere: a zero one is refused).
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::StoreOptions;
+    /// use idem_core::{ManualClock, StoreOptions};
+    /// use idem_core::store::Timestamp;
     /// use idem_dynamo::DynamoJournalOptions;
     ///
     /// let options = DynamoJournalOptions::default()
-    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+    ///     .table("payments-journal")
+    ///     .clock(ManualClock::new(Timestamp::from_unix_millis(0)))
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
     /// # let _ = options;
     /// ```
-    #[must_use]
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
-        self.store = store;
-        self
-    }
-
-    /// Checks every setting against DynamoDB's rules.
-    pub(crate) fn validate(self) -> Result<JournalSettings, InvalidInput> {
-        // The one check of the timeout (and of a response limit, unused
-        // here but refused when zero, as by every store).
-        self.store
-            .checked(ITEM_LIMIT, usize::MAX, "unused by a journal")?;
-        validate_table(&self.table)?;
-        Ok(JournalSettings {
-            table: self.table,
-            clock: self.clock,
-            layer: OperationLayer::new(STORE, self.store.operation_timeout()),
-        })
-    }
-}
+    DynamoJournalOptions,
+    DEFAULT_JOURNAL_TABLE,
+    (ITEM_LIMIT, usize::MAX, "unused by a journal"),
+    "It may be the records' table of a [`DynamoStore`](crate::DynamoStore) only if that table has the journal's index (see [`create_table`](crate::DynamoJournal::create_table)); a table of its own is simpler."
+);
 
 /// DynamoDB's table name rules: 3 to 255 characters of `[A-Za-z0-9_.-]`.
 fn validate_table(name: &str) -> Result<(), InvalidInput> {

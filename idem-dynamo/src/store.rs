@@ -1,6 +1,5 @@
 //! `DynamoStore`: construction, the table, and the trait implementation.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -12,110 +11,50 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Layered,
-    Lease, Record, Timestamp, TransactionSharing, forward_store, validate_lease,
+    Capabilities, ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Record, Timestamp,
+    validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 
 use crate::codec::{self, attr, key, n};
 use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
 use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
-use crate::options::{DynamoOptions, Settings};
+use crate::options::DynamoOptions;
 use crate::transaction::DynamoTransaction;
 
-/// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
-///
-/// DynamoDB has no clock to ask, so leases and retention are judged by the
-/// caller's clock ([`ClockSource::Caller`]). Callers' clocks must agree to
-/// within a small part of the lease: a caller whose clock runs `d` ahead
-/// sees leases expire `d` early and may take over a live owner `d` before its
-/// lease ends (its fenced writes then fail with `LostLease`, so nothing is
-/// written twice, but work may run twice). With NTP-synchronised hosts
-/// (skew of milliseconds) and leases of seconds, that margin is ample; keep
-/// leases at least 100 times the skew you expect.
-///
-/// Every operation goes through the store's
-/// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
-/// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
-/// by default), the SDK's retries included, ends in a retryable
-/// [`StoreError::Unavailable`] past it, and gets its span and metrics
-/// whoever calls it.
-///
-/// ```no_run
-/// use idem_dynamo::{aws_sdk_dynamodb, DynamoOptions, DynamoStore};
-///
-/// # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
-/// let client = aws_sdk_dynamodb::Client::from_conf(config);
-/// let store = DynamoStore::with_options(client, DynamoOptions::default().table("orders-idem"))?;
-/// store.create_table().await?; // tests and quick starts
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct DynamoStore {
-    records: Layered<Records>,
-}
-
-forward_store!(DynamoStore => records);
-
-/// The client and the settings, inside the store's layer.
-#[derive(Clone)]
-struct Records {
-    client: Client,
-    settings: Settings,
-}
-
-impl fmt::Debug for Records {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DynamoStore")
-            .field("table", &self.settings.table)
-            .field("clock", &self.settings.clock)
-            .field("max_response_bytes", &self.settings.max_response_bytes)
-            .field("operation_timeout", &self.settings.layer.timeout())
-            .finish_non_exhaustive()
-    }
-}
+crate::part::dynamo_part!(
+    /// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
+    ///
+    /// DynamoDB has no clock to ask, so leases and retention are judged by the
+    /// caller's clock ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)). Callers' clocks must agree to
+    /// within a small part of the lease: a caller whose clock runs `d` ahead
+    /// sees leases expire `d` early and may take over a live owner `d` before its
+    /// lease ends (its fenced writes then fail with `LostLease`, so nothing is
+    /// written twice, but work may run twice). With NTP-synchronised hosts
+    /// (skew of milliseconds) and leases of seconds, that margin is ample; keep
+    /// leases at least 100 times the skew you expect.
+    ///
+    /// Every operation goes through the store's
+    /// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
+    /// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
+    /// by default), the SDK's retries included, ends in a retryable
+    /// [`StoreError::Unavailable`] past it, and gets its span and metrics
+    /// whoever calls it.
+    ///
+    /// ```no_run
+    /// use idem_dynamo::{aws_sdk_dynamodb, DynamoOptions, DynamoStore};
+    ///
+    /// # async fn example(config: aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = aws_sdk_dynamodb::Client::from_conf(config);
+    /// let store = DynamoStore::with_options(client, DynamoOptions::default().table("orders-idem"))?;
+    /// store.create_table().await?; // tests and quick starts
+    /// # Ok(()) }
+    /// ```
+    pub struct DynamoStore => records: Records, forward_store,
+    DynamoOptions, DEFAULT_TABLE, crate::DEFAULT_MAX_RESPONSE_BYTES, "store"
+);
 
 impl DynamoStore {
-    /// A store on the table [`DEFAULT_TABLE`](crate::DEFAULT_TABLE)
-    /// (`idem-records`), with the default response limit and operation
-    /// timeout, on the system clock.
-    pub fn new(client: Client) -> Self {
-        Self::from_settings(client, Settings::default())
-    }
-
-    /// A store with `options`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::InvalidInput`] if the table name breaks DynamoDB's
-    /// rules, the response limit is outside 1 byte to
-    /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES), or
-    /// the operation timeout is zero.
-    pub fn with_options(client: Client, options: DynamoOptions) -> Result<Self, StoreError> {
-        Ok(Self::from_settings(client, options.validate()?))
-    }
-
-    fn from_settings(client: Client, settings: Settings) -> Self {
-        let layer = settings.layer;
-        Self {
-            records: Layered::with_layer(Records { client, settings }, layer),
-        }
-    }
-
-    fn parts(&self) -> &Records {
-        self.records.get_ref()
-    }
-
-    /// The table's name.
-    pub fn table(&self) -> &str {
-        self.parts().table()
-    }
-
-    /// The client.
-    pub fn client(&self) -> &Client {
-        &self.parts().client
-    }
-
     /// Opens a transaction that the completion (and checkpoints) of a run
     /// join: your items and the record commit in one `TransactWriteItems`.
     /// No request is sent until [`commit`](idem_core::store::Transaction::commit);
@@ -400,13 +339,7 @@ impl IdempotencyStore for Records {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::TransactItems,
-            Durability::Durable,
-            ClockSource::Caller,
-            self.settings.max_response_bytes,
-        )
+        crate::part::capabilities(self.settings.max_response_bytes)
     }
 }
 

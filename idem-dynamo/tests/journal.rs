@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Clock, Finish, JournalStore, MAX_LIST, NewOperation, OperationId, OperationKey,
+    Acquired, Clock, Finish, JournalStore, ListQuery, NewOperation, OperationId, OperationKey,
     OperationState, OwnerToken, SystemClock,
 };
 use idem_core::{ManualClock, Tenant};
@@ -144,12 +144,10 @@ async fn a_failing_business_condition_records_nothing() {
     assert_eq!(reasons(&refused), ["ConditionalCheckFailed", "None"]);
     assert_eq!(journal.get(&key).await.unwrap(), None);
     let listed = journal
-        .list(
-            key.namespace(),
+        .list(&ListQuery::new(
+            key.namespace().clone(),
             &OperationState::ALL,
-            Duration::ZERO,
-            MAX_LIST,
-        )
+        ))
         .await
         .unwrap();
     assert!(listed.is_empty(), "{listed:?}");
@@ -180,49 +178,47 @@ async fn every_operation_is_one_request_and_a_list_one_query_per_state() {
     cost!("get", journal.get(&key).await.unwrap());
     let held = cost!(
         "acquire",
-        journal.acquire(&key, owner, lease).await.unwrap()
+        journal.acquire(key.held_by(owner), lease).await.unwrap()
     );
     assert!(matches!(held, Acquired::Held { .. }));
-    let busy = cost!("busy", journal.acquire(&key, other, lease).await.unwrap());
+    let busy = cost!(
+        "busy",
+        journal.acquire(key.held_by(other), lease).await.unwrap()
+    );
     assert!(matches!(busy, Acquired::Busy { .. }));
     cost!(
         "mark_sent",
-        journal.mark_sent(&key, owner, 0).await.unwrap()
+        journal.mark_sent(key.held_by(owner), 0).await.unwrap()
     );
     cost!(
         "mark_sent again",
-        journal.mark_sent(&key, owner, 0).await.unwrap()
+        journal.mark_sent(key.held_by(owner), 0).await.unwrap()
     );
     cost!(
         "lost send",
-        journal.mark_sent(&key, other, 1).await.unwrap_err()
+        journal.mark_sent(key.held_by(other), 1).await.unwrap_err()
     );
     let open = [OperationState::Pending, OperationState::Unknown];
     let listed = cost!(
         "list of two states",
         journal
-            .list(key.namespace(), &open, Duration::ZERO, 10)
+            .list(&ListQuery::new(key.namespace().clone(), &open).limit(10))
             .await
             .unwrap()
     );
     assert_eq!(listed.len(), 1);
     cost!(
         "finish",
-        journal.finish(&key, owner, &settled).await.unwrap()
+        journal.finish(key.held_by(owner), &settled).await.unwrap()
     );
     cost!(
         "finish again",
-        journal.finish(&key, owner, &settled).await.unwrap()
+        journal.finish(key.held_by(owner), &settled).await.unwrap()
     );
     let empty = cost!(
         "empty list",
         journal
-            .list(
-                key.namespace(),
-                &[OperationState::Pending],
-                Duration::ZERO,
-                10
-            )
+            .list(&ListQuery::new(key.namespace().clone(), &[OperationState::Pending]).limit(10))
             .await
             .unwrap()
     );
@@ -251,7 +247,7 @@ async fn a_writer_whose_clock_is_behind_never_moves_updated_at_back() {
     let owner = OwnerToken::generate();
     journal.record(&charge(&key, 1)).await.unwrap();
     let Acquired::Held { now: leased_at, .. } = journal
-        .acquire(&key, owner, Duration::from_secs(60))
+        .acquire(key.held_by(owner), Duration::from_secs(60))
         .await
         .unwrap()
     else {
@@ -259,7 +255,7 @@ async fn a_writer_whose_clock_is_behind_never_moves_updated_at_back() {
     };
     clock.set(leased_at - Duration::from_secs(5));
     let before = common::requests(&table).await;
-    let sent = journal.mark_sent(&key, owner, 0).await.unwrap();
+    let sent = journal.mark_sent(key.held_by(owner), 0).await.unwrap();
     assert_eq!(
         common::requests(&table).await - before,
         2,
@@ -269,7 +265,10 @@ async fn a_writer_whose_clock_is_behind_never_moves_updated_at_back() {
     assert_eq!(sent.parts().sends, 1);
     assert_eq!(sent.parts().first_sent_at, Some(clock.now()));
     let finished = journal
-        .finish(&key, owner, &Finish::new(OperationState::Unknown, None))
+        .finish(
+            key.held_by(owner),
+            &Finish::new(OperationState::Unknown, None),
+        )
         .await
         .unwrap();
     assert_eq!(finished.parts().updated_at, leased_at);
@@ -296,7 +295,7 @@ async fn list_reads_what_it_finds_again_and_drops_what_no_longer_matches() {
         .await
         .unwrap();
     let pending = journal
-        .list(&ns, &[OperationState::Pending], Duration::ZERO, MAX_LIST)
+        .list(&ListQuery::new(ns.clone(), &[OperationState::Pending]))
         .await
         .unwrap();
     let subjects: Vec<_> = pending.iter().map(|r| r.id().subject()).collect();
@@ -331,58 +330,64 @@ async fn script<J: JournalStore>(journal: &J, clock: &ManualClock, cast: &Cast) 
         };
     }
     let tick = || clock.advance(Duration::from_millis(7));
-    step!(journal.acquire(key, a, lease));
-    step!(journal.mark_sent(key, a, 0));
+    step!(journal.acquire(key.held_by(a), lease));
+    step!(journal.mark_sent(key.held_by(a), 0));
     step!(journal.record(first));
     tick();
     step!(journal.record(second));
-    step!(journal.mark_sent(key, a, 0));
-    step!(journal.finish(key, a, &Finish::new(OperationState::Failed, None)));
-    step!(journal.acquire(key, a, Duration::ZERO));
-    step!(journal.acquire(key, a, lease));
+    step!(journal.mark_sent(key.held_by(a), 0));
+    step!(journal.finish(key.held_by(a), &Finish::new(OperationState::Failed, None)));
+    step!(journal.acquire(key.held_by(a), Duration::ZERO));
+    step!(journal.acquire(key.held_by(a), lease));
     tick();
-    step!(journal.acquire(key, b, lease));
-    step!(journal.mark_sent(key, b, 0));
-    step!(journal.mark_sent(key, a, 0));
+    step!(journal.acquire(key.held_by(b), lease));
+    step!(journal.mark_sent(key.held_by(b), 0));
+    step!(journal.mark_sent(key.held_by(a), 0));
     tick();
-    step!(journal.mark_sent(key, a, 0));
-    step!(journal.mark_sent(key, a, 5));
-    step!(journal.mark_sent(key, a, 1));
-    step!(journal.acquire(key, a, lease));
+    step!(journal.mark_sent(key.held_by(a), 0));
+    step!(journal.mark_sent(key.held_by(a), 5));
+    step!(journal.mark_sent(key.held_by(a), 1));
+    step!(journal.acquire(key.held_by(a), lease));
     clock.advance(lease);
-    step!(journal.mark_sent(key, a, 2));
-    step!(journal.acquire(key, b, lease));
-    step!(journal.finish(key, a, &Finish::new(OperationState::Succeeded, None)));
+    step!(journal.mark_sent(key.held_by(a), 2));
+    step!(journal.acquire(key.held_by(b), lease));
+    step!(journal.finish(
+        key.held_by(a),
+        &Finish::new(OperationState::Succeeded, None)
+    ));
     let unknown = Finish::new(OperationState::Unknown, Some("timed out".into()))
         .with_provider_id(Some("ch_1".into()))
         .with_search_until(Some(clock.now() + lease));
     tick();
-    step!(journal.finish(key, b, &unknown));
-    step!(journal.finish(key, b, &unknown));
-    step!(journal.mark_sent(key, b, 2));
-    step!(journal.acquire(key, a, lease));
+    step!(journal.finish(key.held_by(b), &unknown));
+    step!(journal.finish(key.held_by(b), &unknown));
+    step!(journal.mark_sent(key.held_by(b), 2));
+    step!(journal.acquire(key.held_by(a), lease));
     clock.set(clock.now() - Duration::from_secs(3));
-    step!(journal.mark_sent(key, a, 2));
+    step!(journal.mark_sent(key.held_by(a), 2));
     let review = Finish::new(OperationState::NeedsReview, None);
-    step!(journal.finish(key, a, &review));
-    step!(journal.acquire(key, b, lease));
-    step!(journal.acquire(key, a, lease));
+    step!(journal.finish(key.held_by(a), &review));
+    step!(journal.acquire(key.held_by(b), lease));
+    step!(journal.acquire(key.held_by(a), lease));
     tick();
     let paid = Finish::new(OperationState::Succeeded, Some("paid".into()));
-    step!(journal.finish(key, b, &paid));
-    step!(journal.finish(key, b, &paid));
-    step!(journal.finish(key, b, &review));
-    step!(journal.acquire(key, a, lease));
-    step!(journal.acquire(key, b, lease));
+    step!(journal.finish(key.held_by(b), &paid));
+    step!(journal.finish(key.held_by(b), &paid));
+    step!(journal.finish(key.held_by(b), &review));
+    step!(journal.acquire(key.held_by(a), lease));
+    step!(journal.acquire(key.held_by(b), lease));
     // Past every change, so that a list finds it.
     clock.advance(Duration::from_secs(10));
     step!(journal.get(key));
     for states in [&OperationState::ALL[..], &[OperationState::Pending]] {
         for older_than in [Duration::ZERO, Duration::from_secs(3600)] {
-            step!(journal.list(key.namespace(), states, older_than, MAX_LIST));
+            step!(
+                journal
+                    .list(&ListQuery::new(key.namespace().clone(), states).older_than(older_than))
+            );
         }
     }
-    step!(journal.list(key.namespace(), &OperationState::ALL, Duration::ZERO, 0));
+    step!(journal.list(&ListQuery::new(key.namespace().clone(), &OperationState::ALL).limit(0)));
     answers
 }
 

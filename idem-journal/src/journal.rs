@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Finish, JournalRecord, JournalStore, NewOperation, OperationId, OperationKey,
-    OperationState, OwnerToken, Timestamp, validate_lease, validate_list_limit,
+    Acquired, Finish, JournalRecord, JournalStore, ListQuery, NewOperation, OperationId,
+    OperationKey, OperationState, OwnerToken, Timestamp, validate_lease, validate_list_limit,
 };
 use idem_core::{Operation, StoreError, Tenant};
 
@@ -245,7 +245,7 @@ impl<S: JournalStore + ?Sized> Journal<S> {
     ) -> Result<Result<(JournalRecord, Timestamp), JournalRecord>, JournalError> {
         let acquired = self
             .store
-            .acquire(&self.key(id), owner, self.lease)
+            .acquire(self.key(id).held_by(owner), self.lease)
             .await
             .map_err(|e| JournalError::from_store(id, e))?;
         match acquired {
@@ -320,7 +320,7 @@ impl<S: JournalStore + ?Sized> Journal<S> {
             if may_send {
                 let sending = self
                     .store
-                    .mark_sent(record.key(), owner, record.parts().sends)
+                    .mark_sent(record.key().held_by(owner), record.parts().sends)
                     .await
                     .map_err(|e| JournalError::from_store(id, e))?;
                 // The send is recorded before it happens: a crash now leaves
@@ -338,7 +338,7 @@ impl<S: JournalStore + ?Sized> Journal<S> {
             }
         };
         self.store
-            .finish(record.key(), owner, &finish)
+            .finish(record.key().held_by(owner), &finish)
             .await
             .map_err(|e| JournalError::from_store(id, e))
     }
@@ -413,10 +413,10 @@ impl<S: JournalStore + ?Sized> Journal<S> {
     ) -> Result<Reconciled, JournalError> {
         let batch = validate_list_limit(batch)?;
         let listed = |states: &'static [OperationState], limit: usize| async move {
-            self.store
-                .list(&self.namespace, states, older_than, limit)
-                .await
-                .map_err(JournalError::Store)
+            let query = ListQuery::new(self.namespace.clone(), states)
+                .older_than(older_than)
+                .limit(limit);
+            self.store.list(&query).await.map_err(JournalError::Store)
         };
         let mut due = listed(&[OperationState::Pending, OperationState::Unknown], batch).await?;
         if due.len() < batch {
@@ -457,15 +457,9 @@ impl<S: JournalStore + ?Sized> Journal<S> {
     /// [`JournalError::Store`] when the store fails.
     pub async fn needs_review(&self, limit: usize) -> Result<Vec<JournalRecord>, JournalError> {
         let limit = validate_list_limit(limit)?;
-        self.store
-            .list(
-                &self.namespace,
-                &[OperationState::NeedsReview],
-                Duration::ZERO,
-                limit,
-            )
-            .await
-            .map_err(JournalError::Store)
+        let query =
+            ListQuery::new(self.namespace.clone(), &[OperationState::NeedsReview]).limit(limit);
+        self.store.list(&query).await.map_err(JournalError::Store)
     }
 
     /// Settles an operation by hand (an operator who checked the provider's
@@ -508,7 +502,7 @@ impl<S: JournalStore + ?Sized> Journal<S> {
         let finish = Finish::new(state, Some(format!("settled by hand: {note}")))
             .with_provider_id(provider_id);
         self.store
-            .finish(record.key(), operator, &finish)
+            .finish(record.key().held_by(operator), &finish)
             .await
             .map_err(|e| JournalError::from_store(id, e))
     }

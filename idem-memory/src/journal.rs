@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, JournalRecord, JournalStore,
-    Layered, NewOperation, OperationKey, OperationLayer, OperationState, OwnerToken, SystemClock,
-    TransactionSharing, forward_journal_store, validate_lease, validate_list_limit,
+    Acquired, Capabilities, Clock, Finish, Holder, JournalRecord, JournalStore, Layered, ListQuery,
+    NewOperation, OperationKey, OwnerToken, forward_journal_store, validate_lease,
+    validate_list_limit,
 };
-use idem_core::{Operation, StoreError, Tenant, async_trait};
+use idem_core::{Operation, StoreError, async_trait};
 use moka::ops::compute::Op;
 use moka::sync::Cache;
 
@@ -58,31 +58,16 @@ impl fmt::Debug for Operations {
     }
 }
 
-impl Default for MemoryJournal {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemoryJournal {
-    /// An empty journal store on the system clock.
-    pub fn new() -> Self {
-        Self::with_clock(SystemClock)
-    }
-
-    /// An empty journal store on `clock`.
-    pub fn with_clock(clock: impl Clock) -> Self {
-        let operations = Operations {
-            operations: Cache::builder().build(),
-            clock: Arc::new(clock),
-        };
-        Self {
-            operations: Layered::with_layer(operations, OperationLayer::unlimited(STORE)),
-        }
-    }
-}
+clocked_part!(MemoryJournal => operations: Operations, "journal store");
 
 impl Operations {
+    fn on(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            operations: Cache::builder().build(),
+            clock,
+        }
+    }
+
     /// Runs `change` on the stored record of `key` atomically; its answer.
     fn change<T>(
         &self,
@@ -143,12 +128,8 @@ impl JournalStore for Operations {
         Ok(self.operations.get(key).map(|r| (*r).clone()))
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         let lease = validate_lease(lease)?;
         let now = self.clock.now();
         self.change(Operation::Acquire, key, |stored| match stored {
@@ -172,12 +153,8 @@ impl JournalStore for Operations {
         })
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let now = self.clock.now();
         let written = self.fenced(
             Operation::MarkSent,
@@ -200,12 +177,8 @@ impl JournalStore for Operations {
         }
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let now = self.clock.now();
         self.fenced(
             Operation::Finish,
@@ -216,24 +189,14 @@ impl JournalStore for Operations {
         )
     }
 
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
-        let limit = validate_list_limit(limit)?;
-        let cutoff = self.clock.now() - older_than;
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
+        let limit = validate_list_limit(query.limit)?;
+        let now = self.clock.now();
         let mut found: Vec<JournalRecord> = self
             .operations
             .iter()
             .map(|(_, record)| (*record).clone())
-            .filter(|record| {
-                record.key().namespace() == namespace
-                    && states.contains(&record.state())
-                    && record.parts().updated_at <= cutoff
-            })
+            .filter(|record| query.matches(record, now))
             .collect();
         found.sort_by_key(|record| record.parts().updated_at);
         found.truncate(limit);
@@ -241,12 +204,6 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::None,
-            Durability::Volatile,
-            ClockSource::Caller,
-            usize::MAX,
-        )
+        crate::capabilities(usize::MAX)
     }
 }

@@ -45,6 +45,32 @@ use idem_core::{
 use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
 
+/// The constructors of a memory part that keeps nothing but its state and
+/// its clock: `$inner::on(clock)` builds the part's rules over empty state.
+macro_rules! clocked_part {
+    ($ty:ident => $field:ident: $inner:ident, $what:literal) => {
+        impl Default for $ty {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl $ty {
+            #[doc = concat!("An empty ", $what, " on the system clock.")]
+            pub fn new() -> Self {
+                Self::with_clock(idem_core::store::SystemClock)
+            }
+
+            #[doc = concat!("An empty ", $what, " on `clock`.")]
+            pub fn with_clock(clock: impl idem_core::store::Clock) -> Self {
+                Self {
+                    $field: crate::layered($inner::on(std::sync::Arc::new(clock))),
+                }
+            }
+        }
+    };
+}
+
 mod journal;
 mod outbox;
 mod parking;
@@ -55,6 +81,23 @@ pub use parking::MemoryParking;
 
 /// The store's name in errors.
 const STORE: &str = "memory";
+
+/// Every memory part inside its layer: spans and metrics, and no timer, as
+/// nothing here waits on a network (a runtime without one works).
+fn layered<T>(inner: T) -> Layered<T> {
+    Layered::with_layer(inner, OperationLayer::unlimited(STORE))
+}
+
+/// What every memory part is: volatile, on the caller's clock.
+fn capabilities(max_response_bytes: usize) -> Capabilities {
+    Capabilities::new(
+        STORE,
+        TransactionSharing::None,
+        Durability::Volatile,
+        ClockSource::Caller,
+        max_response_bytes,
+    )
+}
 
 /// The default [`Capabilities::max_response_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
@@ -192,7 +235,7 @@ impl MemoryStore {
             max_response_bytes,
         };
         Self {
-            records: Layered::with_layer(records, OperationLayer::unlimited(STORE)),
+            records: layered(records),
         }
     }
 }
@@ -353,13 +396,7 @@ impl IdempotencyStore for Records {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::None,
-            Durability::Volatile,
-            ClockSource::Caller,
-            self.max_response_bytes,
-        )
+        capabilities(self.max_response_bytes)
     }
 }
 

@@ -6,13 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Clock, ClockSource, Durability, Layered, MessageId, MessageParts, MessageState,
-    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, SystemClock,
-    Timestamp, TransactionSharing, forward_outbox_store, validate_lease, validate_outbox_batch,
+    BatchClaim, Capabilities, Clock, Layered, MessageId, MessageParts, MessageState, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp,
+    forward_outbox_store, validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
-
-use crate::STORE;
 
 /// An in-process outbox store: tests, examples and single-process services
 /// (a message enqueued here is not in any database transaction). The
@@ -60,31 +58,16 @@ impl fmt::Debug for Messages {
     }
 }
 
-impl Default for MemoryOutbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemoryOutbox {
-    /// An empty outbox on the system clock.
-    pub fn new() -> Self {
-        Self::with_clock(SystemClock)
-    }
-
-    /// An empty outbox on `clock`.
-    pub fn with_clock(clock: impl Clock) -> Self {
-        let messages = Messages {
-            state: Arc::default(),
-            clock: Arc::new(clock),
-        };
-        Self {
-            messages: Layered::with_layer(messages, OperationLayer::unlimited(STORE)),
-        }
-    }
-}
+clocked_part!(MemoryOutbox => messages: Messages, "outbox");
 
 impl Messages {
+    fn on(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            state: Arc::default(),
+            clock,
+        }
+    }
+
     fn locked(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere cannot leave a message half-written: keep using it.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -133,14 +116,10 @@ impl OutboxStore for Messages {
         Ok(stored)
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
-        let lease = validate_lease(lease)?;
-        let limit = validate_outbox_batch(limit)?;
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let owner = batch.owner;
+        let lease = validate_lease(batch.lease)?;
+        let limit = validate_outbox_batch(batch.limit)?;
         let now = self.clock.now();
         let mut state = self.locked();
         // Each aggregate's head: its lowest sequence not yet sent or dropped.
@@ -202,34 +181,18 @@ impl OutboxStore for Messages {
         Ok(marked)
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let now = self.clock.now();
         let mut state = self.locked();
-        let Some(message) = state.messages.get(&id) else {
+        let Some(message) = state.messages.get(&failure.id) else {
             return Err(StoreError::LostLease);
         };
-        let held = message.parts().lease_owner == Some(owner) && leased(message, now);
-        if message.state() != MessageState::Pending || !held {
+        if message.state() != MessageState::Pending || !message.is_held_by(failure.owner, now) {
             return Err(StoreError::LostLease);
         }
-        let failed = with_parts(message, |parts| {
-            parts.attempts = parts.attempts.saturating_add(1);
-            parts.last_error = Some(error.to_string());
-            parts.lease_until = None;
-            parts.available_at = now + retry_after;
-            if parts.attempts >= max_attempts {
-                parts.state = MessageState::Parked;
-            }
-        });
+        let failed = message.failed(failure, now);
         let left = failed.state();
-        state.messages.insert(id, failed);
+        state.messages.insert(failure.id, failed);
         Ok(left)
     }
 
@@ -333,12 +296,6 @@ impl OutboxStore for Messages {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::None,
-            Durability::Volatile,
-            ClockSource::Caller,
-            usize::MAX,
-        )
+        crate::capabilities(usize::MAX)
     }
 }

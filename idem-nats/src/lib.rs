@@ -69,9 +69,6 @@ pub const SEQUENCE_HEADER: &str = "Idem-Sequence";
 /// otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The longest time limit [`JetStreamOptions::with_timeout`] takes.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-
 /// Where and how a [`JetStreamPublisher`] publishes; each setter checks its
 /// value, so a publisher never starts with a bad one.
 ///
@@ -115,7 +112,8 @@ impl JetStreamOptions {
     }
 
     /// The same with a time limit on each batch, from its first publish to
-    /// its last PubAck (more than zero, at most [`MAX_TIMEOUT`]): what is
+    /// its last PubAck (more than zero, at most
+    /// [`MAX_PUBLISH_TIMEOUT`](idem_outbox::MAX_PUBLISH_TIMEOUT)): what is
     /// not acknowledged by then is an `Err`. Keep it under the relay's
     /// lease.
     ///
@@ -132,13 +130,7 @@ impl JetStreamOptions {
     ///
     /// [`InvalidInput`] outside that range.
     pub fn with_timeout(mut self, timeout: Duration) -> Result<Self, InvalidInput> {
-        if timeout.is_zero() || timeout > MAX_TIMEOUT {
-            return Err(InvalidInput::OutOfRange {
-                field: "publish timeout",
-                reason: "more than zero and at most an hour",
-            });
-        }
-        self.timeout = timeout;
+        self.timeout = idem_outbox::validate_publish_timeout(timeout)?;
         Ok(self)
     }
 

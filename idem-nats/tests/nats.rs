@@ -16,7 +16,7 @@ use common::outbox::{
 use common::{TestStream, header, summary};
 use idem_conformance::faults::FaultProxy;
 use idem_core::ManualClock;
-use idem_core::store::{NewMessage, OutboxStore, OwnerToken, Timestamp};
+use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken, Timestamp};
 use idem_memory::MemoryOutbox;
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{Published, Publisher, Relay};
@@ -51,7 +51,11 @@ async fn a_batch_is_acknowledged_and_consumed_with_its_id_headers_and_payload() 
         outbox.enqueue(&message).await.unwrap();
     }
     let batch = outbox
-        .claim(OwnerToken::generate(), Duration::from_secs(60), 100)
+        .claim(&BatchClaim::new(
+            OwnerToken::generate(),
+            Duration::from_secs(60),
+            100,
+        ))
         .await
         .unwrap();
     assert_eq!(batch.len(), 5);
@@ -97,7 +101,11 @@ async fn a_second_publish_of_one_id_is_dropped_and_reported_duplicate() {
     let outbox = MemoryOutbox::new();
     fill(&outbox, "dup", "order.placed", 3, 1).await;
     let batch = outbox
-        .claim(OwnerToken::generate(), Duration::from_secs(60), 10)
+        .claim(&BatchClaim::new(
+            OwnerToken::generate(),
+            Duration::from_secs(60),
+            10,
+        ))
         .await
         .unwrap();
     assert_eq!(
@@ -127,7 +135,11 @@ async fn a_subject_no_stream_stores_is_an_error() {
     let outbox = MemoryOutbox::new();
     fill(&outbox, "lost", "order.placed", 1, 1).await;
     let batch = outbox
-        .claim(OwnerToken::generate(), Duration::from_secs(60), 10)
+        .claim(&BatchClaim::new(
+            OwnerToken::generate(),
+            Duration::from_secs(60),
+            10,
+        ))
         .await
         .unwrap();
     let results = elsewhere.publish(&batch).await;

@@ -36,7 +36,9 @@
 mod publisher;
 mod relay;
 
-pub use publisher::{PublishError, Published, Publisher};
+pub use publisher::{
+    MAX_PUBLISH_TIMEOUT, PublishError, Published, Publisher, validate_publish_timeout,
+};
 pub use relay::{Relay, RelayError, RelayOptions, RelayPass};
 
 /// To implement [`Publisher`].

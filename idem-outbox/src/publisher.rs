@@ -1,7 +1,37 @@
 //! What a broker is to the relay: a place that confirms what it stored.
 
-use idem_core::async_trait;
+use std::time::Duration;
+
 use idem_core::store::OutboxMessage;
+use idem_core::{InvalidInput, async_trait};
+
+/// The longest time limit of a publish that [`validate_publish_timeout`]
+/// takes: an hour.
+pub const MAX_PUBLISH_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Checks a publisher's time limit for a batch's confirms: more than zero,
+/// at most [`MAX_PUBLISH_TIMEOUT`]. For publishers' options.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_outbox::validate_publish_timeout;
+///
+/// assert!(validate_publish_timeout(Duration::from_secs(5)).is_ok());
+/// assert!(validate_publish_timeout(Duration::ZERO).is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`InvalidInput::OutOfRange`] outside that range.
+pub fn validate_publish_timeout(timeout: Duration) -> Result<Duration, InvalidInput> {
+    if timeout.is_zero() || timeout > MAX_PUBLISH_TIMEOUT {
+        return Err(InvalidInput::OutOfRange {
+            field: "publish timeout",
+            reason: "more than zero and at most an hour",
+        });
+    }
+    Ok(timeout)
+}
 
 /// What the broker said of one published message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use idem_core::store::{
-    MessageId, MessageState, OutboxMessage, OutboxStore, OwnerToken, validate_lease,
-    validate_outbox_batch,
+    BatchClaim, MessageId, MessageState, OutboxMessage, OutboxStore, OwnerToken, PublishFailure,
+    validate_lease, validate_outbox_batch,
 };
 use idem_core::{InvalidInput, StoreError};
 use tokio::sync::Notify;
@@ -285,7 +285,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         let owner = OwnerToken::generate();
         let batch = self
             .store
-            .claim(owner, self.options.lease, self.options.batch)
+            .claim(&BatchClaim::new(
+                owner,
+                self.options.lease,
+                self.options.batch,
+            ))
             .await?;
         let mut pass = RelayPass {
             claimed: batch.len(),
@@ -318,16 +322,10 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         for (message, error) in failures {
             let attempts = message.parts().attempts.saturating_add(1);
             let retry_after = self.options.retry_after(attempts);
-            let state = self
-                .store
-                .mark_failed(
-                    owner,
-                    message.id(),
-                    &error,
-                    retry_after,
-                    self.options.max_attempts,
-                )
-                .await;
+            let failure = PublishFailure::new(owner, message.id(), error.as_str())
+                .retry_after(retry_after)
+                .max_attempts(self.options.max_attempts);
+            let state = self.store.mark_failed(&failure).await;
             match state {
                 Ok(MessageState::Parked) => {
                     pass.parked += 1;

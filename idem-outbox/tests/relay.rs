@@ -296,11 +296,9 @@ impl OutboxStore for PurgeCounting {
     }
     async fn claim(
         &self,
-        owner: idem_core::store::OwnerToken,
-        lease: Duration,
-        limit: usize,
+        batch: &idem_core::store::BatchClaim,
     ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
-        self.inner.claim(owner, lease, limit).await
+        self.inner.claim(batch).await
     }
     async fn mark_sent(
         &self,
@@ -311,15 +309,9 @@ impl OutboxStore for PurgeCounting {
     }
     async fn mark_failed(
         &self,
-        owner: idem_core::store::OwnerToken,
-        id: idem_core::store::MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
+        failure: &idem_core::store::PublishFailure,
     ) -> Result<idem_core::store::MessageState, idem_core::StoreError> {
-        self.inner
-            .mark_failed(owner, id, error, retry_after, max_attempts)
-            .await
+        self.inner.mark_failed(failure).await
     }
     async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
         self.inner.parked(limit).await

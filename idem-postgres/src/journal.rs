@@ -2,24 +2,23 @@
 //! operation, each operation one statement (a call of a PL/pgSQL function
 //! that `migrate()` installs; see `migrations/0002_idem_journal.sql`).
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, ClockSource, Durability, Finish, JournalParts, JournalRecord,
-    JournalStore, Layered, NewOperation, OperationId, OperationKey, OperationLayer, OperationState,
-    OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis, validate_lease,
-    validate_list_limit,
+    Acquired, Capabilities, Finish, Holder, JournalParts, JournalRecord, JournalStore, Layered,
+    ListQuery, NewOperation, OperationId, OperationKey, OperationState, OwnerToken, Timestamp,
+    forward_journal_store, millis, validate_lease, validate_list_limit,
 };
 use idem_core::{Operation, StoreError, Tenant, async_trait};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Postgres};
+use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, Postgres};
 
 use crate::codec::column;
 use crate::error::{STORE, classify, corrupt};
 use crate::options::{PostgresJournalOptions, TableName};
+use crate::part::aliased;
 
 /// Serialises concurrent `migrate()` calls of journals (CREATE OR REPLACE
 /// FUNCTION races otherwise); not the records' lock, so neither waits for
@@ -61,7 +60,7 @@ const COLUMNS: [&str; 15] = [
 /// every use.
 ///
 /// Every operation goes through the store's
-/// [`OperationLayer`]: it is bounded by the
+/// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
 /// [operation timeout](idem_core::StoreOptions::with_operation_timeout) (5 s
 /// by default), acquiring its connection included, ends in a retryable
 /// [`StoreError::Unavailable`] past it, and gets its span and metrics.
@@ -93,23 +92,6 @@ pub struct PostgresJournal {
 
 forward_journal_store!(PostgresJournal => operations);
 
-/// The pool, the table and its statements, inside the journal's layer.
-#[derive(Clone)]
-struct Operations {
-    pool: PgPool,
-    table: TableName,
-    sql: Arc<Statements>,
-}
-
-impl fmt::Debug for Operations {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresJournal")
-            .field("table", &self.table)
-            .field("pool_size", &self.pool.size())
-            .finish_non_exhaustive()
-    }
-}
-
 /// Every statement the journal runs, built once per table name from a
 /// validated name.
 #[derive(Debug)]
@@ -122,20 +104,10 @@ struct Statements {
     list: Arc<str>,
 }
 
-/// The columns of a record, each read from `of` (a row alias and a dot,
-/// or a composite's `(x).`) under its own name.
-fn columns(of: &str) -> String {
-    COLUMNS
-        .iter()
-        .map(|name| format!("{of}{name} AS {name}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl Statements {
     fn new(table: &TableName) -> Self {
         let t = table.derived("");
-        let row = columns("r.");
+        let row = aliased(&COLUMNS, "r.");
         let key = "r.namespace = $1 AND r.subject = $2 AND r.effect = $3";
         Self {
             record: format!(
@@ -146,7 +118,7 @@ impl Statements {
             get: format!("SELECT {row} FROM {t} AS r WHERE {key}").into(),
             acquire: format!(
                 "SELECT a.o_outcome, a.o_now, {} FROM {}($1, $2, $3, $4, $5) AS a",
-                columns("(a.o_record)."),
+                aliased(&COLUMNS, "(a.o_record)."),
                 table.derived("_acquire")
             )
             .into(),
@@ -174,125 +146,16 @@ impl Statements {
     }
 }
 
+crate::part::part_constructors!(PostgresJournal => operations: Operations, PostgresJournalOptions, TableName::journal_default(), "journal store", "billing.idem_journal");
+crate::part::table_accessors!(
+    PostgresJournal,
+    "idem_journal",
+    "0002_idem_journal.sql",
+    journal_migration_sql,
+    MIGRATION_LOCK
+);
+
 impl PostgresJournal {
-    /// A journal store on `pool` with the default options: table
-    /// `idem_journal`, a 5 s operation timeout. Run
-    /// [`migrate`](Self::migrate) once (or apply
-    /// [`migration_sql`](Self::migration_sql) with your own tool).
-    ///
-    /// ```no_run
-    /// use idem_postgres::PostgresJournal;
-    ///
-    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// let journal = PostgresJournal::new(pool);
-    /// journal.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(pool: PgPool) -> Self {
-        Self::from_parts(
-            pool,
-            TableName::journal_default(),
-            &PostgresJournalOptions::default(),
-        )
-    }
-
-    /// A journal store built from `options`.
-    ///
-    /// ```no_run
-    /// use idem_postgres::{PostgresJournal, PostgresJournalOptions};
-    ///
-    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// let journal = PostgresJournal::with_options(
-    ///     pool,
-    ///     PostgresJournalOptions::default().table("billing.idem_journal"),
-    /// )?;
-    /// journal.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::InvalidInput`] if the table is not a lowercase
-    /// identifier (optionally schema-qualified) or the operation timeout is
-    /// zero.
-    pub fn with_options(pool: PgPool, options: PostgresJournalOptions) -> Result<Self, StoreError> {
-        let table = options.validate()?;
-        Ok(Self::from_parts(pool, table, &options))
-    }
-
-    fn from_parts(pool: PgPool, table: TableName, options: &PostgresJournalOptions) -> Self {
-        let layer = OperationLayer::new(STORE, options.store.operation_timeout());
-        let operations = Operations {
-            sql: Arc::new(Statements::new(&table)),
-            pool,
-            table,
-        };
-        Self {
-            operations: Layered::with_layer(operations, layer),
-        }
-    }
-
-    fn parts(&self) -> &Operations {
-        self.operations.get_ref()
-    }
-
-    /// The table.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
-    /// let journal = idem_postgres::PostgresJournal::new(pool);
-    /// assert_eq!(journal.table().to_string(), "idem_journal");
-    /// # }
-    /// ```
-    pub fn table(&self) -> &TableName {
-        &self.parts().table
-    }
-
-    /// The pool.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
-    /// let journal = idem_postgres::PostgresJournal::new(pool);
-    /// let _pool = journal.pool().clone();
-    /// # }
-    /// ```
-    pub fn pool(&self) -> &PgPool {
-        &self.parts().pool
-    }
-
-    /// The SQL that [`migrate`](Self::migrate) runs, for your own migration
-    /// tool: `migrations/0002_idem_journal.sql` with the table's name (and
-    /// its index's and functions') in place of `idem_journal`.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// use idem_postgres::{PostgresJournal, PostgresJournalOptions};
-    ///
-    /// let journal = PostgresJournal::with_options(pool, PostgresJournalOptions::default().table("app.ops"))?;
-    /// assert!(journal.migration_sql().contains("CREATE TABLE IF NOT EXISTS app.ops ("));
-    /// # Ok(()) }
-    /// ```
-    pub fn migration_sql(&self) -> String {
-        self.parts().table.journal_migration_sql()
-    }
-
-    /// Creates the table, its index and the functions if missing, and
-    /// replaces the functions with this version's. Safe to run concurrently;
-    /// the schema of a qualified table must exist.
-    ///
-    /// ```no_run
-    /// # async fn example(journal: idem_postgres::PostgresJournal) -> Result<(), idem_core::StoreError> {
-    /// journal.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        crate::migrate::migrate(self.pool(), MIGRATION_LOCK, self.migration_sql()).await
-    }
-
     /// Records `operation` inside the caller's transaction: the operation
     /// and the business writes that call for it commit together, or vanish
     /// together. As [`JournalStore::record`] otherwise: a key recorded
@@ -423,12 +286,8 @@ impl JournalStore for Operations {
         row.map(|row| record(&row, Operation::Get)).transpose()
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Acquire;
         let lease = validate_lease(lease)?;
         let row = keyed(&self.sql.acquire, key)
@@ -439,35 +298,12 @@ impl JournalStore for Operations {
             .map_err(|e| classify(OP, e))?;
         let outcome: String = column(&row, "o_outcome", OP)?;
         let now = Timestamp::from_unix_millis(column(&row, "o_now", OP)?);
-        Ok(match outcome.as_str() {
-            "absent" => Acquired::Absent,
-            "settled" => Acquired::Settled(record(&row, OP)?),
-            "busy" => {
-                let record = record(&row, OP)?;
-                // The function answered busy only for another owner's live
-                // lease, so this is that lease's time left.
-                let retry_after = record
-                    .held_by_other(owner, now)
-                    .ok_or_else(|| corrupt(OP, "lease"))?;
-                Acquired::Busy {
-                    record,
-                    retry_after,
-                }
-            }
-            "held" => Acquired::Held {
-                record: record(&row, OP)?,
-                now,
-            },
-            _ => return Err(corrupt(OP, "acquire outcome")),
-        })
+        Acquired::from_answer(outcome.as_bytes(), owner, now, || record(&row, OP))?
+            .ok_or_else(|| corrupt(OP, "acquire outcome"))
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let row = keyed(&self.sql.mark_sent, key)
             .bind(owner.as_uuid())
             .bind(i64::from(sends))
@@ -477,12 +313,8 @@ impl JournalStore for Operations {
         Self::fenced(row, Operation::MarkSent)
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let row = keyed(&self.sql.finish, key)
             .bind(owner.as_uuid())
             .bind(finish.state.as_str())
@@ -495,20 +327,14 @@ impl JournalStore for Operations {
         Self::fenced(row, Operation::Finish)
     }
 
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
         const OP: Operation = Operation::List;
-        let limit = validate_list_limit(limit)?;
-        let states: Vec<&str> = states.iter().map(|state| state.as_str()).collect();
+        let limit = validate_list_limit(query.limit)?;
+        let states: Vec<&str> = query.states.iter().map(|state| state.as_str()).collect();
         let rows = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
-            .bind(namespace.as_str())
+            .bind(query.namespace.as_str())
             .bind(states)
-            .bind(millis(older_than))
+            .bind(millis(query.older_than))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
@@ -517,12 +343,6 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::SameDatabase,
-            Durability::Durable,
-            ClockSource::Server,
-            usize::MAX,
-        )
+        crate::part::capabilities(usize::MAX)
     }
 }

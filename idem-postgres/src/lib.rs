@@ -66,6 +66,7 @@ mod migrate;
 mod options;
 mod outbox;
 mod parking;
+mod part;
 mod store;
 mod transaction;
 mod versions;

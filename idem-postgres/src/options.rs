@@ -321,219 +321,135 @@ impl PostgresOptions {
     }
 }
 
-/// How a [`PostgresJournal`](crate::PostgresJournal) is built; validated once
-/// by [`PostgresJournal::with_options`](crate::PostgresJournal::with_options).
-///
-/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
-/// journal operation as a whole (acquiring a connection from the pool
-/// included), and [`record_in`](crate::PostgresJournal::record_in) inside
-/// the caller's transaction; not [`migrate`](crate::PostgresJournal::migrate),
-/// which may wait for a concurrent migration. The journal keeps no
-/// responses: a response limit set in the store options is only checked to
-/// be at least 1.
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::StoreOptions;
-/// use idem_postgres::PostgresJournalOptions;
-///
-/// let options = PostgresJournalOptions::default()
-///     .table("billing.idem_journal")
-///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
-/// # let _ = options;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PostgresJournalOptions {
-    pub(crate) table: String,
-    pub(crate) store: StoreOptions,
-}
-
-impl Default for PostgresJournalOptions {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_JOURNAL_TABLE.to_string(),
-            store: StoreOptions::default(),
+/// The options of a part kept in one table of its own and holding no
+/// responses (the journal, the outbox): its table and the shared
+/// [`StoreOptions`], validated once by the part's `with_options`.
+macro_rules! part_options {
+    ($(#[$doc:meta])* $name:ident, $default:ident, $why:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        #[non_exhaustive]
+        pub struct $name {
+            pub(crate) table: String,
+            pub(crate) store: StoreOptions,
         }
-    }
-}
 
-impl PostgresJournalOptions {
-    /// The table: `table` or `schema.table`, lowercase SQL identifiers
-    /// (default [`DEFAULT_JOURNAL_TABLE`]; see [`TableName`]).
-    #[must_use]
-    pub fn table(mut self, name: &str) -> Self {
-        self.table = name.to_string();
-        self
-    }
-
-    /// The operation timeout (default 5 s, more than zero).
-    #[must_use]
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
-        self.store = store;
-        self
-    }
-
-    /// The table name, validated with the timeout.
-    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
-        // One check of the shared options for every store; no ceiling on
-        // responses, which a journal never stores.
-        self.store
-            .checked(usize::MAX, usize::MAX, "a journal keeps no responses")?;
-        TableName::new(&self.table)
-    }
-}
-
-/// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
-/// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
-///
-/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
-/// outbox operation as a whole (acquiring a connection from the pool
-/// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
-/// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
-/// which may wait for a concurrent migration, nor the
-/// [`listen`](crate::PostgresOutbox::listen)er, which runs until dropped.
-/// The outbox keeps no responses: a response limit set in the store options
-/// is only checked to be at least 1 (a message's payload is bounded by
-/// [`MAX_PAYLOAD_BYTES`](idem_core::store::MAX_PAYLOAD_BYTES)).
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::StoreOptions;
-/// use idem_postgres::PostgresOutboxOptions;
-///
-/// let options = PostgresOutboxOptions::default()
-///     .table("billing.idem_outbox")
-///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
-/// # let _ = options;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PostgresOutboxOptions {
-    pub(crate) table: String,
-    pub(crate) store: StoreOptions,
-}
-
-impl Default for PostgresOutboxOptions {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_OUTBOX_TABLE.to_string(),
-            store: StoreOptions::default(),
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    table: $default.to_string(),
+                    store: StoreOptions::default(),
+                }
+            }
         }
-    }
+
+        impl $name {
+            #[doc = concat!("The table: `table` or `schema.table`, lowercase SQL identifiers (default [`", stringify!($default), "`]; see [`TableName`]).")]
+            #[must_use]
+            pub fn table(mut self, name: &str) -> Self {
+                self.table = name.to_string();
+                self
+            }
+
+            /// The operation timeout (default 5 s, more than zero).
+            #[must_use]
+            pub fn store_options(mut self, store: StoreOptions) -> Self {
+                self.store = store;
+                self
+            }
+
+            /// The table name, validated with the shared options (no
+            /// ceiling on responses, which the part never stores).
+            pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
+                self.store.checked(usize::MAX, usize::MAX, $why)?;
+                TableName::new(&self.table)
+            }
+        }
+    };
 }
 
-impl PostgresOutboxOptions {
-    /// The table: `table` or `schema.table`, lowercase SQL identifiers
-    /// (default [`DEFAULT_OUTBOX_TABLE`]; see [`TableName`]). The counter
-    /// table is named after it, `<table>_aggregates`, in the same schema.
+part_options!(
+    /// How a [`PostgresJournal`](crate::PostgresJournal) is built; validated once
+    /// by [`PostgresJournal::with_options`](crate::PostgresJournal::with_options).
     ///
-    /// ```
-    /// let options = idem_postgres::PostgresOutboxOptions::default().table("app.events");
-    /// # let _ = options;
-    /// ```
-    #[must_use]
-    pub fn table(mut self, name: &str) -> Self {
-        self.table = name.to_string();
-        self
-    }
-
-    /// The operation timeout (default 5 s, more than zero).
+    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+    /// journal operation as a whole (acquiring a connection from the pool
+    /// included), and [`record_in`](crate::PostgresJournal::record_in) inside
+    /// the caller's transaction; not [`migrate`](crate::PostgresJournal::migrate),
+    /// which may wait for a concurrent migration. The journal keeps no
+    /// responses: a response limit set in the store options is only checked to
+    /// be at least 1.
     ///
     /// ```
     /// use std::time::Duration;
     /// use idem_core::StoreOptions;
+    /// use idem_postgres::PostgresJournalOptions;
     ///
-    /// let options = idem_postgres::PostgresOutboxOptions::default()
-    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+    /// let options = PostgresJournalOptions::default()
+    ///     .table("billing.idem_journal")
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
     /// # let _ = options;
     /// ```
-    #[must_use]
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
-        self.store = store;
-        self
-    }
+    PostgresJournalOptions,
+    DEFAULT_JOURNAL_TABLE,
+    "a journal keeps no responses"
+);
 
-    /// The table name, validated with the timeout.
-    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
-        self.store
-            .checked(usize::MAX, usize::MAX, "an outbox keeps no responses")?;
-        TableName::new(&self.table)
-    }
-}
-
-/// How a [`PostgresParking`](crate::PostgresParking) is built; validated
-/// once by [`PostgresParking::with_options`](crate::PostgresParking::with_options).
-///
-/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
-/// operation as a whole (acquiring a connection from the pool included);
-/// not [`migrate`](crate::PostgresParking::migrate). A parking store keeps
-/// no responses: a response limit set in the store options is only checked
-/// to be at least 1.
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::StoreOptions;
-/// use idem_postgres::PostgresParkingOptions;
-///
-/// let options = PostgresParkingOptions::default()
-///     .table("billing.idem_parked")
-///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
-/// # let _ = options;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PostgresParkingOptions {
-    pub(crate) table: String,
-    pub(crate) store: StoreOptions,
-}
-
-impl Default for PostgresParkingOptions {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_PARKING_TABLE.to_string(),
-            store: StoreOptions::default(),
-        }
-    }
-}
-
-impl PostgresParkingOptions {
-    /// The table: `table` or `schema.table`, lowercase SQL identifiers
-    /// (default [`DEFAULT_PARKING_TABLE`]; see [`TableName`]).
+part_options!(
+    /// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
+    /// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
+    /// Its counter table is named after its table, `<table>_aggregates`, in
+    /// the same schema.
     ///
-    /// ```
-    /// let options = idem_postgres::PostgresParkingOptions::default().table("app.parked");
-    /// # let _ = options;
-    /// ```
-    #[must_use]
-    pub fn table(mut self, name: &str) -> Self {
-        self.table = name.to_string();
-        self
-    }
-
-    /// The operation timeout (default 5 s, more than zero).
+    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+    /// outbox operation as a whole (acquiring a connection from the pool
+    /// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
+    /// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
+    /// which may wait for a concurrent migration, nor the
+    /// [`listen`](crate::PostgresOutbox::listen)er, which runs until dropped.
+    /// The outbox keeps no responses: a response limit set in the store options
+    /// is only checked to be at least 1 (a message's payload is bounded by
+    /// [`MAX_PAYLOAD_BYTES`](idem_core::store::MAX_PAYLOAD_BYTES)).
     ///
     /// ```
     /// use std::time::Duration;
     /// use idem_core::StoreOptions;
+    /// use idem_postgres::PostgresOutboxOptions;
     ///
-    /// let options = idem_postgres::PostgresParkingOptions::default()
-    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(1)));
+    /// let options = PostgresOutboxOptions::default()
+    ///     .table("billing.idem_outbox")
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
     /// # let _ = options;
     /// ```
-    #[must_use]
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
-        self.store = store;
-        self
-    }
+    PostgresOutboxOptions,
+    DEFAULT_OUTBOX_TABLE,
+    "an outbox keeps no responses"
+);
 
-    /// The table name, validated with the timeout.
-    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
-        self.store
-            .checked(usize::MAX, usize::MAX, "a parking store keeps no responses")?;
-        TableName::new(&self.table)
-    }
-}
+part_options!(
+    /// How a [`PostgresParking`](crate::PostgresParking) is built; validated
+    /// once by [`PostgresParking::with_options`](crate::PostgresParking::with_options).
+    ///
+    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+    /// operation as a whole (acquiring a connection from the pool included);
+    /// not [`migrate`](crate::PostgresParking::migrate). A parking store keeps
+    /// no responses: a response limit set in the store options is only checked
+    /// to be at least 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_postgres::PostgresParkingOptions;
+    ///
+    /// let options = PostgresParkingOptions::default()
+    ///     .table("billing.idem_parked")
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+    /// # let _ = options;
+    /// ```
+    PostgresParkingOptions,
+    DEFAULT_PARKING_TABLE,
+    "a parking store keeps no responses"
+);
 
 #[cfg(test)]
 mod tests {

@@ -2,24 +2,24 @@
 //! and one counter row per aggregate, each operation one statement (see
 //! `migrations/0003_idem_outbox.sql`).
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, ClockSource, Durability, Layered, MessageId, MessageParts, MessageState,
-    NewMessage, OperationLayer, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, Timestamp,
-    TransactionSharing, forward_outbox_store, millis, validate_lease, validate_outbox_batch,
+    BatchClaim, Capabilities, Layered, MessageId, MessageParts, MessageState, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp,
+    forward_outbox_store, millis, validate_lease, validate_outbox_batch,
 };
 use idem_core::{Operation, StoreError, async_trait};
 use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgExecutor};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::codec::column;
-use crate::error::{STORE, classify, corrupt};
+use crate::error::{classify, corrupt};
 use crate::options::{PostgresOutboxOptions, TableName};
+use crate::part::aliased;
 
 /// Serialises concurrent `migrate()` calls of outboxes (CREATE OR REPLACE
 /// FUNCTION races otherwise); neither the records' lock nor the journal's.
@@ -83,14 +83,14 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///   delivers when the transaction commits; [`listen`](Self::listen) turns
 ///   those notifications into wake-ups of a relay.
 ///
-/// Every operation goes through the store's [`OperationLayer`]: it is
+/// Every operation goes through the store's [`OperationLayer`](idem_core::store::OperationLayer): it is
 /// bounded by the [operation timeout](idem_core::StoreOptions::with_operation_timeout)
 /// (5 s by default), acquiring its connection included, ends in a
 /// retryable [`StoreError::Unavailable`] past it, and gets its span and
 /// metrics.
 ///
 /// ```no_run
-/// use idem_core::store::{NewMessage, OutboxStore, OwnerToken};
+/// use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken};
 /// use idem_postgres::PostgresOutbox;
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
@@ -106,7 +106,7 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///     .await?;
 /// assert_eq!(placed.parts().sequence, 1);
 /// let owner = OwnerToken::generate();
-/// let batch = outbox.claim(owner, std::time::Duration::from_secs(30), 100).await?;
+/// let batch = outbox.claim(&BatchClaim::new(owner, std::time::Duration::from_secs(30), 100)).await?;
 /// let ids: Vec<_> = batch.iter().map(|m| m.id()).collect();
 /// outbox.mark_sent(owner, &ids).await?;
 /// # Ok(()) }
@@ -117,23 +117,6 @@ pub struct PostgresOutbox {
 }
 
 forward_outbox_store!(PostgresOutbox => messages);
-
-/// The pool, the table and its statements, inside the outbox's layer.
-#[derive(Clone)]
-struct Messages {
-    pool: PgPool,
-    table: TableName,
-    sql: Arc<Statements>,
-}
-
-impl fmt::Debug for Messages {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresOutbox")
-            .field("table", &self.table)
-            .field("pool_size", &self.pool.size())
-            .finish_non_exhaustive()
-    }
-}
 
 /// Every statement the outbox runs, built once per table name from a
 /// validated name.
@@ -150,21 +133,11 @@ struct Statements {
     stats: Arc<str>,
 }
 
-/// The columns of a message, each read from `of` (a row alias and a dot)
-/// under its own name.
-fn columns(of: &str) -> String {
-    COLUMNS
-        .iter()
-        .map(|name| format!("{of}{name} AS {name}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl Statements {
     fn new(table: &TableName) -> Self {
         let t = table.derived("");
         let now = table.derived("_now");
-        let row = columns("r.");
+        let row = aliased(&COLUMNS, "r.");
         // Each statement reads the clock once, in a materialized CTE (a
         // scalar subquery per use would read it once per use).
         let clock = format!("WITH c AS MATERIALIZED (SELECT {now}() AS now)");
@@ -262,92 +235,16 @@ impl Statements {
     }
 }
 
+crate::part::part_constructors!(PostgresOutbox => messages: Messages, PostgresOutboxOptions, TableName::outbox_default(), "outbox store", "billing.idem_outbox");
+crate::part::table_accessors!(
+    PostgresOutbox,
+    "idem_outbox",
+    "0003_idem_outbox.sql",
+    outbox_migration_sql,
+    MIGRATION_LOCK
+);
+
 impl PostgresOutbox {
-    /// An outbox store on `pool` with the default options: table
-    /// `idem_outbox`, a 5 s operation timeout. Run
-    /// [`migrate`](Self::migrate) once (or apply
-    /// [`migration_sql`](Self::migration_sql) with your own tool).
-    ///
-    /// ```no_run
-    /// use idem_postgres::PostgresOutbox;
-    ///
-    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// let outbox = PostgresOutbox::new(pool);
-    /// outbox.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(pool: PgPool) -> Self {
-        Self::from_parts(
-            pool,
-            TableName::outbox_default(),
-            &PostgresOutboxOptions::default(),
-        )
-    }
-
-    /// An outbox store built from `options`.
-    ///
-    /// ```no_run
-    /// use idem_postgres::{PostgresOutbox, PostgresOutboxOptions};
-    ///
-    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// let outbox = PostgresOutbox::with_options(
-    ///     pool,
-    ///     PostgresOutboxOptions::default().table("billing.idem_outbox"),
-    /// )?;
-    /// outbox.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::InvalidInput`] if the table is not a lowercase
-    /// identifier (optionally schema-qualified) or the operation timeout is
-    /// zero.
-    pub fn with_options(pool: PgPool, options: PostgresOutboxOptions) -> Result<Self, StoreError> {
-        let table = options.validate()?;
-        Ok(Self::from_parts(pool, table, &options))
-    }
-
-    fn from_parts(pool: PgPool, table: TableName, options: &PostgresOutboxOptions) -> Self {
-        let layer = OperationLayer::new(STORE, options.store.operation_timeout());
-        let messages = Messages {
-            sql: Arc::new(Statements::new(&table)),
-            pool,
-            table,
-        };
-        Self {
-            messages: Layered::with_layer(messages, layer),
-        }
-    }
-
-    fn parts(&self) -> &Messages {
-        self.messages.get_ref()
-    }
-
-    /// The table.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
-    /// let outbox = idem_postgres::PostgresOutbox::new(pool);
-    /// assert_eq!(outbox.table().to_string(), "idem_outbox");
-    /// # }
-    /// ```
-    pub fn table(&self) -> &TableName {
-        &self.parts().table
-    }
-
-    /// The pool.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
-    /// let outbox = idem_postgres::PostgresOutbox::new(pool);
-    /// let _pool = outbox.pool().clone();
-    /// # }
-    /// ```
-    pub fn pool(&self) -> &PgPool {
-        &self.parts().pool
-    }
-
     /// The channel an enqueue notifies, on commit: the table's name as
     /// written (`schema.table` when qualified), cut to the 63 bytes
     /// Postgres keeps. For a `LISTEN` of your own, quote it.
@@ -363,42 +260,6 @@ impl PostgresOutbox {
     pub fn channel(&self) -> String {
         self.parts().table.outbox_channel()
     }
-
-    /// The SQL that [`migrate`](Self::migrate) runs, for your own migration
-    /// tool: `migrations/0003_idem_outbox.sql` with the table's name (and
-    /// its counter table's, indexes' and functions', and its
-    /// [channel](Self::channel)) in place of `idem_outbox`.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// use idem_postgres::{PostgresOutbox, PostgresOutboxOptions};
-    ///
-    /// let outbox = PostgresOutbox::with_options(pool, PostgresOutboxOptions::default().table("app.events"))?;
-    /// assert!(outbox.migration_sql().contains("CREATE TABLE IF NOT EXISTS app.events_aggregates ("));
-    /// # Ok(()) }
-    /// ```
-    pub fn migration_sql(&self) -> String {
-        self.parts().table.outbox_migration_sql()
-    }
-
-    /// Creates the tables, their indexes and the functions if missing, and
-    /// replaces the functions with this version's, under an advisory lock
-    /// of its own. Safe to run concurrently; the schema of a qualified
-    /// table must exist.
-    ///
-    /// ```no_run
-    /// # async fn example(outbox: idem_postgres::PostgresOutbox) -> Result<(), idem_core::StoreError> {
-    /// outbox.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        crate::migrate::migrate(self.pool(), MIGRATION_LOCK, self.migration_sql()).await
-    }
-
     /// Enqueues `message` inside the caller's transaction: the message and
     /// the business writes that cause it commit together, or vanish
     /// together (a rollback gives its sequence back too). As
@@ -679,15 +540,11 @@ impl OutboxStore for Messages {
         self.enqueue_on(&self.pool, message).await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let owner = batch.owner;
         const OP: Operation = Operation::Claim;
-        let lease = validate_lease(lease)?;
-        let limit = validate_outbox_batch(limit)?;
+        let lease = validate_lease(batch.lease)?;
+        let limit = validate_outbox_batch(batch.limit)?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
             .bind(owner.as_uuid())
             .bind(millis(lease))
@@ -712,21 +569,14 @@ impl OutboxStore for Messages {
         Ok(done.rows_affected())
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         const OP: Operation = Operation::MarkFailed;
         let row = sqlx::query(AssertSqlSafe(self.sql.mark_failed.clone()))
-            .bind(owner.as_uuid())
-            .bind(id.as_uuid())
-            .bind(error)
-            .bind(millis(retry_after))
-            .bind(i64::from(max_attempts))
+            .bind(failure.owner.as_uuid())
+            .bind(failure.id.as_uuid())
+            .bind(failure.error.as_str())
+            .bind(millis(failure.retry_after))
+            .bind(i64::from(failure.max_attempts))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| classify(OP, e))?;
@@ -798,12 +648,6 @@ impl OutboxStore for Messages {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::SameDatabase,
-            Durability::Durable,
-            ClockSource::Server,
-            usize::MAX,
-        )
+        crate::part::capabilities(usize::MAX)
     }
 }

@@ -2,21 +2,19 @@
 //! consumer and message id, each operation one statement (see
 //! `migrations/0004_idem_parked.sql`).
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, ClockSource, Durability, InboundMessage, Layered, NewParked, OperationLayer,
-    ParkedMessage, ParkedState, ParkingStore, Resolution, Timestamp, TransactionSharing,
-    forward_parking_store, millis, validate_parking_batch,
+    Capabilities, InboundMessage, Layered, NewParked, ParkedMessage, ParkedState, ParkingStore,
+    Resolution, Timestamp, forward_parking_store, millis, validate_parking_batch,
 };
 use idem_core::{IdempotencyKey, Operation, StoreError, Tenant, async_trait};
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::codec::column;
-use crate::error::{STORE, classify, corrupt};
+use crate::error::{classify, corrupt};
 use crate::options::{PostgresParkingOptions, TableName};
 
 /// Serialises concurrent `migrate()` calls of parking stores.
@@ -52,22 +50,6 @@ pub struct PostgresParking {
 }
 
 forward_parking_store!(PostgresParking => entries);
-
-#[derive(Clone)]
-struct Entries {
-    pool: PgPool,
-    table: TableName,
-    sql: Arc<Statements>,
-}
-
-impl fmt::Debug for Entries {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresParking")
-            .field("table", &self.table)
-            .field("pool_size", &self.pool.size())
-            .finish_non_exhaustive()
-    }
-}
 
 #[derive(Debug)]
 struct Statements {
@@ -128,105 +110,14 @@ impl Statements {
     }
 }
 
-impl PostgresParking {
-    /// A parking store on `pool` with the default options: table
-    /// `idem_parked`, a 5 s operation timeout. Run
-    /// [`migrate`](Self::migrate) once (or apply
-    /// [`migration_sql`](Self::migration_sql) with your own tool).
-    ///
-    /// ```no_run
-    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// let parking = idem_postgres::PostgresParking::new(pool);
-    /// parking.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn new(pool: PgPool) -> Self {
-        Self::from_parts(
-            pool,
-            TableName::parking_default(),
-            &PostgresParkingOptions::default(),
-        )
-    }
-
-    /// A parking store built from `options`.
-    ///
-    /// ```no_run
-    /// use idem_postgres::{PostgresParking, PostgresParkingOptions};
-    ///
-    /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), idem_core::StoreError> {
-    /// let parking = PostgresParking::with_options(pool, PostgresParkingOptions::default().table("app.parked"))?;
-    /// parking.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::InvalidInput`] if the table is not a lowercase
-    /// identifier (optionally schema-qualified) or the operation timeout is
-    /// zero.
-    pub fn with_options(pool: PgPool, options: PostgresParkingOptions) -> Result<Self, StoreError> {
-        let table = options.validate()?;
-        Ok(Self::from_parts(pool, table, &options))
-    }
-
-    fn from_parts(pool: PgPool, table: TableName, options: &PostgresParkingOptions) -> Self {
-        let layer = OperationLayer::new(STORE, options.store.operation_timeout());
-        let entries = Entries {
-            sql: Arc::new(Statements::new(&table)),
-            pool,
-            table,
-        };
-        Self {
-            entries: Layered::with_layer(entries, layer),
-        }
-    }
-
-    fn parts(&self) -> &Entries {
-        self.entries.get_ref()
-    }
-
-    /// The table.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
-    /// assert_eq!(idem_postgres::PostgresParking::new(pool).table().to_string(), "idem_parked");
-    /// # }
-    /// ```
-    pub fn table(&self) -> &TableName {
-        &self.parts().table
-    }
-
-    /// The SQL that [`migrate`](Self::migrate) runs, for your own migration
-    /// tool: `migrations/0004_idem_parked.sql` with the table's name (and
-    /// its indexes' and function's) in place of `idem_parked`.
-    ///
-    /// ```no_run
-    /// # fn example(pool: idem_postgres::sqlx::PgPool) {
-    /// let sql = idem_postgres::PostgresParking::new(pool).migration_sql();
-    /// assert!(sql.contains("CREATE TABLE IF NOT EXISTS idem_parked ("));
-    /// # }
-    /// ```
-    pub fn migration_sql(&self) -> String {
-        self.parts().table.parking_migration_sql()
-    }
-
-    /// Creates the table, its indexes and its function if missing, under an
-    /// advisory lock of its own. Safe to run concurrently.
-    ///
-    /// ```no_run
-    /// # async fn example(parking: idem_postgres::PostgresParking) -> Result<(), idem_core::StoreError> {
-    /// parking.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let parts = self.parts();
-        crate::migrate::migrate(&parts.pool, MIGRATION_LOCK, self.migration_sql()).await
-    }
-}
+crate::part::part_constructors!(PostgresParking => entries: Entries, PostgresParkingOptions, TableName::parking_default(), "parking store", "app.parked");
+crate::part::table_accessors!(
+    PostgresParking,
+    "idem_parked",
+    "0004_idem_parked.sql",
+    parking_migration_sql,
+    MIGRATION_LOCK
+);
 
 /// A limit as a bigint.
 fn bigint(n: usize) -> i64 {
@@ -383,12 +274,6 @@ impl ParkingStore for Entries {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::SameDatabase,
-            Durability::Durable,
-            ClockSource::Server,
-            usize::MAX,
-        )
+        crate::part::capabilities(usize::MAX)
     }
 }

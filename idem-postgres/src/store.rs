@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, ClockSource, Durability, IdempotencyStore, Layered,
-    Lease, OperationLayer, Record, Timestamp, TransactionSharing, forward_store, millis,
-    validate_lease,
+    Capabilities, ClaimOutcome, ClaimRequest, IdempotencyStore, Layered, Lease, OperationLayer,
+    Record, Timestamp, forward_store, millis, validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
@@ -81,6 +80,14 @@ impl fmt::Debug for Records {
     }
 }
 
+crate::part::table_accessors!(
+    PostgresStore,
+    "idem_records",
+    "0001_idem_records.sql",
+    migration_sql,
+    MIGRATION_LOCK
+);
+
 impl PostgresStore {
     /// A store with the default options: table `idem_records`, 8 MiB
     /// responses, a 5 s operation timeout.
@@ -128,16 +135,6 @@ impl PostgresStore {
         self.records.get_ref()
     }
 
-    /// The table.
-    pub fn table(&self) -> &TableName {
-        &self.parts().table
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.parts().pool
-    }
-
     /// The exact statement a claim sends: `SELECT * FROM <table>_claim($1..$6)`
     /// with tenant, key, fingerprint, new owner, lease ms and retention ms.
     /// For the benchmarks only; not part of the API.
@@ -152,21 +149,6 @@ impl PostgresStore {
     #[cfg(feature = "bench")]
     pub fn complete_sql(&self) -> &str {
         &self.parts().fenced.sql.complete
-    }
-
-    /// The SQL that [`migrate`](Self::migrate) runs, for your own migration tool.
-    pub fn migration_sql(&self) -> String {
-        self.parts().table.migration_sql()
-    }
-
-    /// Creates the table, its index and the claim function if missing, and
-    /// replaces the function with this version's. Safe to run concurrently.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from the database.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        crate::migrate::migrate(self.pool(), MIGRATION_LOCK, self.migration_sql()).await
     }
 
     /// Claims inside the caller's transaction: the inbox mode.
@@ -343,13 +325,7 @@ impl IdempotencyStore for Records {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            STORE,
-            TransactionSharing::SameDatabase,
-            Durability::Durable,
-            ClockSource::Server,
-            self.fenced.max_response_bytes(),
-        )
+        crate::part::capabilities(self.fenced.max_response_bytes())
     }
 }
 
@@ -370,17 +346,13 @@ mod tests {
                 .store_options(StoreOptions::default().with_operation_timeout(limit))
         };
         let refused = PostgresStore::with_options(pool.clone(), with_timeout(Duration::ZERO));
+        let refused = refused.expect_err("a zero timeout");
         assert!(
-            matches!(
-                refused,
-                Err(StoreError::InvalidInput(
-                    idem_core::InvalidInput::OutOfRange {
-                        field: "operation timeout",
-                        ..
-                    }
-                ))
-            ),
-            "{refused:?}"
+            matches!(refused, StoreError::InvalidInput(_))
+                && refused
+                    .to_string()
+                    .contains("operation timeout is out of range"),
+            "{refused}"
         );
         let store = PostgresStore::with_options(pool, with_timeout(Duration::from_millis(1)))
             .expect("any limit above zero");

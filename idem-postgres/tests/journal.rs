@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use idem_core::Tenant;
 use idem_core::store::{
-    Acquired, Finish, JournalStore, NewOperation, OperationId, OperationKey, OperationState,
-    OwnerToken,
+    Acquired, Finish, JournalStore, ListQuery, NewOperation, OperationId, OperationKey,
+    OperationState, OwnerToken,
 };
 use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_postgres::{PostgresJournal, PostgresJournalOptions};
@@ -81,18 +81,17 @@ async fn a_schema_qualified_table_migrates_and_works() {
         .unwrap();
     let owner = OwnerToken::generate();
     let Acquired::Held { .. } = journal
-        .acquire(&key, owner, Duration::from_secs(30))
+        .acquire(key.held_by(owner), Duration::from_secs(30))
         .await
         .unwrap()
     else {
         panic!("expected the lease")
     };
-    let sent = journal.mark_sent(&key, owner, 0).await.unwrap();
+    let sent = journal.mark_sent(key.held_by(owner), 0).await.unwrap();
     assert_eq!(sent.parts().sends, 1);
     let done = journal
         .finish(
-            &key,
-            owner,
+            key.held_by(owner),
             &Finish::new(OperationState::Succeeded, Some("paid".into())),
         )
         .await
@@ -100,12 +99,7 @@ async fn a_schema_qualified_table_migrates_and_works() {
     assert_eq!(done.state(), OperationState::Succeeded);
     assert_eq!(done.provider_key(), recorded.provider_key());
     let listed = journal
-        .list(
-            key.namespace(),
-            &[OperationState::Succeeded],
-            Duration::ZERO,
-            10,
-        )
+        .list(&ListQuery::new(key.namespace().clone(), &[OperationState::Succeeded]).limit(10))
         .await
         .unwrap();
     assert_eq!(listed, [done]);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use idem_conformance::support::lost_replies_are_answered_truthfully;
+use idem_conformance::faults::lost_replies_are_answered_truthfully;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_is_answered_truthfully() {

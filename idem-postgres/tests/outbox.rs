@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::store::{
-    MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
+    BatchClaim, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    OwnerToken, PublishFailure,
 };
 use idem_core::{StoreError, async_trait};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions};
@@ -161,7 +162,7 @@ async fn a_rolled_back_transaction_enqueues_nothing_and_keeps_no_sequence() {
     assert_eq!(state_of(&outbox, inside.id()).await, None);
     assert!(
         outbox
-            .claim(OwnerToken::generate(), LONG_LEASE, 10)
+            .claim(&BatchClaim::new(OwnerToken::generate(), LONG_LEASE, 10))
             .await
             .unwrap()
             .is_empty()
@@ -351,13 +352,8 @@ impl OutboxStore for Counted {
         self.inner.enqueue(message).await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
-        let claimed = self.inner.claim(owner, lease, limit).await;
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let claimed = self.inner.claim(batch).await;
         self.claims.send_modify(|n| *n += 1);
         claimed
     }
@@ -366,17 +362,8 @@ impl OutboxStore for Counted {
         self.inner.mark_sent(owner, ids).await
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
-        self.inner
-            .mark_failed(owner, id, error, retry_after, max_attempts)
-            .await
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
+        self.inner.mark_failed(failure).await
     }
 
     async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
@@ -561,12 +548,15 @@ async fn the_purge_never_deletes_an_unsent_message() {
     let sent = outbox.enqueue(&message("sent", "m")).await.unwrap();
     let dropped = outbox.enqueue(&message("dropped", "m")).await.unwrap();
     let owner = OwnerToken::generate();
-    let claimed = outbox.claim(owner, LONG_LEASE, 100).await.unwrap();
+    let claimed = outbox
+        .claim(&BatchClaim::new(owner, LONG_LEASE, 100))
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 4);
     let pending = outbox.enqueue(&message("pending", "m")).await.unwrap();
     let later = outbox.enqueue(&message("sent", "later")).await.unwrap();
     let left = outbox
-        .mark_failed(owner, parked.id(), "refused", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, parked.id(), "refused").max_attempts(1))
         .await
         .unwrap();
     assert_eq!(left, MessageState::Parked);
@@ -599,7 +589,10 @@ async fn the_purge_never_deletes_an_unsent_message() {
         );
     }
     // The purged head's aggregate goes on from its next sequence.
-    let next = outbox.claim(owner, LONG_LEASE, 100).await.unwrap();
+    let next = outbox
+        .claim(&BatchClaim::new(owner, LONG_LEASE, 100))
+        .await
+        .unwrap();
     let kinds: HashSet<(String, u64)> = next
         .iter()
         .map(|m| (m.message().aggregate().to_string(), m.parts().sequence))
@@ -642,11 +635,20 @@ async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
         let a = message(&aggregate, "a");
         let stored = cost!("enqueue: new", outbox.enqueue(&a).await.unwrap());
         cost!("enqueue: existing", outbox.enqueue(&a).await.unwrap());
-        let claimed = cost!("claim", outbox.claim(owner, LONG_LEASE, 10).await.unwrap());
+        let claimed = cost!(
+            "claim",
+            outbox
+                .claim(&BatchClaim::new(owner, LONG_LEASE, 10))
+                .await
+                .unwrap()
+        );
         assert_eq!(claimed.len(), 1);
         let none = cost!(
             "claim: nothing",
-            outbox.claim(other, LONG_LEASE, 10).await.unwrap()
+            outbox
+                .claim(&BatchClaim::new(other, LONG_LEASE, 10))
+                .await
+                .unwrap()
         );
         assert!(none.is_empty());
         cost!(
@@ -658,26 +660,32 @@ async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
             assert_eq!(outbox.mark_sent(owner, &[stored.id()]).await.unwrap(), 0)
         );
         let b = outbox.enqueue(&message(&aggregate, "b")).await.unwrap();
-        outbox.claim(owner, LONG_LEASE, 10).await.unwrap();
+        outbox
+            .claim(&BatchClaim::new(owner, LONG_LEASE, 10))
+            .await
+            .unwrap();
         cost!(
             "mark_failed: lost lease",
             outbox
-                .mark_failed(other, b.id(), "x", Duration::ZERO, 5)
+                .mark_failed(&PublishFailure::new(other, b.id(), "x").max_attempts(5))
                 .await
                 .unwrap_err()
         );
         cost!(
             "mark_failed: pending",
             outbox
-                .mark_failed(owner, b.id(), "x", Duration::ZERO, 5)
+                .mark_failed(&PublishFailure::new(owner, b.id(), "x").max_attempts(5))
                 .await
                 .unwrap()
         );
-        outbox.claim(owner, LONG_LEASE, 10).await.unwrap();
+        outbox
+            .claim(&BatchClaim::new(owner, LONG_LEASE, 10))
+            .await
+            .unwrap();
         let left = cost!(
             "mark_failed: parked",
             outbox
-                .mark_failed(owner, b.id(), "x", Duration::ZERO, 1)
+                .mark_failed(&PublishFailure::new(owner, b.id(), "x").max_attempts(1))
                 .await
                 .unwrap()
         );
@@ -862,7 +870,10 @@ async fn a_schema_qualified_table_migrates_works_and_notifies() {
         .await
         .expect("a notification on the qualified table's channel");
     let owner = OwnerToken::generate();
-    let claimed = outbox.claim(owner, LONG_LEASE, 10).await.unwrap();
+    let claimed = outbox
+        .claim(&BatchClaim::new(owner, LONG_LEASE, 10))
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].id(), placed.id());
     assert_eq!(outbox.mark_sent(owner, &[placed.id()]).await.unwrap(), 1);

@@ -110,8 +110,8 @@ async fn every_operation_and_claim_outcome_is_one_statement_round_trip() {
 async fn every_journal_operation_and_outcome_is_one_statement_round_trip() {
     use idem_core::Tenant;
     use idem_core::store::{
-        Acquired, Finish, JournalStore, NewOperation, OperationId, OperationKey, OperationState,
-        OwnerToken,
+        Acquired, Finish, JournalStore, ListQuery, NewOperation, OperationId, OperationKey,
+        OperationState, OwnerToken,
     };
     use idem_postgres::PostgresJournal;
 
@@ -147,54 +147,57 @@ async fn every_journal_operation_and_outcome_is_one_statement_round_trip() {
         let finish = Finish::new(OperationState::Succeeded, Some("paid".into()));
         cost!(
             "acquire: absent",
-            journal.acquire(&key, owner, lease).await.unwrap()
+            journal.acquire(key.held_by(owner), lease).await.unwrap()
         );
         cost!("record: new", journal.record(&new).await.unwrap());
         cost!("record: existing", journal.record(&new).await.unwrap());
         cost!("get", journal.get(&key).await.unwrap());
         let held = cost!(
             "acquire: held",
-            journal.acquire(&key, owner, lease).await.unwrap()
+            journal.acquire(key.held_by(owner), lease).await.unwrap()
         );
         assert!(matches!(held, Acquired::Held { .. }), "{held:?}");
         let busy = cost!(
             "acquire: busy",
-            journal.acquire(&key, other, lease).await.unwrap()
+            journal.acquire(key.held_by(other), lease).await.unwrap()
         );
         assert!(matches!(busy, Acquired::Busy { .. }), "{busy:?}");
         cost!(
             "mark_sent",
-            journal.mark_sent(&key, owner, 0).await.unwrap()
+            journal.mark_sent(key.held_by(owner), 0).await.unwrap()
         );
         cost!(
             "mark_sent: again",
-            journal.mark_sent(&key, owner, 0).await.unwrap()
+            journal.mark_sent(key.held_by(owner), 0).await.unwrap()
         );
         cost!(
             "mark_sent: lost lease",
-            journal.mark_sent(&key, other, 1).await.unwrap_err()
+            journal.mark_sent(key.held_by(other), 1).await.unwrap_err()
         );
         cost!(
             "finish",
-            journal.finish(&key, owner, &finish).await.unwrap()
+            journal.finish(key.held_by(owner), &finish).await.unwrap()
         );
         cost!(
             "finish: again",
-            journal.finish(&key, owner, &finish).await.unwrap()
+            journal.finish(key.held_by(owner), &finish).await.unwrap()
         );
         cost!(
             "finish: lost lease",
-            journal.finish(&key, other, &finish).await.unwrap_err()
+            journal
+                .finish(key.held_by(other), &finish)
+                .await
+                .unwrap_err()
         );
         let settled = cost!(
             "acquire: settled",
-            journal.acquire(&key, owner, lease).await.unwrap()
+            journal.acquire(key.held_by(owner), lease).await.unwrap()
         );
         assert!(matches!(settled, Acquired::Settled(_)), "{settled:?}");
         cost!(
             "list",
             journal
-                .list(&namespace, &OperationState::ALL, Duration::ZERO, 10)
+                .list(&ListQuery::new(namespace.clone(), &OperationState::ALL).limit(10))
                 .await
                 .unwrap()
         );

@@ -75,9 +75,6 @@ pub const SEQUENCE_HEADER: &str = "idem-sequence";
 /// A batch's time limit unless [`RabbitOptions::with_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The longest time limit [`RabbitOptions::with_timeout`] takes.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-
 /// The longest exchange name, routing key or header name AMQP carries.
 const MAX_SHORT_STRING: usize = 255;
 
@@ -184,7 +181,8 @@ impl RabbitOptions {
     }
 
     /// The same with a time limit on each batch, from its first publish to
-    /// its last confirm (more than zero, at most [`MAX_TIMEOUT`]): what is
+    /// its last confirm (more than zero, at most
+    /// [`MAX_PUBLISH_TIMEOUT`](idem_outbox::MAX_PUBLISH_TIMEOUT)): what is
     /// not confirmed by then is an `Err`. Keep it under the relay's lease.
     ///
     /// ```
@@ -200,13 +198,7 @@ impl RabbitOptions {
     ///
     /// [`InvalidInput`] outside that range.
     pub fn with_timeout(mut self, timeout: Duration) -> Result<Self, InvalidInput> {
-        if timeout.is_zero() || timeout > MAX_TIMEOUT {
-            return Err(InvalidInput::OutOfRange {
-                field: "publish timeout",
-                reason: "more than zero and at most an hour",
-            });
-        }
-        self.timeout = timeout;
+        self.timeout = idem_outbox::validate_publish_timeout(timeout)?;
         Ok(self)
     }
 

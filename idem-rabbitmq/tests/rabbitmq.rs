@@ -16,7 +16,7 @@ use common::outbox::{
 use common::{Topology, header, read, summary, text};
 use idem_conformance::faults::FaultProxy;
 use idem_core::ManualClock;
-use idem_core::store::{NewMessage, OutboxStore, OwnerToken, Timestamp};
+use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken, Timestamp};
 use idem_memory::MemoryOutbox;
 use idem_outbox::{Published, Publisher, Relay};
 use idem_rabbitmq::{RabbitError, RabbitOptions, RabbitPublisher};
@@ -59,7 +59,11 @@ async fn a_batch_is_confirmed_and_consumed_with_its_id_type_headers_and_payload(
         outbox.enqueue(&message).await.unwrap();
     }
     let batch = outbox
-        .claim(OwnerToken::generate(), Duration::from_secs(60), 100)
+        .claim(&BatchClaim::new(
+            OwnerToken::generate(),
+            Duration::from_secs(60),
+            100,
+        ))
         .await
         .unwrap();
     assert_eq!(batch.len(), 5);
@@ -115,7 +119,11 @@ async fn an_unroutable_message_is_an_error_and_the_channel_goes_on() {
         .await
         .unwrap();
     let batch = outbox
-        .claim(OwnerToken::generate(), Duration::from_secs(60), 10)
+        .claim(&BatchClaim::new(
+            OwnerToken::generate(),
+            Duration::from_secs(60),
+            10,
+        ))
         .await
         .unwrap();
 

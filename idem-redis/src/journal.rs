@@ -23,10 +23,10 @@ use std::fmt;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, ClockSource, Durability, Eviction, Finish, JournalParts, JournalRecord,
-    JournalStore, Layered, NewOperation, OperationId, OperationKey, OperationLayer, OperationState,
-    OwnerToken, Timestamp, TransactionSharing, forward_journal_store, millis, validate_lease,
-    validate_list_limit,
+    Acquired, Capabilities, ClockSource, Durability, Eviction, Finish, Holder, JournalParts,
+    JournalRecord, JournalStore, Layered, ListQuery, NewOperation, OperationId, OperationKey,
+    OperationLayer, OperationState, OwnerToken, Timestamp, TransactionSharing,
+    forward_journal_store, millis, validate_lease, validate_list_limit,
 };
 use idem_core::{Operation, StoreError, Tenant, async_trait};
 use redis::{Script, ScriptInvocation, Value};
@@ -381,12 +381,8 @@ impl JournalStore for Operations {
         record(self.run(Operation::Get, &invocation).await?, Operation::Get)
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Acquire;
         let lease = validate_lease(lease)?;
         let mut invocation = self.invocation(&JOURNAL_SCRIPTS.acquire, key);
@@ -399,35 +395,13 @@ impl JournalStore for Operations {
             .and_then(int)
             .map(Timestamp::from_unix_millis)
             .ok_or_else(|| corrupt(OP, "now"))?;
-        Ok(match outcome.as_deref() {
-            Some(b"absent") => Acquired::Absent,
-            Some(b"settled") => Acquired::Settled(present(reply.next(), OP)?),
-            Some(b"busy") => {
-                let record = present(reply.next(), OP)?;
-                // The script answered busy only for another owner's live
-                // lease, so this is that lease's time left.
-                let retry_after = record
-                    .held_by_other(owner, now)
-                    .ok_or_else(|| corrupt(OP, "lease"))?;
-                Acquired::Busy {
-                    record,
-                    retry_after,
-                }
-            }
-            Some(b"held") => Acquired::Held {
-                record: present(reply.next(), OP)?,
-                now,
-            },
-            _ => return Err(corrupt(OP, "acquire outcome")),
-        })
+        let answer = outcome.unwrap_or_default();
+        Acquired::from_answer(&answer, owner, now, || present(reply.next(), OP))?
+            .ok_or_else(|| corrupt(OP, "acquire outcome"))
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let mut invocation = self.invocation(&JOURNAL_SCRIPTS.mark_sent, key);
         invocation
             .arg(owner.to_string())
@@ -439,12 +413,8 @@ impl JournalStore for Operations {
         )
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let mut invocation = self.invocation(&JOURNAL_SCRIPTS.finish, key);
         invocation.arg(owner.to_string()).arg(finish.state.as_str());
         let search_until = finish
@@ -462,31 +432,19 @@ impl JournalStore for Operations {
         )
     }
 
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
         const OP: Operation = Operation::List;
-        let limit = validate_list_limit(limit)?;
-        let tag = namespace_tag(&self.prefix, namespace);
-        // Each index once, whatever the caller repeated; none asked, none found.
-        let mut wanted: Vec<OperationState> = Vec::with_capacity(states.len());
-        for state in states {
-            if !wanted.contains(state) {
-                wanted.push(*state);
-            }
-        }
-        let Some((first, rest)) = wanted.split_first() else {
+        let limit = validate_list_limit(query.limit)?;
+        let tag = namespace_tag(&self.prefix, &query.namespace);
+        // None asked, none found.
+        let Some((first, rest)) = query.states.split_first() else {
             return Ok(Vec::new());
         };
         let mut invocation = JOURNAL_SCRIPTS.list.key(index_key(&tag, *first));
         for state in rest {
             invocation.key(index_key(&tag, *state));
         }
-        invocation.arg(millis(older_than)).arg(limit);
+        invocation.arg(millis(query.older_than)).arg(limit);
         items(self.run(OP, &invocation).await?, OP)?
             .into_iter()
             .map(|hash| record(hash, OP)?.ok_or_else(|| corrupt(OP, "record")))

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use idem_core::Tenant;
 use idem_core::store::{
-    Acquired, ClockSource, Finish, JournalStore, NewOperation, OperationId, OperationKey,
-    OperationState, OwnerToken,
+    Acquired, ClockSource, Finish, JournalStore, ListQuery, NewOperation, OperationId,
+    OperationKey, OperationState, OwnerToken,
 };
 use idem_core::{StoreError, StoreOptions};
 use idem_redis::{RedisJournal, RedisJournalOptions, redis};
@@ -46,17 +46,16 @@ async fn life(journal: &RedisJournal, key: &OperationKey) {
         .unwrap();
     let owner = OwnerToken::generate();
     let Acquired::Held { .. } = journal
-        .acquire(key, owner, Duration::from_secs(30))
+        .acquire(key.held_by(owner), Duration::from_secs(30))
         .await
         .unwrap()
     else {
         panic!("expected the lease")
     };
-    journal.mark_sent(key, owner, 0).await.unwrap();
+    journal.mark_sent(key.held_by(owner), 0).await.unwrap();
     let done = journal
         .finish(
-            key,
-            owner,
+            key.held_by(owner),
             &Finish::new(OperationState::Succeeded, Some("paid".into())),
         )
         .await
@@ -64,21 +63,17 @@ async fn life(journal: &RedisJournal, key: &OperationKey) {
     assert_eq!(done.provider_key(), recorded.provider_key());
     let listed = journal
         .list(
-            key.namespace(),
-            &[OperationState::Succeeded, OperationState::Succeeded],
-            Duration::ZERO,
-            10,
+            &ListQuery::new(
+                key.namespace().clone(),
+                &[OperationState::Succeeded, OperationState::Succeeded],
+            )
+            .limit(10),
         )
         .await
         .unwrap();
     assert_eq!(listed, [done]);
     let pending = journal
-        .list(
-            key.namespace(),
-            &[OperationState::Pending],
-            Duration::ZERO,
-            10,
-        )
+        .list(&ListQuery::new(key.namespace().clone(), &[OperationState::Pending]).limit(10))
         .await
         .unwrap();
     assert!(
@@ -245,54 +240,57 @@ async fn every_journal_operation_and_outcome_is_one_evalsha() {
         let finish = Finish::new(OperationState::Succeeded, Some("paid".into()));
         cost!(
             "acquire: absent",
-            journal.acquire(&key, owner, lease).await.unwrap()
+            journal.acquire(key.held_by(owner), lease).await.unwrap()
         );
         cost!("record: new", journal.record(&new).await.unwrap());
         cost!("record: existing", journal.record(&new).await.unwrap());
         cost!("get", journal.get(&key).await.unwrap());
         let held = cost!(
             "acquire: held",
-            journal.acquire(&key, owner, lease).await.unwrap()
+            journal.acquire(key.held_by(owner), lease).await.unwrap()
         );
         assert!(matches!(held, Acquired::Held { .. }), "{held:?}");
         let busy = cost!(
             "acquire: busy",
-            journal.acquire(&key, other, lease).await.unwrap()
+            journal.acquire(key.held_by(other), lease).await.unwrap()
         );
         assert!(matches!(busy, Acquired::Busy { .. }), "{busy:?}");
         cost!(
             "mark_sent",
-            journal.mark_sent(&key, owner, 0).await.unwrap()
+            journal.mark_sent(key.held_by(owner), 0).await.unwrap()
         );
         cost!(
             "mark_sent: again",
-            journal.mark_sent(&key, owner, 0).await.unwrap()
+            journal.mark_sent(key.held_by(owner), 0).await.unwrap()
         );
         cost!(
             "mark_sent: lost lease",
-            journal.mark_sent(&key, other, 1).await.unwrap_err()
+            journal.mark_sent(key.held_by(other), 1).await.unwrap_err()
         );
         cost!(
             "finish",
-            journal.finish(&key, owner, &finish).await.unwrap()
+            journal.finish(key.held_by(owner), &finish).await.unwrap()
         );
         cost!(
             "finish: again",
-            journal.finish(&key, owner, &finish).await.unwrap()
+            journal.finish(key.held_by(owner), &finish).await.unwrap()
         );
         cost!(
             "finish: lost lease",
-            journal.finish(&key, other, &finish).await.unwrap_err()
+            journal
+                .finish(key.held_by(other), &finish)
+                .await
+                .unwrap_err()
         );
         let settled = cost!(
             "acquire: settled",
-            journal.acquire(&key, owner, lease).await.unwrap()
+            journal.acquire(key.held_by(owner), lease).await.unwrap()
         );
         assert!(matches!(settled, Acquired::Settled(_)), "{settled:?}");
         cost!(
             "list",
             journal
-                .list(key.namespace(), &OperationState::ALL, Duration::ZERO, 10)
+                .list(&ListQuery::new(key.namespace().clone(), &OperationState::ALL).limit(10))
                 .await
                 .unwrap()
         );

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::PrivateServer;
 use idem_conformance::faults::FaultProxy;
-use idem_conformance::support::{eventually, lost_replies_are_answered_truthfully};
+use idem_conformance::faults::lost_replies_are_answered_truthfully;
+use idem_conformance::support::eventually;
 use idem_redis::redis::cluster::ClusterClientBuilder;
 use idem_redis::{RedisStore, redis};
 

@@ -60,7 +60,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::support::{fresh_scope, long, response};
+use crate::support::{claim_and_complete, eventually, fresh_scope, long, response};
 
 /// What the proxy does to traffic now.
 #[derive(Debug, Default)]
@@ -1154,6 +1154,100 @@ impl StallBounds {
             Ok(ClaimOutcome::Claimed { lease, .. }) if lease.owner() == request.owner() => lease,
             other => panic!("a claim before the stall: expected Claimed, got {other:?}"),
         }
+    }
+}
+
+/// What a store answered, first, to an operation whose reply was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostReplyAnswers {
+    /// The claim's first answer: `Claimed`, or a retryable error.
+    pub claim: String,
+    /// The completion's first answer: `Ok`, or a retryable error.
+    pub complete: String,
+}
+
+/// Loses the reply to a claim, then to a completion, through `proxy` (which
+/// stands between `store` and its server), and checks that every answer is
+/// true to what `get` then shows: `Claimed` or `Ok` for what was done (never
+/// `InProgress` about its own claim, never `LostLease` about its own
+/// completion), or a retryable error after which the same request, sent
+/// again, gets the true answer.
+pub async fn lost_replies_are_answered_truthfully<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    proxy: &FaultProxy,
+) -> LostReplyAnswers {
+    // Every statement and script once first, so the reply lost is the
+    // operation's own and not a connection's set-up.
+    let warm = long(&fresh_scope(), "warm");
+    claim_and_complete(store, &warm, &response("warm")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dropped = proxy.dropped_replies();
+
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    proxy.drop_next_reply();
+    let first = store.claim(&request).await;
+    let claim_answer = match &first {
+        Ok(ClaimOutcome::Claimed { .. }) => "Claimed".to_string(),
+        Err(e) if e.is_retryable() => format!("retryable: {e}"),
+        other => panic!("a claim whose reply was lost answered {other:?}"),
+    };
+    let lease = match first {
+        Ok(ClaimOutcome::Claimed { lease, .. }) => lease,
+        _ => {
+            eventually("the claim sent again", || async {
+                match store.claim(&request).await {
+                    Ok(ClaimOutcome::Claimed { lease, .. }) => Some(lease),
+                    Err(e) if e.is_retryable() => None,
+                    other => panic!("the claim sent again answered {other:?}"),
+                }
+            })
+            .await
+        }
+    };
+    assert_eq!(lease.owner(), request.owner());
+    let record = store
+        .get(&scope)
+        .await
+        .unwrap()
+        .expect("the claimed record");
+    assert!(record.is_in_flight());
+    assert_eq!(record.owner(), request.owner());
+
+    let done = response("done");
+    // Let a pool's background ping of the connection pass first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.drop_next_reply();
+    let first = store.complete(&lease, &done).await;
+    let complete_answer = match &first {
+        Ok(()) => "Ok".to_string(),
+        Err(e) if e.is_retryable() => format!("retryable: {e}"),
+        Err(e) => panic!("a completion whose reply was lost answered {e:?}"),
+    };
+    if first.is_err() {
+        eventually("the completion sent again", || async {
+            match store.complete(&lease, &done).await {
+                Ok(()) => Some(()),
+                Err(e) if e.is_retryable() => None,
+                Err(e) => panic!("the completion sent again answered {e:?}"),
+            }
+        })
+        .await;
+    }
+    let record = store
+        .get(&scope)
+        .await
+        .unwrap()
+        .expect("the completed record");
+    assert_eq!(record.response(), Some(&done));
+    assert_eq!(
+        proxy.dropped_replies() - dropped,
+        2,
+        "the proxy did not lose both replies"
+    );
+    LostReplyAnswers {
+        claim: claim_answer,
+        complete: complete_answer,
     }
 }
 

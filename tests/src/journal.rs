@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Finish, JournalRecord, JournalStore, MAX_LIST, NewOperation, OperationId,
+    Acquired, Finish, JournalRecord, JournalStore, ListQuery, MAX_LIST, NewOperation, OperationId,
     OperationKey, OperationState, OwnerToken,
 };
 use idem_core::{StoreError, Tenant};
@@ -44,7 +44,11 @@ async fn held<S: JournalStore + ?Sized>(
     owner: OwnerToken,
     lease: Duration,
 ) -> (JournalRecord, idem_core::store::Timestamp) {
-    match store.acquire(key, owner, lease).await.expect("acquire") {
+    match store
+        .acquire(key.held_by(owner), lease)
+        .await
+        .expect("acquire")
+    {
         Acquired::Held { record, now } => (record, now),
         other => panic!("expected the lease, got {other:?}"),
     }
@@ -116,7 +120,7 @@ pub async fn namespaces_never_share_an_operation<S: JournalStore + ?Sized>(store
         2
     );
     let listed = store
-        .list(&a, &OperationState::ALL, Duration::ZERO, MAX_LIST)
+        .list(&ListQuery::new(a.clone(), &OperationState::ALL))
         .await
         .unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
@@ -127,7 +131,7 @@ pub async fn namespaces_never_share_an_operation<S: JournalStore + ?Sized>(store
 pub async fn acquire_of_an_absent_operation_is_absent<S: JournalStore + ?Sized>(store: Arc<S>) {
     let key = fresh_key();
     let acquired = store
-        .acquire(&key, OwnerToken::generate(), LONG_LEASE)
+        .acquire(key.held_by(OwnerToken::generate()), LONG_LEASE)
         .await;
     assert!(matches!(acquired, Ok(Acquired::Absent)), "{acquired:?}");
     assert_eq!(store.get(&key).await.unwrap(), None);
@@ -144,7 +148,7 @@ pub async fn acquire_leases_an_open_operation_to_one_owner<S: JournalStore + ?Si
     assert_eq!(record.parts().lease_owner, Some(first));
     assert_eq!(record.parts().lease_until, Some(now + LONG_LEASE));
     match store
-        .acquire(&key, OwnerToken::generate(), LONG_LEASE)
+        .acquire(key.held_by(OwnerToken::generate()), LONG_LEASE)
         .await
     {
         Ok(Acquired::Busy { retry_after, .. }) => {
@@ -168,7 +172,7 @@ pub async fn a_lapsed_lease_is_taken_over<S: JournalStore + ?Sized>(store: Arc<S
         let store = Arc::clone(&store);
         let key = key.clone();
         async move {
-            match store.acquire(&key, next, LONG_LEASE).await.unwrap() {
+            match store.acquire(key.held_by(next), LONG_LEASE).await.unwrap() {
                 Acquired::Held { record, .. } => Some(record),
                 _ => None,
             }
@@ -200,11 +204,11 @@ pub async fn a_settled_operation_is_never_leased_again<S: JournalStore + ?Sized>
     let owner = OwnerToken::generate();
     held(&*store, &key, owner, LONG_LEASE).await;
     store
-        .finish(&key, owner, &settled("succeeded"))
+        .finish(key.held_by(owner), &settled("succeeded"))
         .await
         .unwrap();
     for who in [owner, OwnerToken::generate()] {
-        match store.acquire(&key, who, LONG_LEASE).await.unwrap() {
+        match store.acquire(key.held_by(who), LONG_LEASE).await.unwrap() {
             Acquired::Settled(record) => assert_eq!(record.state(), OperationState::Succeeded),
             other => panic!("a settled operation was leased: {other:?}"),
         }
@@ -216,7 +220,9 @@ pub async fn a_lease_out_of_range_is_invalid_input<S: JournalStore + ?Sized>(sto
     let key = fresh_key();
     recorded(&*store, &key).await;
     for lease in [Duration::ZERO, Duration::from_secs(8 * 24 * 3600)] {
-        let refused = store.acquire(&key, OwnerToken::generate(), lease).await;
+        let refused = store
+            .acquire(key.held_by(OwnerToken::generate()), lease)
+            .await;
         assert!(
             matches!(refused, Err(StoreError::InvalidInput(_))),
             "{lease:?}: {refused:?}"
@@ -237,7 +243,7 @@ pub async fn concurrent_acquisitions_have_one_holder<S: JournalStore + ?Sized>(s
                 tokio::spawn(async move {
                     barrier.wait().await;
                     store
-                        .acquire(&key, OwnerToken::generate(), LONG_LEASE)
+                        .acquire(key.held_by(OwnerToken::generate()), LONG_LEASE)
                         .await
                 })
             })
@@ -264,18 +270,23 @@ pub async fn mark_sent_without_the_lease_is_lost_and_counts_nothing<S: JournalSt
     let key = fresh_key();
     recorded(&*store, &key).await;
     let owner = OwnerToken::generate();
-    assert_lost("an unleased send", store.mark_sent(&key, owner, 0).await);
+    assert_lost(
+        "an unleased send",
+        store.mark_sent(key.held_by(owner), 0).await,
+    );
     held(&*store, &key, owner, SHORT_LEASE).await;
     assert_lost(
         "another owner's send",
-        store.mark_sent(&key, OwnerToken::generate(), 0).await,
+        store
+            .mark_sent(key.held_by(OwnerToken::generate()), 0)
+            .await,
     );
     // A lapsed lease, taken over by nobody: sleeping longer only makes the
     // lapse surer, on any clock that runs at the pace of real time.
     tokio::time::sleep(SHORT_LEASE * 2).await;
     assert_lost(
         "a send on a lapsed lease",
-        store.mark_sent(&key, owner, 0).await,
+        store.mark_sent(key.held_by(owner), 0).await,
     );
     let parts = stored(&*store, &key).await.parts().clone();
     assert_eq!((parts.sends, parts.first_sent_at), (0, None));
@@ -290,7 +301,7 @@ pub async fn mark_sent_counts_a_send_and_the_first_starts_the_window<S: JournalS
     recorded(&*store, &key).await;
     let owner = OwnerToken::generate();
     let (_, leased_at) = held(&*store, &key, owner, LONG_LEASE).await;
-    let first = store.mark_sent(&key, owner, 0).await.unwrap();
+    let first = store.mark_sent(key.held_by(owner), 0).await.unwrap();
     assert_eq!(first.parts().sends, 1);
     let window = first.parts().first_sent_at.expect("the window starts");
     assert!(
@@ -303,7 +314,7 @@ pub async fn mark_sent_counts_a_send_and_the_first_starts_the_window<S: JournalS
     );
     // Later by more than a clock tick, so a window that restarts shows.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = store.mark_sent(&key, owner, 1).await.unwrap();
+    let second = store.mark_sent(key.held_by(owner), 1).await.unwrap();
     assert_eq!(second.parts().sends, 2);
     assert_eq!(
         second.parts().first_sent_at,
@@ -319,8 +330,8 @@ pub async fn mark_sent_delivered_twice_counts_once<S: JournalStore + ?Sized>(sto
     recorded(&*store, &key).await;
     let owner = OwnerToken::generate();
     held(&*store, &key, owner, LONG_LEASE).await;
-    let first = store.mark_sent(&key, owner, 0).await.unwrap();
-    let again = store.mark_sent(&key, owner, 0).await.unwrap();
+    let first = store.mark_sent(key.held_by(owner), 0).await.unwrap();
+    let again = store.mark_sent(key.held_by(owner), 0).await.unwrap();
     assert_eq!(again.parts().sends, 1);
     assert_eq!(again.parts().first_sent_at, first.parts().first_sent_at);
     assert_eq!(stored(&*store, &key).await.parts().sends, 1);
@@ -335,13 +346,13 @@ pub async fn finish_without_the_lease_is_lost_and_writes_nothing<S: JournalStore
     let owner = OwnerToken::generate();
     assert_lost(
         "an unleased finish",
-        store.finish(&key, owner, &settled("x")).await,
+        store.finish(key.held_by(owner), &settled("x")).await,
     );
     held(&*store, &key, owner, LONG_LEASE).await;
     assert_lost(
         "another owner's finish",
         store
-            .finish(&key, OwnerToken::generate(), &settled("x"))
+            .finish(key.held_by(OwnerToken::generate()), &settled("x"))
             .await,
     );
     let record = stored(&*store, &key).await;
@@ -362,17 +373,20 @@ pub async fn a_taken_over_owner_cannot_finish_or_send<S: JournalStore + ?Sized>(
         let key = key.clone();
         async move {
             matches!(
-                store.acquire(&key, new, LONG_LEASE).await.unwrap(),
+                store.acquire(key.held_by(new), LONG_LEASE).await.unwrap(),
                 Acquired::Held { .. }
             )
             .then_some(())
         }
     })
     .await;
-    assert_lost("the old owner's send", store.mark_sent(&key, old, 0).await);
+    assert_lost(
+        "the old owner's send",
+        store.mark_sent(key.held_by(old), 0).await,
+    );
     assert_lost(
         "the old owner's finish",
-        store.finish(&key, old, &settled("late")).await,
+        store.finish(key.held_by(old), &settled("late")).await,
     );
     assert_eq!(stored(&*store, &key).await.state(), OperationState::Pending);
 }
@@ -387,7 +401,7 @@ pub async fn finish_writes_the_outcome_and_releases_the_lease<S: JournalStore + 
     held(&*store, &key, owner, LONG_LEASE).await;
     let unknown = Finish::new(OperationState::Unknown, Some("timed out".into()))
         .with_provider_id(Some("ch_9".into()));
-    let written = store.finish(&key, owner, &unknown).await.unwrap();
+    let written = store.finish(key.held_by(owner), &unknown).await.unwrap();
     assert_eq!(written.state(), OperationState::Unknown);
     assert_eq!(written.parts().provider_id.as_deref(), Some("ch_9"));
     assert_eq!(written.parts().detail.as_deref(), Some("timed out"));
@@ -409,13 +423,13 @@ pub async fn finish_keeps_the_provider_id_and_writes_the_search_deadline<
     let owner = OwnerToken::generate();
     let (_, now) = held(&*store, &key, owner, LONG_LEASE).await;
     let with_id = Finish::new(OperationState::Unknown, None).with_provider_id(Some("ch_1".into()));
-    store.finish(&key, owner, &with_id).await.unwrap();
+    store.finish(key.held_by(owner), &with_id).await.unwrap();
     let next = OwnerToken::generate();
     held(&*store, &key, next, LONG_LEASE).await;
     let search = now + Duration::from_secs(3600);
     let review = Finish::new(OperationState::NeedsReview, Some("nothing found".into()))
         .with_search_until(Some(search));
-    let written = store.finish(&key, next, &review).await.unwrap();
+    let written = store.finish(key.held_by(next), &review).await.unwrap();
     assert_eq!(written.parts().provider_id.as_deref(), Some("ch_1"));
     assert_eq!(written.parts().search_until, Some(search));
     assert_eq!(
@@ -431,11 +445,11 @@ pub async fn finish_delivered_twice_answers_as_the_first<S: JournalStore + ?Size
     let owner = OwnerToken::generate();
     held(&*store, &key, owner, LONG_LEASE).await;
     let first = store
-        .finish(&key, owner, &settled("succeeded"))
+        .finish(key.held_by(owner), &settled("succeeded"))
         .await
         .unwrap();
     let again = store
-        .finish(&key, owner, &settled("succeeded"))
+        .finish(key.held_by(owner), &settled("succeeded"))
         .await
         .unwrap();
     assert_eq!(again, first);
@@ -448,17 +462,17 @@ pub async fn a_settled_state_never_changes<S: JournalStore + ?Sized>(store: Arc<
     let owner = OwnerToken::generate();
     held(&*store, &key, owner, LONG_LEASE).await;
     store
-        .finish(&key, owner, &settled("succeeded"))
+        .finish(key.held_by(owner), &settled("succeeded"))
         .await
         .unwrap();
     let failed = Finish::new(OperationState::Failed, Some("declined".into()));
     assert_lost(
         "a finish after settling",
-        store.finish(&key, owner, &failed).await,
+        store.finish(key.held_by(owner), &failed).await,
     );
     assert_lost(
         "a send after settling",
-        store.mark_sent(&key, owner, 0).await,
+        store.mark_sent(key.held_by(owner), 0).await,
     );
     let record = stored(&*store, &key).await;
     assert_eq!(record.state(), OperationState::Succeeded);
@@ -483,10 +497,13 @@ pub async fn list_gives_the_states_asked_oldest_change_first<S: JournalStore + ?
     let owner = OwnerToken::generate();
     held(&*store, &keys[0], owner, LONG_LEASE).await;
     let unknown = Finish::new(OperationState::Unknown, None);
-    store.finish(&keys[0], owner, &unknown).await.unwrap();
+    store
+        .finish(keys[0].held_by(owner), &unknown)
+        .await
+        .unwrap();
     let open = [OperationState::Pending, OperationState::Unknown];
     let listed = store
-        .list(&ns, &open, Duration::ZERO, MAX_LIST)
+        .list(&ListQuery::new(ns.clone(), &open))
         .await
         .unwrap();
     let order: Vec<_> = listed
@@ -495,7 +512,7 @@ pub async fn list_gives_the_states_asked_oldest_change_first<S: JournalStore + ?
         .collect();
     assert_eq!(order, ["order-1", "order-2", "order-3", "order-0"]);
     let pending = store
-        .list(&ns, &[OperationState::Pending], Duration::ZERO, 2)
+        .list(&ListQuery::new(ns.clone(), &[OperationState::Pending]).limit(2))
         .await
         .unwrap();
     let order: Vec<_> = pending
@@ -504,7 +521,7 @@ pub async fn list_gives_the_states_asked_oldest_change_first<S: JournalStore + ?
         .collect();
     assert_eq!(order, ["order-1", "order-2"]);
     let none = store
-        .list(&ns, &[OperationState::Succeeded], Duration::ZERO, MAX_LIST)
+        .list(&ListQuery::new(ns.clone(), &[OperationState::Succeeded]))
         .await
         .unwrap();
     assert!(none.is_empty(), "{none:?}");
@@ -516,7 +533,7 @@ pub async fn list_gives_only_what_is_older_than_asked<S: JournalStore + ?Sized>(
     recorded(&*store, &key_in(&ns, "order-1")).await;
     let states = [OperationState::Pending];
     let recent = store
-        .list(&ns, &states, Duration::from_secs(3600), MAX_LIST)
+        .list(&ListQuery::new(ns.clone(), &states).older_than(Duration::from_secs(3600)))
         .await
         .unwrap();
     assert!(recent.is_empty(), "changed just now: {recent:?}");
@@ -525,7 +542,7 @@ pub async fn list_gives_only_what_is_older_than_asked<S: JournalStore + ?Sized>(
         let ns = ns.clone();
         async move {
             let listed = store
-                .list(&ns, &states, Duration::from_millis(200), MAX_LIST)
+                .list(&ListQuery::new(ns.clone(), &states).older_than(Duration::from_millis(200)))
                 .await
                 .unwrap();
             (!listed.is_empty()).then_some(listed)
@@ -541,7 +558,7 @@ pub async fn list_limit_out_of_range_is_invalid_input<S: JournalStore + ?Sized>(
     recorded(&*store, &key_in(&ns, "order-1")).await;
     for limit in [0, MAX_LIST + 1, usize::MAX] {
         let refused = store
-            .list(&ns, &OperationState::ALL, Duration::ZERO, limit)
+            .list(&ListQuery::new(ns.clone(), &OperationState::ALL).limit(limit))
             .await;
         assert!(
             matches!(refused, Err(StoreError::InvalidInput(_))),
@@ -549,7 +566,7 @@ pub async fn list_limit_out_of_range_is_invalid_input<S: JournalStore + ?Sized>(
         );
     }
     let all = store
-        .list(&ns, &OperationState::ALL, Duration::ZERO, MAX_LIST)
+        .list(&ListQuery::new(ns.clone(), &OperationState::ALL))
         .await
         .unwrap();
     assert_eq!(all.len(), 1);

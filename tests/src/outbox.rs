@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use idem_core::StoreError;
 use idem_core::store::{
-    MAX_OUTBOX_BATCH, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStore, OwnerToken,
+    BatchClaim, MAX_OUTBOX_BATCH, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStore,
+    OwnerToken, PublishFailure,
 };
 
 use crate::support::{LONG_LEASE, RACERS, SHORT_LEASE, assert_lost, eventually};
@@ -31,7 +32,7 @@ async fn enqueued<S: OutboxStore + ?Sized>(
 
 async fn claim<S: OutboxStore + ?Sized>(store: &S, owner: OwnerToken) -> Vec<OutboxMessage> {
     store
-        .claim(owner, LONG_LEASE, MAX_OUTBOX_BATCH)
+        .claim(&BatchClaim::new(owner, LONG_LEASE, MAX_OUTBOX_BATCH))
         .await
         .expect("claim")
 }
@@ -94,7 +95,7 @@ pub async fn a_claim_gives_each_aggregate_its_head_only<S: OutboxStore + ?Sized>
         assert!(m.parts().lease_until.is_some());
     }
     let limited = store
-        .claim(OwnerToken::generate(), LONG_LEASE, 1)
+        .claim(&BatchClaim::new(OwnerToken::generate(), LONG_LEASE, 1))
         .await
         .unwrap();
     assert!(
@@ -109,7 +110,7 @@ pub async fn a_claim_holds_at_most_its_limit<S: OutboxStore + ?Sized>(store: Arc
         enqueued(&*store, &format!("order-{i}"), "placed").await;
     }
     let first = store
-        .claim(OwnerToken::generate(), LONG_LEASE, 2)
+        .claim(&BatchClaim::new(OwnerToken::generate(), LONG_LEASE, 2))
         .await
         .unwrap();
     assert_eq!(first.len(), 2);
@@ -125,7 +126,7 @@ pub async fn a_claim_holds_at_most_its_limit<S: OutboxStore + ?Sized>(store: Arc
 pub async fn a_lapsed_claim_is_claimed_again<S: OutboxStore + ?Sized>(store: Arc<S>) {
     let placed = enqueued(&*store, "order-1", "placed").await;
     let first = store
-        .claim(OwnerToken::generate(), SHORT_LEASE, 10)
+        .claim(&BatchClaim::new(OwnerToken::generate(), SHORT_LEASE, 10))
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
@@ -133,7 +134,10 @@ pub async fn a_lapsed_claim_is_claimed_again<S: OutboxStore + ?Sized>(store: Arc
     let again = eventually("the lease to lapse", || {
         let store = Arc::clone(&store);
         async move {
-            let claimed = store.claim(next, LONG_LEASE, 10).await.unwrap();
+            let claimed = store
+                .claim(&BatchClaim::new(next, LONG_LEASE, 10))
+                .await
+                .unwrap();
             (!claimed.is_empty()).then_some(claimed)
         }
     })
@@ -162,18 +166,28 @@ pub async fn mark_sent_marks_only_what_its_owner_holds<S: OutboxStore + ?Sized>(
 pub async fn a_taken_over_relay_marks_nothing<S: OutboxStore + ?Sized>(store: Arc<S>) {
     let placed = enqueued(&*store, "order-1", "placed").await;
     let stale = OwnerToken::generate();
-    store.claim(stale, SHORT_LEASE, 10).await.unwrap();
+    store
+        .claim(&BatchClaim::new(stale, SHORT_LEASE, 10))
+        .await
+        .unwrap();
     let fresh = OwnerToken::generate();
     eventually("a takeover", || {
         let store = Arc::clone(&store);
-        async move { (!store.claim(fresh, LONG_LEASE, 10).await.unwrap().is_empty()).then_some(()) }
+        async move {
+            (!store
+                .claim(&BatchClaim::new(fresh, LONG_LEASE, 10))
+                .await
+                .unwrap()
+                .is_empty())
+            .then_some(())
+        }
     })
     .await;
     assert_eq!(store.mark_sent(stale, &[placed.id()]).await.unwrap(), 0);
     assert_lost(
         "a stale relay's failure",
         store
-            .mark_failed(stale, placed.id(), "late", Duration::ZERO, 10)
+            .mark_failed(&PublishFailure::new(stale, placed.id(), "late"))
             .await,
     );
     assert_eq!(store.mark_sent(fresh, &[placed.id()]).await.unwrap(), 1);
@@ -221,12 +235,16 @@ pub async fn a_failed_message_is_freed_and_waits_its_back_off<S: OutboxStore + ?
     assert_eq!(claim(&*store, owner).await.len(), 2);
     let hour = Duration::from_secs(3600);
     let left = store
-        .mark_failed(owner, waits.id(), "broker refused", hour, 5)
+        .mark_failed(
+            &PublishFailure::new(owner, waits.id(), "broker refused")
+                .retry_after(hour)
+                .max_attempts(5),
+        )
         .await
         .unwrap();
     assert_eq!(left, MessageState::Pending);
     store
-        .mark_failed(owner, retried.id(), "broker refused", Duration::ZERO, 5)
+        .mark_failed(&PublishFailure::new(owner, retried.id(), "broker refused").max_attempts(5))
         .await
         .unwrap();
     let again = claim(&*store, OwnerToken::generate()).await;
@@ -255,7 +273,7 @@ pub async fn the_last_failure_parks_the_message_and_its_aggregate_only<S: Outbox
     let owner = OwnerToken::generate();
     claim(&*store, owner).await;
     let left = store
-        .mark_failed(owner, poison.id(), "cannot route", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "cannot route").max_attempts(1))
         .await
         .unwrap();
     assert_eq!(left, MessageState::Parked);
@@ -280,14 +298,18 @@ pub async fn a_failure_without_the_lease_is_lost<S: OutboxStore + ?Sized>(store:
     assert_lost(
         "an unclaimed failure",
         store
-            .mark_failed(OwnerToken::generate(), placed.id(), "x", Duration::ZERO, 1)
+            .mark_failed(
+                &PublishFailure::new(OwnerToken::generate(), placed.id(), "x").max_attempts(1),
+            )
             .await,
     );
     claim(&*store, OwnerToken::generate()).await;
     assert_lost(
         "another owner's failure",
         store
-            .mark_failed(OwnerToken::generate(), placed.id(), "x", Duration::ZERO, 1)
+            .mark_failed(
+                &PublishFailure::new(OwnerToken::generate(), placed.id(), "x").max_attempts(1),
+            )
             .await,
     );
     assert_eq!(store.stats().await.unwrap().parked, 0);
@@ -299,7 +321,7 @@ pub async fn a_retried_message_is_pending_again<S: OutboxStore + ?Sized>(store: 
     let owner = OwnerToken::generate();
     claim(&*store, owner).await;
     store
-        .mark_failed(owner, poison.id(), "down", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "down").max_attempts(1))
         .await
         .unwrap();
     assert!(store.retry(poison.id()).await.unwrap());
@@ -322,7 +344,7 @@ pub async fn a_dropped_message_keeps_its_reason_and_frees_its_aggregate<S: Outbo
     let owner = OwnerToken::generate();
     claim(&*store, owner).await;
     store
-        .mark_failed(owner, poison.id(), "malformed", Duration::ZERO, 1)
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "malformed").max_attempts(1))
         .await
         .unwrap();
     assert!(
@@ -391,7 +413,9 @@ pub async fn limits_out_of_range_are_invalid_input<S: OutboxStore + ?Sized>(stor
     for limit in [0, MAX_OUTBOX_BATCH + 1] {
         let owner = OwnerToken::generate();
         assert!(matches!(
-            store.claim(owner, LONG_LEASE, limit).await,
+            store
+                .claim(&BatchClaim::new(owner, LONG_LEASE, limit))
+                .await,
             Err(StoreError::InvalidInput(_))
         ));
         assert!(matches!(
@@ -405,7 +429,7 @@ pub async fn limits_out_of_range_are_invalid_input<S: OutboxStore + ?Sized>(stor
     }
     assert!(matches!(
         store
-            .claim(OwnerToken::generate(), Duration::ZERO, 10)
+            .claim(&BatchClaim::new(OwnerToken::generate(), Duration::ZERO, 10))
             .await,
         Err(StoreError::InvalidInput(_))
     ));
@@ -425,7 +449,9 @@ pub async fn concurrent_claims_never_share_an_aggregate<S: OutboxStore + ?Sized>
             let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.claim(OwnerToken::generate(), LONG_LEASE, 5).await
+                store
+                    .claim(&BatchClaim::new(OwnerToken::generate(), LONG_LEASE, 5))
+                    .await
             })
         })
         .collect();

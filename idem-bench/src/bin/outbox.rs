@@ -60,8 +60,8 @@ use futures_util::StreamExt;
 use idem_bench::percentile;
 use idem_core::StoreError;
 use idem_core::store::{
-    Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
-    OwnerToken,
+    BatchClaim, Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats,
+    OutboxStore, OwnerToken, PublishFailure,
 };
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
@@ -391,14 +391,9 @@ impl OutboxStore for TimedStore {
         self.inner.enqueue(message).await
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
         let started = Instant::now();
-        let claimed = self.inner.claim(owner, lease, limit).await;
+        let claimed = self.inner.claim(batch).await;
         add_elapsed(&self.claiming, started);
         claimed
     }
@@ -410,19 +405,9 @@ impl OutboxStore for TimedStore {
         marked
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let started = Instant::now();
-        let state = self
-            .inner
-            .mark_failed(owner, id, error, retry_after, max_attempts)
-            .await;
+        let state = self.inner.mark_failed(failure).await;
         add_elapsed(&self.marking, started);
         state
     }

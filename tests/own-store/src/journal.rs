@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, JournalRecord, JournalStore,
-    NewOperation, OperationKey, OperationState, OwnerToken, SystemClock, Timestamp,
+    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, Holder, JournalRecord,
+    JournalStore, ListQuery, NewOperation, OperationKey, OwnerToken, SystemClock, Timestamp,
     TransactionSharing, validate_lease, validate_list_limit,
 };
-use idem_core::{StoreError, Tenant, async_trait};
+use idem_core::{StoreError, async_trait};
 
 use crate::Rivals;
 
@@ -203,12 +203,8 @@ impl JournalStore for OwnJournal {
         Ok(self.locked().get(&self.map_key(key)).cloned())
     }
 
-    async fn acquire(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, held: Holder<'_>, lease: Duration) -> Result<Acquired, StoreError> {
+        let Holder { key, owner, .. } = held;
         let lease = if self.is(JournalDefect::LeaseUnchecked) {
             lease
         } else {
@@ -239,12 +235,8 @@ impl JournalStore for OwnJournal {
         Ok(answer)
     }
 
-    async fn mark_sent(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        sends: u32,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let now = self.clock.now();
         let mut operations = self.locked();
         let map_key = self.map_key(key);
@@ -278,12 +270,8 @@ impl JournalStore for OwnJournal {
         Ok(written)
     }
 
-    async fn finish(
-        &self,
-        key: &OperationKey,
-        owner: OwnerToken,
-        finish: &Finish,
-    ) -> Result<JournalRecord, StoreError> {
+    async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
+        let Holder { key, owner, .. } = held;
         let now = self.clock.now();
         let mut operations = self.locked();
         let map_key = self.map_key(key);
@@ -326,19 +314,20 @@ impl JournalStore for OwnJournal {
         Ok(written)
     }
 
-    async fn list(
-        &self,
-        namespace: &Tenant,
-        states: &[OperationState],
-        older_than: Duration,
-        limit: usize,
-    ) -> Result<Vec<JournalRecord>, StoreError> {
+    async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
+        let ListQuery {
+            namespace,
+            states,
+            older_than,
+            limit,
+            ..
+        } = query;
         let limit = if self.is(JournalDefect::ListLimitUnchecked) {
-            limit.max(1)
+            (*limit).max(1)
         } else {
-            validate_list_limit(limit)?
+            validate_list_limit(*limit)?
         };
-        let cutoff = self.clock.now() - older_than;
+        let cutoff = self.clock.now() - *older_than;
         let mut found: Vec<JournalRecord> = self
             .locked()
             .values()

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Clock, ClockSource, Durability, MessageId, MessageParts, MessageState,
-    NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, SystemClock, Timestamp,
-    TransactionSharing, validate_lease, validate_outbox_batch,
+    BatchClaim, Capabilities, Clock, ClockSource, Durability, MessageId, MessageParts,
+    MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure,
+    SystemClock, Timestamp, TransactionSharing, validate_lease, validate_outbox_batch,
 };
 use idem_core::{StoreError, async_trait};
 
@@ -194,12 +194,13 @@ impl OutboxStore for OwnOutbox {
         Ok(stored)
     }
 
-    async fn claim(
-        &self,
-        owner: OwnerToken,
-        lease: Duration,
-        limit: usize,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
+        let BatchClaim {
+            owner,
+            lease,
+            limit,
+            ..
+        } = *batch;
         let lease = validate_lease(lease)?;
         let limit = if self.is(OutboxDefect::LimitUnchecked) {
             limit.max(1)
@@ -241,40 +242,23 @@ impl OutboxStore for OwnOutbox {
         Ok(marked)
     }
 
-    async fn mark_failed(
-        &self,
-        owner: OwnerToken,
-        id: MessageId,
-        error: &str,
-        retry_after: Duration,
-        max_attempts: u32,
-    ) -> Result<MessageState, StoreError> {
+    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let now = self.clock.now();
         let mut state = self.locked();
-        let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
+        let Some(m) = state.messages.iter_mut().find(|m| m.id() == failure.id) else {
             return Err(StoreError::LostLease);
         };
-        let held =
-            m.parts().lease_owner == Some(owner) && m.parts().lease_until.is_some_and(|u| u > now);
+        let held = m.is_held_by(failure.owner, now);
         if m.state() != MessageState::Pending
             || !(held || self.is(OutboxDefect::FailureIgnoresOwner))
         {
             return Err(StoreError::LostLease);
         }
-        let back_off = if self.is(OutboxDefect::NoBackOff) {
-            Duration::ZERO
-        } else {
-            retry_after
-        };
-        *m = edited(m, |p| {
-            p.attempts += 1;
-            p.last_error = Some(error.to_string());
-            p.lease_until = None;
-            p.available_at = now + back_off;
-            if p.attempts >= max_attempts {
-                p.state = MessageState::Parked;
-            }
-        });
+        let mut counted = failure.clone();
+        if self.is(OutboxDefect::NoBackOff) {
+            counted.retry_after = Duration::ZERO;
+        }
+        *m = m.failed(&counted, now);
         Ok(m.state())
     }
 

@@ -1,0 +1,134 @@
+//! What every DynamoDB store has alike, written once: its inner part (the
+//! client and the checked settings, inside the store's layer) and its
+//! constructors and accessors.
+
+/// The store `$ty` (its trait forwarded by `$forward` to its layer), its
+/// inner part `$inner`, and `new` (on `$default_table`, with
+/// `$default_max` as its response limit), `with_options` (from `$options`,
+/// a `part_options!` type), `table` and `client`.
+macro_rules! dynamo_part {
+    (
+        $(#[$doc:meta])*
+        pub struct $ty:ident => $field:ident: $inner:ident, $forward:ident,
+        $options:ident, $default_table:ident, $default_max:expr, $what:literal
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $ty {
+            $field: idem_core::store::Layered<$inner>,
+        }
+
+        idem_core::store::$forward!($ty => $field);
+
+        /// The client and the settings, inside the store's layer. Its trait
+        /// implementation sets no time limit of its own: the layer's is the
+        /// one.
+        #[derive(Clone)]
+        struct $inner {
+            client: ::aws_sdk_dynamodb::Client,
+            settings: $crate::options::Settings,
+        }
+
+        impl ::std::fmt::Debug for $inner {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("table", &self.settings.table)
+                    .field("clock", &self.settings.clock)
+                    .field("max_response_bytes", &self.settings.max_response_bytes)
+                    .field("operation_timeout", &self.settings.layer.timeout())
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $ty {
+            #[doc = concat!("A ", $what, " on the table [`", stringify!($default_table), "`](crate::", stringify!($default_table), "), with the default options, on the system clock.")]
+            ///
+            /// ```no_run
+            /// # fn example(config: idem_dynamo::aws_sdk_dynamodb::Config) {
+            #[doc = concat!("let store = idem_dynamo::", stringify!($ty), "::new(idem_dynamo::aws_sdk_dynamodb::Client::from_conf(config));")]
+            #[doc = concat!("assert_eq!(store.table(), idem_dynamo::", stringify!($default_table), ");")]
+            /// # }
+            /// ```
+            pub fn new(client: ::aws_sdk_dynamodb::Client) -> Self {
+                let settings = $crate::options::Settings::on($crate::$default_table, $default_max);
+                Self::from_settings(client, settings)
+            }
+
+            #[doc = concat!("A ", $what, " with `options`.")]
+            ///
+            /// ```no_run
+            #[doc = concat!("use idem_dynamo::{aws_sdk_dynamodb, ", stringify!($ty), ", ", stringify!($options), "};")]
+            ///
+            /// # fn example(config: aws_sdk_dynamodb::Config) -> Result<(), idem_core::StoreError> {
+            /// let client = aws_sdk_dynamodb::Client::from_conf(config);
+            #[doc = concat!("let store = ", stringify!($ty), "::with_options(client, ", stringify!($options), "::default().table(\"payments-idem\"))?;")]
+            /// # let _ = store;
+            /// # Ok(()) }
+            /// ```
+            ///
+            /// # Errors
+            ///
+            /// [`StoreError::InvalidInput`](idem_core::StoreError::InvalidInput)
+            /// if the table name breaks DynamoDB's rules, the response limit
+            /// is out of its range, or the operation timeout is zero.
+            pub fn with_options(
+                client: ::aws_sdk_dynamodb::Client,
+                options: $options,
+            ) -> Result<Self, idem_core::StoreError> {
+                Ok(Self::from_settings(client, options.validate()?))
+            }
+
+            fn from_settings(
+                client: ::aws_sdk_dynamodb::Client,
+                settings: $crate::options::Settings,
+            ) -> Self {
+                let layer = settings.layer;
+                Self {
+                    $field: idem_core::store::Layered::with_layer($inner { client, settings }, layer),
+                }
+            }
+
+            fn parts(&self) -> &$inner {
+                self.$field.get_ref()
+            }
+
+            /// The table's name.
+            ///
+            /// ```no_run
+            #[doc = concat!("# fn example(store: idem_dynamo::", stringify!($ty), ") {")]
+            /// println!("kept in {}", store.table());
+            /// # }
+            /// ```
+            pub fn table(&self) -> &str {
+                &self.parts().settings.table
+            }
+
+            /// The client.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn example(store: idem_dynamo::", stringify!($ty), ") -> Result<(), Box<dyn std::error::Error>> {")]
+            /// let described = store.client().describe_table().table_name(store.table()).send().await?;
+            /// # let _ = described;
+            /// # Ok(()) }
+            /// ```
+            pub fn client(&self) -> &::aws_sdk_dynamodb::Client {
+                &self.parts().client
+            }
+        }
+    };
+}
+
+pub(crate) use dynamo_part;
+
+/// What every DynamoDB store is: durable, sharing `TransactWriteItems`, on
+/// the caller's clock (DynamoDB has none to ask).
+pub(crate) fn capabilities(max_response_bytes: usize) -> idem_core::store::Capabilities {
+    use idem_core::store::{Capabilities, ClockSource, Durability, TransactionSharing};
+    Capabilities::new(
+        crate::error::STORE,
+        TransactionSharing::TransactItems,
+        Durability::Durable,
+        ClockSource::Caller,
+        max_response_bytes,
+    )
+}
