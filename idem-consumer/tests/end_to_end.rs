@@ -17,13 +17,13 @@ use async_nats::jetstream;
 use axum::routing::post;
 use axum::{Extension, Router};
 use http::StatusCode;
+use idem_conformance::consumers::KilledBeforeAck;
 use idem_consumer::{
-    BrokerError, Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Source,
-    async_trait,
+    Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait,
 };
 use idem_core::store::{
-    IdempotencyStore, InboundMessage, NewMessage, OutboxMessage, OutboxStore, Timestamp,
-    VersionCheck, VersionStore,
+    IdempotencyStore, InboundMessage, NewMessage, OutboxMessage, OutboxStore, VersionCheck,
+    VersionStore,
 };
 use idem_core::{HandlerError, Idempotency, StoreError};
 use idem_http::{IdempotencyLayer, IdempotencyTransaction};
@@ -118,28 +118,6 @@ impl Handler for Shipping {
             .await?;
         }
         Ok((tx, check.into()))
-    }
-}
-
-/// A delivery whose consumer dies after its commit, before its ack.
-struct DiesBeforeAck<'a>(&'a dyn Delivery);
-
-#[async_trait]
-impl Delivery for DiesBeforeAck<'_> {
-    fn message(&self) -> &InboundMessage {
-        self.0.message()
-    }
-    fn deliveries(&self) -> u32 {
-        self.0.deliveries()
-    }
-    fn published_at(&self) -> Option<Timestamp> {
-        self.0.published_at()
-    }
-    async fn ack(&self) -> Result<(), BrokerError> {
-        Err(BrokerError::unavailable("test", "ack", "the consumer died"))
-    }
-    async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
-        self.0.retry(delay).await
     }
 }
 
@@ -352,7 +330,7 @@ async fn every_committed_order_event_has_one_effect_at_the_consumer() {
             .unwrap();
         let id = delivery.message().id().clone();
         if killed.is_none() {
-            let dead = consumer.consume(&DiesBeforeAck(&delivery)).await;
+            let dead = consumer.consume(&KilledBeforeAck(delivery)).await;
             assert!(dead.is_err(), "{dead:?}");
             *outcomes.entry("killed before its ack").or_default() += 1;
             killed = Some(id);

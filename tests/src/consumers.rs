@@ -281,8 +281,9 @@ pub async fn a_duplicate_delivery_is_acked_without_effect<B: ConsumerBroker>(bro
     broker.kill(source).await;
 }
 
-/// A delivery whose consumer dies after its commit and before its ack.
-struct KilledBeforeAck<D>(D);
+/// A delivery whose consumer dies after its commit and before its ack:
+/// every other settlement goes to the delivery inside.
+pub struct KilledBeforeAck<D>(pub D);
 
 #[async_trait]
 impl<D: Delivery> Delivery for KilledBeforeAck<D> {
