@@ -112,8 +112,14 @@ pub enum Operation {
     Retry,
     /// An operator's drop of a message.
     Drop,
-    /// Reading an outbox's backlog.
+    /// Reading an outbox's backlog, or counting a consumer's parked messages.
     Stats,
+    /// Parking a message a consumer could not apply.
+    Park,
+    /// Settling a parked message: replayed or dropped.
+    Resolve,
+    /// A version check: moving an aggregate's version to an event's.
+    Advance,
 }
 
 impl Operation {
@@ -141,6 +147,9 @@ impl Operation {
             Self::Retry => "retry",
             Self::Drop => "drop",
             Self::Stats => "stats",
+            Self::Park => "park",
+            Self::Resolve => "resolve",
+            Self::Advance => "advance",
         }
     }
 }

@@ -59,6 +59,7 @@ mod layer;
 mod options;
 mod outbox;
 mod outcome;
+mod parking;
 mod record;
 mod runner;
 mod scope;

@@ -5,6 +5,9 @@ pub use crate::__forward_journal_store as forward_journal_store;
 /// Implements [`OutboxStore`] for a type by forwarding every operation to a
 /// field that is an outbox store; see [`Layered`].
 pub use crate::__forward_outbox_store as forward_outbox_store;
+/// Implements [`ParkingStore`] for a type by forwarding every operation to
+/// a field that is a parking store; see [`Layered`].
+pub use crate::__forward_parking_store as forward_parking_store;
 /// Implements [`IdempotencyStore`] for a type by forwarding every operation
 /// to a field that is a store; see [`Layered`].
 pub use crate::__forward_store as forward_store;
@@ -34,5 +37,9 @@ pub use crate::options::validate_name;
 pub use crate::outbox::{
     BatchClaim, MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState,
     NewMessage, OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
+};
+pub use crate::parking::{
+    InboundMessage, NewParked, ParkedMessage, ParkedState, ParkingStore, Resolution, VersionCheck,
+    VersionStore, validate_parking_batch,
 };
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};

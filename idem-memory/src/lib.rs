@@ -74,9 +74,11 @@ macro_rules! clocked_part {
 
 mod journal;
 mod outbox;
+mod parking;
 
 pub use journal::MemoryJournal;
 pub use outbox::MemoryOutbox;
+pub use parking::MemoryParking;
 
 /// The store's name in errors.
 const STORE: &str = "memory";

@@ -20,6 +20,11 @@
 //!   within the time limit ([`JetStreamOptions::with_timeout`], 10 s by
 //!   default) is an `Err`.
 //!
+//! The consuming side: a [`JetStreamSource`] is a durable pull consumer
+//! with explicit acks as an `idem_consumer::Source`, so an
+//! `idem_consumer::Consumer` applies each message once (its inbox), NAKs a
+//! failure with a delay and parks it at the consumer's `max_deliver`.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use idem_memory::MemoryOutbox;
@@ -33,6 +38,10 @@
 //! # Ok(())
 //! # }
 //! ```
+
+mod consumer;
+
+pub use consumer::{JetStreamDelivery, JetStreamSource};
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -32,6 +32,11 @@
 //!   transaction, sequences follow the commit order per aggregate, claims
 //!   are one `FOR UPDATE SKIP LOCKED` statement, and
 //!   [`PostgresOutbox::listen`] wakes a relay when a message commits.
+//! - [`PostgresParking`] keeps a message consumer's parked messages
+//!   ([`ParkingStore`](idem_core::store::ParkingStore)) in a table of its
+//!   own (`idem_parked`; [`PostgresParkingOptions`]), and
+//!   [`VersionedTable`] applies an event only when your own table holds its
+//!   predecessor's version.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -60,19 +65,24 @@ mod journal;
 mod migrate;
 mod options;
 mod outbox;
+mod parking;
 mod part;
 mod store;
 mod transaction;
+mod versions;
 
 pub use journal::PostgresJournal;
 pub use options::{
-    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_OUTBOX_TABLE, DEFAULT_PURGE_BATCH,
-    DEFAULT_TABLE, MAX_RESPONSE_BYTES_LIMIT, MAX_TABLE_NAME, PostgresJournalOptions,
-    PostgresOptions, PostgresOutboxOptions, TableName,
+    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_OUTBOX_TABLE, DEFAULT_PARKING_TABLE,
+    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, MAX_RESPONSE_BYTES_LIMIT, MAX_TABLE_NAME,
+    PostgresJournalOptions, PostgresOptions, PostgresOutboxOptions, PostgresParkingOptions,
+    TableName,
 };
 pub use outbox::{OutboxListener, PostgresOutbox};
+pub use parking::PostgresParking;
 pub use store::PostgresStore;
 pub use transaction::PgTransaction;
+pub use versions::VersionedTable;
 
 /// The driver, re-exported so your pool and ours are the same version.
 pub use sqlx;

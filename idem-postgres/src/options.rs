@@ -15,6 +15,15 @@ pub const DEFAULT_JOURNAL_TABLE: &str = "idem_journal";
 /// The default table name of a [`PostgresOutbox`](crate::PostgresOutbox).
 pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
 
+/// The default table name of a [`PostgresParking`](crate::PostgresParking).
+pub const DEFAULT_PARKING_TABLE: &str = "idem_parked";
+
+/// The parking store's migration for its default table, as shipped in `migrations/`.
+const PARKING_MIGRATION: &str = include_str!("../migrations/0004_idem_parked.sql");
+
+/// The indexes of the parking store's migration, by their suffix.
+const PARKING_INDEXES: [&str; 3] = ["_waiting_idx", "_aggregate_idx", "_resolved_idx"];
+
 /// The migration for the default table, as shipped in `migrations/`.
 const MIGRATION: &str = include_str!("../migrations/0001_idem_records.sql");
 
@@ -54,7 +63,7 @@ pub struct TableName {
     table: String,
 }
 
-fn identifier(field: &'static str, part: &str, max: usize) -> Result<(), InvalidInput> {
+pub(crate) fn identifier(field: &'static str, part: &str, max: usize) -> Result<(), InvalidInput> {
     let rule = "not a lowercase SQL identifier ([a-z_][a-z0-9_]*, optionally schema-qualified)";
     validate_name(
         field,
@@ -156,6 +165,20 @@ impl TableName {
             sql = sql.replace(&mark(i), &format!("{}{suffix}", self.table));
         }
         sql
+    }
+
+    /// The parking store's migration SQL for this table (see
+    /// [`PostgresParking::migration_sql`](crate::PostgresParking::migration_sql)).
+    pub(crate) fn parking_migration_sql(&self) -> String {
+        self.renamed(PARKING_MIGRATION, DEFAULT_PARKING_TABLE, &PARKING_INDEXES)
+    }
+
+    /// The default table of a parking store, `idem_parked`.
+    pub(crate) fn parking_default() -> Self {
+        Self {
+            schema: None,
+            table: DEFAULT_PARKING_TABLE.to_string(),
+        }
     }
 
     /// The default table of an outbox, `idem_outbox`.
@@ -403,9 +426,47 @@ part_options!(
     "an outbox keeps no responses"
 );
 
+part_options!(
+    /// How a [`PostgresParking`](crate::PostgresParking) is built; validated
+    /// once by [`PostgresParking::with_options`](crate::PostgresParking::with_options).
+    ///
+    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+    /// operation as a whole (acquiring a connection from the pool included);
+    /// not [`migrate`](crate::PostgresParking::migrate). A parking store keeps
+    /// no responses: a response limit set in the store options is only checked
+    /// to be at least 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_postgres::PostgresParkingOptions;
+    ///
+    /// let options = PostgresParkingOptions::default()
+    ///     .table("billing.idem_parked")
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+    /// # let _ = options;
+    /// ```
+    PostgresParkingOptions,
+    DEFAULT_PARKING_TABLE,
+    "a parking store keeps no responses"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parking_migration_is_renamed_whole() {
+        let sql = TableName::new("app.held").unwrap().parking_migration_sql();
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.held ("));
+        assert!(sql.contains("CREATE INDEX IF NOT EXISTS held_aggregate_idx ON app.held"));
+        assert!(sql.contains("FUNCTION app.held_now()"));
+        assert!(!sql.contains("idem_parked"), "{sql}");
+        assert_eq!(
+            TableName::parking_default().parking_migration_sql(),
+            PARKING_MIGRATION
+        );
+    }
 
     #[test]
     fn names_that_are_not_identifiers_are_refused() {

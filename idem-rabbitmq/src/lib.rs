@@ -22,6 +22,11 @@
 //!   default): what is unconfirmed by then is an `Err`, and the relay
 //!   retries it.
 //!
+//! The consuming side: a [`RabbitSource`] consumes a queue with manual
+//! acknowledgements and a prefetch as an `idem_consumer::Source`, so an
+//! `idem_consumer::Consumer` applies each message once (its inbox),
+//! requeues a failure after a delay and parks it at its last delivery.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use idem_memory::MemoryOutbox;
@@ -36,6 +41,10 @@
 //! # Ok(())
 //! # }
 //! ```
+
+mod consumer;
+
+pub use consumer::{RabbitDelivery, RabbitSource, RabbitSourceOptions};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -31,12 +31,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::store::{IdempotencyStore, JournalStore, OutboxStore};
+use idem_core::store::{IdempotencyStore, JournalStore, OutboxStore, ParkingStore};
 
 pub mod cases;
+pub mod consumers;
 pub mod faults;
 pub mod journal;
 pub mod outbox;
+pub mod parking;
 pub mod relays;
 pub mod support;
 
@@ -388,4 +390,70 @@ where
     Fut: Future<Output = S>,
 {
     failing_of(all_outbox_cases::<S>(), make).await
+}
+
+/// Expands to one `#[test]` per case of the parking store's contract
+/// ([`parking`]). A purge sees every consumer's entries, so the expression
+/// must build an empty store of the case's own (a fresh table, a fresh
+/// process store) each time it is evaluated.
+///
+/// ```ignore
+/// mod memory {
+///     idem_conformance::parking_suite!(async { idem_memory::MemoryParking::new() });
+/// }
+/// ```
+#[macro_export]
+macro_rules! parking_suite {
+    ($make:expr $(,)?) => {
+        $crate::__parking_cases! { tests($make) }
+    };
+}
+
+/// The one list of parking cases, expanded as tests or as a list of values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __parking_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__expand_cases! {parking $mode $args [
+            park_keeps_the_message_its_reason_and_deliveries,
+            parking_a_message_again_keeps_one_entry_with_the_new_reason,
+            get_reads_an_entry_in_any_state_and_nothing_else,
+            list_gives_the_consumers_parked_entries_oldest_first,
+            list_of_an_aggregate_orders_it_by_version,
+            list_holds_at_most_its_limit,
+            resolve_settles_a_parked_entry_once,
+            purge_deletes_only_resolved_entries_older_than_asked,
+            count_counts_a_consumers_parked_entries,
+            parking_limits_out_of_range_are_invalid_input,
+        ]}
+    };
+}
+
+/// Every parking case with its name, boxed for the store type `S`.
+///
+/// ```
+/// let cases = idem_conformance::all_parking_cases::<idem_memory::MemoryParking>();
+/// assert!(cases.len() >= 10);
+/// ```
+pub fn all_parking_cases<S: ParkingStore + ?Sized>() -> Vec<(&'static str, CaseFn<S>)> {
+    __parking_cases!(list())
+}
+
+/// Runs every parking case concurrently, each against a fresh store from
+/// `make` and within a time limit, and returns the names of those that
+/// failed.
+///
+/// ```
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let failed = idem_conformance::failing_parking_cases(|| async { idem_memory::MemoryParking::new() }).await;
+/// assert_eq!(failed, Vec::<&str>::new());
+/// # });
+/// ```
+pub async fn failing_parking_cases<S, F, Fut>(make: F) -> Vec<&'static str>
+where
+    S: ParkingStore,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    failing_of(all_parking_cases::<S>(), make).await
 }

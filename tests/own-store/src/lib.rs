@@ -9,9 +9,11 @@
 
 mod journal;
 mod outbox;
+mod parking;
 
 pub use journal::{JournalDefect, OwnJournal};
 pub use outbox::{OutboxDefect, OwnOutbox};
+pub use parking::{OwnParking, ParkingDefect};
 
 use std::collections::HashMap;
 use std::sync::Mutex;

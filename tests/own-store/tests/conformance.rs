@@ -1,3 +1,8 @@
 //! The whole conformance suite against a store written from the store module's docs alone.
 
 idem_conformance::conformance_suite!(async { idem_own_store::OwnStore::new() });
+
+/// The parking suite against a parking store written the same way.
+mod parking {
+    idem_conformance::parking_suite!(async { idem_own_store::OwnParking::new() });
+}

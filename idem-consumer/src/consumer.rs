@@ -1,0 +1,623 @@
+//! The consumer's rules: per delivery, the inbox claim and the handler's
+//! writes in one transaction, then the acknowledgement; redelivery with
+//! back-off, parking, replay, and the check of retention against the
+//! broker's horizon.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::store::{
+    IdempotencyStore, InboundMessage, NewParked, ParkedMessage, ParkingStore, Resolution,
+    Transaction, VersionCheck,
+};
+use idem_core::{
+    Fingerprint, HandlerError, Idempotency, IdempotencyKey, InvalidInput, RunError, RunOutcome,
+    Scope, Storable, StoreError, StoredResponse, Tenant, Verdict, async_trait,
+};
+use tracing::{Instrument, field};
+
+use crate::delivery::{BrokerError, Delivery, RedeliveryHorizon, Source};
+use crate::options::ConsumerOptions;
+
+/// What a handler found a message to be, after its writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Handled {
+    /// Its effect is written in the transaction: commit it.
+    Applied,
+    /// A duplicate or a stale event (its aggregate is at or past its
+    /// version): nothing to write; it is acknowledged.
+    Stale {
+        /// The stored version.
+        current: u64,
+    },
+    /// An event before it is missing: its writes are rolled back and it is
+    /// delivered again later, then parked; later versions of its aggregate
+    /// wait behind it, and the filled gap releases them.
+    Gap {
+        /// The stored version.
+        current: u64,
+    },
+}
+
+impl From<VersionCheck> for Handled {
+    /// [`VersionCheck::Apply`] is [`Handled::Applied`] (the handler writes
+    /// the effect, then returns it); the others as they are.
+    fn from(check: VersionCheck) -> Self {
+        match check {
+            VersionCheck::Stale { current } => Self::Stale { current },
+            VersionCheck::Gap { current } => Self::Gap { current },
+            _ => Self::Applied,
+        }
+    }
+}
+
+impl Storable for Handled {
+    fn to_stored(&self) -> Cow<'_, StoredResponse> {
+        // What a redelivery replays; only its existence matters.
+        Cow::Owned(StoredResponse::new(200, "consumed"))
+    }
+}
+
+/// A consumer's handler: opens the transaction its writes and the inbox
+/// record share, and writes a message's effect through it.
+///
+/// ```
+/// use idem_consumer::{Handled, Handler};
+/// use idem_core::store::InboundMessage;
+/// use idem_core::{HandlerError, StoreError, async_trait};
+///
+/// /// Counts orders; a real handler writes through a database transaction
+/// /// (`PostgresStore::begin`).
+/// struct Orders;
+///
+/// #[async_trait]
+/// impl Handler for Orders {
+///     type Tx = idem_core::NoTransaction;
+///     async fn begin(&self) -> Result<Self::Tx, StoreError> {
+///         Err(StoreError::backend("example", idem_core::Operation::Transaction, "no database"))
+///     }
+///     async fn handle(&self, message: &InboundMessage, tx: Self::Tx) -> Result<(Self::Tx, Handled), HandlerError> {
+///         let _total: u64 = std::str::from_utf8(message.payload())?.parse()?;
+///         Ok((tx, Handled::Applied))
+///     }
+/// }
+/// # let _ = Orders;
+/// ```
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// The transaction the handler's writes and the inbox record share.
+    type Tx: Transaction;
+
+    /// Opens it (`PostgresStore::begin`, `DynamoStore::begin`).
+    async fn begin(&self) -> Result<Self::Tx, StoreError>;
+
+    /// Writes `message`'s effect through `tx` and hands it back. An error
+    /// rolls the writes back; the message is delivered again, then parked.
+    async fn handle(
+        &self,
+        message: &InboundMessage,
+        tx: Self::Tx,
+    ) -> Result<(Self::Tx, Handled), HandlerError>;
+}
+
+/// What became of one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Consumed {
+    /// Applied and committed, then acknowledged.
+    Applied,
+    /// Found stale by its version check: acknowledged, nothing written.
+    Stale,
+    /// Applied before (its inbox record): acknowledged, nothing written.
+    Duplicate,
+    /// Failed, or a gap: to be delivered again after `after`.
+    Retried {
+        /// The delay asked of the broker.
+        after: Duration,
+        /// Why.
+        reason: String,
+    },
+    /// Being handled elsewhere (another delivery holds its inbox claim):
+    /// to be delivered again after `after`.
+    InProgress {
+        /// The delay asked of the broker.
+        after: Duration,
+    },
+    /// Parked, with the reason, and acknowledged.
+    Parked {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Consumed {
+    /// The outcome's name, as spans and metrics carry it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Stale => "stale",
+            Self::Duplicate => "duplicate",
+            Self::Retried { .. } => "retried",
+            Self::InProgress { .. } => "in_progress",
+            Self::Parked { .. } => "parked",
+        }
+    }
+}
+
+/// Why a consumer stopped or refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// A figure of the consumer or the broker breaks the contract: the
+    /// message names it and what it must be.
+    #[error("consumer misconfigured: {figure}: {message}")]
+    Misconfigured {
+        /// The figure too short (or unbounded).
+        figure: &'static str,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The inbox or the parking store failed; the delivery is left to the
+    /// broker's redelivery.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The broker failed.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// How one attempt at a message ended, before the delivery is settled.
+enum Attempt {
+    Done(Consumed),
+    /// The message's fault, or a gap: counts toward parking.
+    Failed(String),
+    /// Not the message's fault (the store): delivered again, never parked.
+    Unavailable(StoreError),
+    Busy(Duration),
+    /// Never applicable (its id was seen with another payload): parked now.
+    Poison(String),
+}
+
+/// A message consumer with an inbox: per delivery, the message id is
+/// claimed, scoped by the consumer's name, and the handler's writes and
+/// the inbox record commit in one transaction
+/// ([`Idempotency::run_in`]); only then is the delivery acknowledged. A
+/// redelivery of an applied message finds its record and is acknowledged
+/// with no effect, so the effect happens once however often the broker
+/// delivers (a consumer killed between its commit and its ack included).
+///
+/// - A handler error, a failed commit or a version gap rolls the writes
+///   back and asks the broker for the message again after a back-off
+///   ([`ConsumerOptions::backoff`]); at its
+///   [`max_deliveries`](ConsumerOptions::max_deliveries)th delivery it is
+///   parked with the reason and acknowledged. A message whose id comes
+///   with another payload is parked at once.
+/// - A delivery whose inbox claim another delivery holds waits out that
+///   claim's lease, without counting toward parking.
+/// - When the inbox or parking store fails, the delivery is left to the
+///   broker, never parked for it.
+/// - After an event with a version is applied, the parked later versions
+///   of its aggregate are replayed in order (the gap it filled releases
+///   them). Operators list ([`parked`](Self::parked)), replay
+///   ([`replay`](Self::replay)) or drop ([`drop_parked`](Self::drop_parked))
+///   parked messages.
+/// - [`check`](Self::check) refuses an inbox retention shorter than the
+///   broker's redelivery horizon; [`run`](Self::run) checks before the
+///   first delivery.
+///
+/// Each delivery is an INFO span, `idem.consume`, with `consumer`,
+/// `message_hash` (a hash of the message id, never the id), `kind`,
+/// `deliveries` and `outcome`; with the `metrics` feature the consumer
+/// counts outcomes ([`MESSAGES`](crate::MESSAGES)) and measures the lag
+/// ([`LAG`](crate::LAG)).
+pub struct Consumer<H> {
+    name: Tenant,
+    idem: Idempotency,
+    parking: Arc<dyn ParkingStore>,
+    handler: H,
+    options: ConsumerOptions,
+}
+
+impl<H> fmt::Debug for Consumer<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("name", &self.name)
+            .field("inbox", &self.idem)
+            .field("parking", &self.parking)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: Handler> Consumer<H> {
+    /// A consumer named `name` (its inbox's tenant: one name per consuming
+    /// service) with the default options.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] for a bad name.
+    pub fn new(
+        name: &str,
+        inbox: Arc<dyn IdempotencyStore>,
+        parking: Arc<dyn ParkingStore>,
+        handler: H,
+    ) -> Result<Self, InvalidInput> {
+        Self::with_options(name, inbox, parking, handler, ConsumerOptions::default())
+    }
+
+    /// A consumer built from `options`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] for a bad name, no deliveries, a back-off whose
+    /// first delay exceeds its longest, or a lease or retention out of
+    /// range.
+    pub fn with_options(
+        name: &str,
+        inbox: Arc<dyn IdempotencyStore>,
+        parking: Arc<dyn ParkingStore>,
+        handler: H,
+        options: ConsumerOptions,
+    ) -> Result<Self, InvalidInput> {
+        let name = Tenant::new(name)?;
+        let options = options.validated()?;
+        let idem = Idempotency::new(inbox)
+            .with_lease(options.lease)?
+            .with_retention(options.retention)?;
+        Ok(Self {
+            name,
+            idem,
+            parking,
+            handler,
+            options,
+        })
+    }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &Tenant {
+        &self.name
+    }
+
+    /// The longest a broker with `horizon` may take, from a message's
+    /// first delivery, to deliver it for the last time, given this
+    /// consumer's own delays.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsumerError::Misconfigured`] when the broker's deliveries are
+    /// unbounded, or fewer than the consumer's (it would stop before the
+    /// consumer parks).
+    pub fn horizon(&self, horizon: &RedeliveryHorizon) -> Result<Duration, ConsumerError> {
+        let parks_at = self.options.max_deliveries;
+        let Some(max) = horizon.max_deliveries else {
+            return Err(ConsumerError::Misconfigured {
+                figure: "max deliveries",
+                message: format!(
+                    "{} redelivers without limit, so no inbox retention outlasts it; \
+                     limit its deliveries to the consumer's {parks_at}",
+                    horizon.broker
+                ),
+            });
+        };
+        if max < parks_at {
+            return Err(ConsumerError::Misconfigured {
+                figure: "max deliveries",
+                message: format!(
+                    "{} stops after {max} deliveries, before the consumer parks at {parks_at}: \
+                     a failing message would be neither applied nor parked",
+                    horizon.broker
+                ),
+            });
+        }
+        // Between two deliveries: the broker's ack wait (a consumer that
+        // died), the consumer's own delay, or the broker's back-off,
+        // whichever is longest.
+        let mut total = Duration::ZERO;
+        for delivery in 1..max {
+            let index = usize::try_from(delivery - 1).unwrap_or(usize::MAX);
+            let backoff = horizon
+                .backoff
+                .get(index)
+                .or(horizon.backoff.last())
+                .copied()
+                .unwrap_or_default();
+            let gap = horizon
+                .ack_wait
+                .max(self.options.delay_after(delivery))
+                .max(backoff);
+            total = total.saturating_add(gap);
+        }
+        Ok(total.saturating_add(horizon.ack_wait))
+    }
+
+    /// Checks the inbox's retention against a broker's redelivery horizon.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsumerError::Misconfigured`] naming the figure: the retention
+    /// shorter than the redelivery horizon or the duplicate window, or the
+    /// broker's deliveries as [`horizon`](Self::horizon) says.
+    pub fn check(&self, horizon: &RedeliveryHorizon) -> Result<(), ConsumerError> {
+        let retention = self.options.retention;
+        let longest = self.horizon(horizon)?;
+        if retention < longest {
+            return Err(ConsumerError::Misconfigured {
+                figure: "inbox retention",
+                message: format!(
+                    "{retention:?} is shorter than {}'s redelivery horizon of {longest:?} \
+                     ({} deliveries, ack wait {:?}): a late redelivery would be applied again",
+                    horizon.broker,
+                    horizon.max_deliveries.unwrap_or_default(),
+                    horizon.ack_wait
+                ),
+            });
+        }
+        if let Some(window) = horizon.duplicate_window.filter(|w| retention < *w) {
+            return Err(ConsumerError::Misconfigured {
+                figure: "inbox retention",
+                message: format!(
+                    "{retention:?} is shorter than {}'s duplicate window of {window:?}: \
+                     a message published again inside the window would be applied again",
+                    horizon.broker
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the horizon of `source`, then consumes its deliveries one at
+    /// a time until it closes or `shutdown` completes (a delivery being
+    /// handled is finished first).
+    ///
+    /// # Errors
+    ///
+    /// [`ConsumerError::Misconfigured`] from [`check`](Self::check), before
+    /// any delivery; a broker error receiving. A failure of one delivery is
+    /// logged and left to the broker's redelivery.
+    pub async fn run<S: Source>(
+        &self,
+        source: &mut S,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ConsumerError> {
+        self.check(&source.horizon())?;
+        tokio::pin!(shutdown);
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                next = source.next() => next?,
+            };
+            let Some(delivery) = next else {
+                return Ok(());
+            };
+            if let Err(error) = self.consume(&delivery).await {
+                tracing::warn!(%error, "a delivery failed; the broker delivers it again");
+            }
+        }
+    }
+
+    /// Consumes one delivery and settles it.
+    ///
+    /// # Errors
+    ///
+    /// A store or broker failure: the delivery is then unsettled (or asked
+    /// for again) and the broker delivers it again.
+    pub async fn consume<D: Delivery + ?Sized>(
+        &self,
+        delivery: &D,
+    ) -> Result<Consumed, ConsumerError> {
+        let message = delivery.message();
+        let span = tracing::info_span!(
+            "idem.consume",
+            consumer = %self.name,
+            message_hash = %message.id().redacted(),
+            kind = message.kind(),
+            deliveries = delivery.deliveries(),
+            outcome = field::Empty,
+        );
+        let result = self.settle(delivery).instrument(span.clone()).await;
+        match &result {
+            Ok(consumed) => {
+                span.record("outcome", consumed.as_str());
+                crate::record(&self.name, consumed, delivery.published_at());
+            }
+            Err(_) => {
+                span.record("outcome", "error");
+            }
+        }
+        result
+    }
+
+    async fn settle<D: Delivery + ?Sized>(&self, delivery: &D) -> Result<Consumed, ConsumerError> {
+        let message = delivery.message();
+        let deliveries = delivery.deliveries();
+        let consumed = match self.attempt(message).await {
+            Attempt::Done(consumed) => consumed,
+            Attempt::Busy(after) => {
+                delivery.retry(after).await?;
+                return Ok(Consumed::InProgress { after });
+            }
+            Attempt::Unavailable(error) => {
+                let after = self.options.delay_after(deliveries);
+                delivery.retry(after).await?;
+                let reason = error.to_string();
+                return Ok(Consumed::Retried { after, reason });
+            }
+            Attempt::Failed(reason) if deliveries < self.options.max_deliveries => {
+                let after = self.options.delay_after(deliveries);
+                delivery.retry(after).await?;
+                return Ok(Consumed::Retried { after, reason });
+            }
+            Attempt::Failed(reason) | Attempt::Poison(reason) => {
+                self.park(message, &reason, deliveries).await?;
+                Consumed::Parked { reason }
+            }
+        };
+        delivery.ack().await?;
+        if consumed == Consumed::Applied {
+            self.release_behind(message).await;
+        }
+        Ok(consumed)
+    }
+
+    async fn park(
+        &self,
+        message: &InboundMessage,
+        reason: &str,
+        deliveries: u32,
+    ) -> Result<(), StoreError> {
+        let parked = NewParked {
+            consumer: self.name.clone(),
+            message: message.clone(),
+            reason: reason.to_string(),
+            deliveries,
+        };
+        self.parking.park(&parked).await.map(drop)
+    }
+
+    /// One attempt: the inbox claim, the handler and the commit.
+    async fn attempt(&self, message: &InboundMessage) -> Attempt {
+        let scope = Scope::new(self.name.clone(), message.id().clone());
+        let fingerprint = Fingerprint::of_bytes(message.payload());
+        let handler = &self.handler;
+        let run = self
+            .idem
+            .run_in(scope, fingerprint, handler.begin(), |_ctx, tx| async move {
+                let (tx, handled) = handler.handle(message, tx).await?;
+                let verdict = match handled {
+                    // A gap writes nothing and frees the claim for the
+                    // next delivery.
+                    Handled::Gap { .. } => Verdict::Release(handled),
+                    _ => Verdict::Store(handled),
+                };
+                Ok((tx, verdict))
+            })
+            .await;
+        match run {
+            Ok(RunOutcome::Executed(Handled::Gap { current })) => Attempt::Failed(format!(
+                "version gap: the aggregate is at {current}, the event at {}",
+                message.version().unwrap_or_default()
+            )),
+            Ok(RunOutcome::Executed(Handled::Stale { .. })) => Attempt::Done(Consumed::Stale),
+            Ok(RunOutcome::Executed(_)) => Attempt::Done(Consumed::Applied),
+            Ok(RunOutcome::Replayed(_)) => Attempt::Done(Consumed::Duplicate),
+            Err(RunError::InProgress { retry_after }) => Attempt::Busy(retry_after),
+            Err(RunError::Mismatch) => Attempt::Poison(
+                "its message id was consumed before with another payload".to_string(),
+            ),
+            Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
+                Attempt::Failed(error.to_string())
+            }
+            Err(RunError::LostLease) => Attempt::Busy(self.options.first_backoff),
+            Err(RunError::Store(error)) => match error {
+                // The handler's own writes refused at commit: the message's fault.
+                StoreError::Rejected { .. } => Attempt::Failed(error.to_string()),
+                other => Attempt::Unavailable(other),
+            },
+            Err(other) => Attempt::Unavailable(StoreError::backend(
+                "consumer",
+                idem_core::Operation::Claim,
+                other.to_string(),
+            )),
+        }
+    }
+
+    /// After `message` applied: replays the parked later versions of its
+    /// aggregate, in order, while they apply.
+    async fn release_behind(&self, message: &InboundMessage) {
+        let (Some(aggregate), Some(_)) = (message.aggregate(), message.version()) else {
+            return;
+        };
+        let waiting = self
+            .parking
+            .parked(&self.name, Some(aggregate), self.options.release_batch)
+            .await;
+        let waiting = match waiting {
+            Ok(waiting) => waiting,
+            Err(error) => {
+                tracing::warn!(%error, "could not list what waits behind an applied event");
+                return;
+            }
+        };
+        for entry in waiting {
+            match self.replay_entry(&entry).await {
+                Ok(Some(Consumed::Applied | Consumed::Stale | Consumed::Duplicate)) => {}
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "could not release a parked event");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// This consumer's parked messages, oldest first (of one aggregate by
+    /// version, if given).
+    ///
+    /// # Errors
+    ///
+    /// The parking store's.
+    pub async fn parked(
+        &self,
+        aggregate: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ParkedMessage>, StoreError> {
+        self.parking.parked(&self.name, aggregate, limit).await
+    }
+
+    /// Replays a parked message through the handler, as a delivery would:
+    /// applied (or found stale or applied before), it is resolved
+    /// replayed; failing, it stays parked with the new reason. `None` when
+    /// no such message is parked.
+    ///
+    /// # Errors
+    ///
+    /// A store failure (the message stays parked).
+    pub async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Consumed>, ConsumerError> {
+        let Some(entry) = self.parking.get(&self.name, id).await? else {
+            return Ok(None);
+        };
+        let consumed = self.replay_entry(&entry).await?;
+        if consumed == Some(Consumed::Applied) {
+            self.release_behind(&entry.parked.message).await;
+        }
+        Ok(consumed)
+    }
+
+    async fn replay_entry(&self, entry: &ParkedMessage) -> Result<Option<Consumed>, ConsumerError> {
+        if entry.state != idem_core::store::ParkedState::Parked {
+            return Ok(None);
+        }
+        let message = &entry.parked.message;
+        let consumed = match self.attempt(message).await {
+            Attempt::Done(consumed) => {
+                self.parking
+                    .resolve(&self.name, message.id(), &Resolution::Replayed)
+                    .await?;
+                consumed
+            }
+            Attempt::Busy(after) => Consumed::InProgress { after },
+            Attempt::Unavailable(error) => return Err(error.into()),
+            Attempt::Failed(reason) | Attempt::Poison(reason) => {
+                let deliveries = entry.parked.deliveries.saturating_add(1);
+                self.park(message, &reason, deliveries).await?;
+                Consumed::Parked { reason }
+            }
+        };
+        Ok(Some(consumed))
+    }
+
+    /// Drops a parked message with `reason` (kept); whether it was parked.
+    ///
+    /// # Errors
+    ///
+    /// The parking store's.
+    pub async fn drop_parked(&self, id: &IdempotencyKey, reason: &str) -> Result<bool, StoreError> {
+        let dropped = Resolution::Dropped(reason.to_string());
+        self.parking.resolve(&self.name, id, &dropped).await
+    }
+}

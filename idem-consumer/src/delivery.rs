@@ -1,0 +1,183 @@
+//! What a broker adapter implements: a delivery to acknowledge or
+//! redeliver, a source of deliveries, and the figures of its redelivery.
+
+use std::time::Duration;
+
+use idem_core::async_trait;
+use idem_core::store::{InboundMessage, Timestamp};
+
+/// A broker operation that failed: the adapter's name, the operation, and
+/// whether trying again may help.
+///
+/// ```
+/// use idem_consumer::BrokerError;
+///
+/// let err = BrokerError::unavailable("nats", "ack", "connection closed");
+/// assert!(err.is_retryable());
+/// assert_eq!(err.to_string(), "nats ack: connection closed");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("{broker} {operation}: {message}")]
+#[non_exhaustive]
+pub struct BrokerError {
+    /// The broker (`"rabbitmq"`, `"nats"`, ...).
+    pub broker: &'static str,
+    /// What was asked of it (`"ack"`, `"retry"`, `"receive"`, ...).
+    pub operation: &'static str,
+    /// What happened.
+    pub message: String,
+    /// Whether the same call may succeed later.
+    pub retryable: bool,
+    /// The driver's error, where there is one.
+    #[source]
+    pub source: Option<idem_core::BoxError>,
+}
+
+impl BrokerError {
+    /// A retryable failure (a lost connection, a timeout).
+    pub fn unavailable(
+        broker: &'static str,
+        operation: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            broker,
+            operation,
+            message: message.into(),
+            retryable: true,
+            source: None,
+        }
+    }
+
+    /// A failure retrying will not fix (a malformed delivery, a refusal).
+    pub fn rejected(
+        broker: &'static str,
+        operation: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            retryable: false,
+            ..Self::unavailable(broker, operation, message)
+        }
+    }
+
+    /// The same with the driver's error as its source.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<idem_core::BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Whether the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+/// One delivery of a message by a broker, to settle exactly once: an
+/// acknowledgement (the broker forgets it) or a redelivery after a delay.
+/// A delivery never settled (the consumer died) is redelivered by the
+/// broker on its own: after its ack wait, or when the connection closes.
+#[async_trait]
+pub trait Delivery: Send + Sync {
+    /// The message.
+    fn message(&self) -> &InboundMessage;
+
+    /// How many times the broker has delivered it, this one included (1 for
+    /// the first), as far as the broker counts.
+    fn deliveries(&self) -> u32;
+
+    /// When the message entered the broker, where it says: the consumer's
+    /// lag is measured from it.
+    fn published_at(&self) -> Option<Timestamp>;
+
+    /// Acknowledges it: the broker deletes it.
+    async fn ack(&self) -> Result<(), BrokerError>;
+
+    /// Asks for it again after `delay` (RabbitMQ: a requeue after the
+    /// delay; JetStream: a NAK with that delay).
+    async fn retry(&self, delay: Duration) -> Result<(), BrokerError>;
+}
+
+/// A broker's deliveries for one consumer, in the order the broker gives
+/// them, and the figures of its redelivery.
+#[async_trait]
+pub trait Source: Send {
+    /// The delivery type.
+    type Delivery: Delivery + 'static;
+
+    /// The next delivery, waiting for one; `None` once the source is closed.
+    async fn next(&mut self) -> Result<Option<Self::Delivery>, BrokerError>;
+
+    /// How long after a message's first delivery the broker may deliver
+    /// it again.
+    fn horizon(&self) -> RedeliveryHorizon;
+}
+
+/// The figures that bound how long after its first delivery a broker may
+/// deliver a message again, which the inbox's retention must outlast (a
+/// record deleted earlier makes an old redelivery new again).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_consumer::RedeliveryHorizon;
+///
+/// let jetstream = RedeliveryHorizon::new("nats", Duration::from_secs(30))
+///     .with_max_deliveries(5)
+///     .with_duplicate_window(Duration::from_secs(120));
+/// assert_eq!(jetstream.max_deliveries, Some(5));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedeliveryHorizon {
+    /// The broker's name.
+    pub broker: &'static str,
+    /// How long the broker waits for a settlement before it delivers again
+    /// (JetStream's `ack_wait`; RabbitMQ's delivery acknowledgement
+    /// timeout, 30 minutes by default).
+    pub ack_wait: Duration,
+    /// The most deliveries of one message the broker makes (JetStream's
+    /// `max_deliver`); `None` for no limit.
+    pub max_deliveries: Option<u32>,
+    /// The broker's own delays between deliveries (JetStream's `backoff`),
+    /// the last repeated.
+    pub backoff: Vec<Duration>,
+    /// How long the broker drops a message published again with the same
+    /// id (JetStream's `duplicate_window`); `None` if it never does.
+    pub duplicate_window: Option<Duration>,
+}
+
+impl RedeliveryHorizon {
+    /// A broker that redelivers after `ack_wait`, with no limit, no backoff
+    /// and no duplicate window until set.
+    pub fn new(broker: &'static str, ack_wait: Duration) -> Self {
+        Self {
+            broker,
+            ack_wait,
+            max_deliveries: None,
+            backoff: Vec::new(),
+            duplicate_window: None,
+        }
+    }
+
+    /// The same with a limit on deliveries.
+    #[must_use]
+    pub fn with_max_deliveries(mut self, max: u32) -> Self {
+        self.max_deliveries = Some(max);
+        self
+    }
+
+    /// The same with the broker's own delays between deliveries.
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Vec<Duration>) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The same with a duplicate window.
+    #[must_use]
+    pub fn with_duplicate_window(mut self, window: Duration) -> Self {
+        self.duplicate_window = Some(window);
+        self
+    }
+}

@@ -1,0 +1,73 @@
+//! # idem-consumer
+//!
+//! The consuming side of exactly-once effects: a [`Consumer`] takes a
+//! broker's deliveries ([`Source`], [`Delivery`]: RabbitMQ with
+//! `idem-rabbitmq`, NATS JetStream with `idem-nats`, or one of yours) and
+//! gives each message one effect, however often it is delivered.
+//!
+//! - **Inbox.** Per delivery the message id is claimed, scoped by the
+//!   consumer's name, and the [`Handler`]'s writes and the inbox record
+//!   commit in one transaction (the store's, through
+//!   [`Idempotency::run_in`](idem_core::Idempotency::run_in)); the delivery
+//!   is acknowledged only after that commit. A redelivery of an applied
+//!   message is acknowledged with no effect.
+//! - **Redelivery and parking.** A failure rolls the writes back and asks
+//!   the broker again after a back-off, a bounded number of times; then the
+//!   message is parked with its reason in an
+//!   [`idem_core::store::ParkingStore`] (`idem_memory::MemoryParking`,
+//!   `idem_postgres::PostgresParking`), where operators list, replay or
+//!   drop it.
+//! - **Version checks.** An event carries its aggregate's version; the
+//!   handler applies it only on its predecessor
+//!   ([`VersionStore`](idem_core::store::VersionStore),
+//!   `idem_postgres::VersionedTable` over your own table) and returns the
+//!   check as [`Handled`]: a duplicate or stale event is acknowledged with
+//!   no effect, a gap is retried, then parked, and later versions wait
+//!   behind it until the gap fills.
+//! - **Retention against the broker.** [`Consumer::check`] refuses an
+//!   inbox retention shorter than the broker's redelivery horizon
+//!   ([`RedeliveryHorizon`]) with [`ConsumerError::Misconfigured`] naming
+//!   the figure; [`Consumer::run`] checks before its first delivery.
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature: [`MESSAGES`] (counter, by `consumer` and
+//! `outcome`: `applied`, `stale`, `duplicate`, `retried`, `in_progress`,
+//! `parked`) and [`LAG`] (histogram, seconds from the broker's publish to
+//! the settlement). Each delivery is an INFO span, `idem.consume`.
+
+mod consumer;
+mod delivery;
+mod options;
+
+pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler};
+pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source};
+pub use options::ConsumerOptions;
+
+/// To implement [`Handler`], [`Delivery`] and [`Source`].
+pub use idem_core::async_trait;
+
+/// Counter: deliveries settled, by `consumer` and `outcome`.
+pub const MESSAGES: &str = "idem_consumer_messages_total";
+/// Histogram, seconds: from the broker's publish to the settlement.
+pub const LAG: &str = "idem_consumer_lag_seconds";
+
+/// Records one settled delivery's metrics.
+#[cfg(feature = "metrics")]
+fn record(
+    consumer: &idem_core::Tenant,
+    consumed: &Consumed,
+    published_at: Option<idem_core::store::Timestamp>,
+) {
+    use idem_core::store::{Clock, SystemClock};
+    let name = consumer.as_str().to_string();
+    metrics::counter!(MESSAGES, "consumer" => name.clone(), "outcome" => consumed.as_str())
+        .increment(1);
+    if let Some(at) = published_at {
+        let lag = SystemClock.now().saturating_duration_since(at);
+        metrics::histogram!(LAG, "consumer" => name).record(lag.as_secs_f64());
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+fn record(_: &idem_core::Tenant, _: &Consumed, _: Option<idem_core::store::Timestamp>) {}

@@ -1,0 +1,127 @@
+//! How a consumer retries and how long its inbox remembers.
+
+use std::time::Duration;
+
+use idem_core::InvalidInput;
+use idem_core::store::{ClaimRequest, validate_lease, validate_retention};
+
+/// How a [`Consumer`](crate::Consumer) is run; validated once by
+/// [`Consumer::with_options`](crate::Consumer::with_options).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_consumer::ConsumerOptions;
+///
+/// let options = ConsumerOptions::default()
+///     .max_deliveries(8)
+///     .backoff(Duration::from_millis(500), Duration::from_secs(30))
+///     .retention(Duration::from_secs(7 * 24 * 3600));
+/// assert_eq!(options.delay_after(1), Duration::from_millis(500));
+/// assert_eq!(options.delay_after(3), Duration::from_secs(2));
+/// assert_eq!(options.delay_after(20), Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerOptions {
+    pub(crate) max_deliveries: u32,
+    pub(crate) first_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) release_batch: usize,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        Self {
+            max_deliveries: Self::DEFAULT_MAX_DELIVERIES,
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+            lease: ClaimRequest::DEFAULT_LEASE,
+            retention: Self::DEFAULT_RETENTION,
+            release_batch: 100,
+        }
+    }
+}
+
+impl ConsumerOptions {
+    /// The default number of deliveries before a message is parked: 5.
+    pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+
+    /// The default retention of an inbox record: 7 days, well past any
+    /// broker's redelivery of a message the consumer keeps up with.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// The delivery at which a message that still fails is parked (default
+    /// [`DEFAULT_MAX_DELIVERIES`](Self::DEFAULT_MAX_DELIVERIES), at least
+    /// 1): the broker's own limit must not be lower.
+    #[must_use]
+    pub fn max_deliveries(mut self, max: u32) -> Self {
+        self.max_deliveries = max;
+        self
+    }
+
+    /// The delay before the second delivery of a failed message (default
+    /// 1 s), doubling with each delivery up to `max` (default 60 s).
+    #[must_use]
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.first_backoff = first;
+        self.max_backoff = max;
+        self
+    }
+
+    /// The inbox claim's lease: how long a delivery being handled keeps a
+    /// redelivery of it waiting (default 30 s; the runner renews it while
+    /// the handler runs).
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long an inbox record is kept after its message was applied
+    /// (default [`DEFAULT_RETENTION`](Self::DEFAULT_RETENTION)): it must
+    /// outlast the broker's redelivery horizon, which the consumer checks.
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The delay before delivery `delivery + 1` of a message whose delivery
+    /// `delivery` failed.
+    pub fn delay_after(&self, delivery: u32) -> Duration {
+        let doublings = delivery.saturating_sub(1).min(31);
+        self.first_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff)
+    }
+
+    /// The inbox record's retention.
+    pub fn inbox_retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The delivery at which a failing message is parked.
+    pub fn parks_at(&self) -> u32 {
+        self.max_deliveries
+    }
+
+    pub(crate) fn validated(self) -> Result<Self, InvalidInput> {
+        if self.max_deliveries == 0 {
+            return Err(InvalidInput::OutOfRange {
+                field: "max deliveries",
+                reason: "must be at least 1",
+            });
+        }
+        if self.first_backoff > self.max_backoff {
+            return Err(InvalidInput::OutOfRange {
+                field: "backoff",
+                reason: "the first delay exceeds the longest",
+            });
+        }
+        validate_lease(self.lease)?;
+        validate_retention(self.retention)?;
+        Ok(self)
+    }
+}

@@ -1,0 +1,176 @@
+//! An in-process broker, for the consumer's rules on the memory stores
+//! (the shop is the conformance crate's).
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use idem_conformance::consumers::Shop;
+use idem_consumer::{BrokerError, Delivery, RedeliveryHorizon, Source, async_trait};
+use idem_core::store::{Clock, InboundMessage, SystemClock, Timestamp};
+use tokio::sync::Notify;
+
+/// One delivery of the in-process broker.
+pub struct TestDelivery {
+    message: InboundMessage,
+    deliveries: u32,
+    broker: Broker,
+}
+
+/// What the broker saw of a delivery's settlement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    Acked(String),
+    Retried(String, Duration),
+}
+
+#[derive(Default)]
+struct Queue {
+    ready: VecDeque<(InboundMessage, u32)>,
+    settled: Vec<Settled>,
+    /// Ids whose next ack is lost (the consumer dies before it reaches the broker).
+    lose_ack: Vec<String>,
+    closed: bool,
+}
+
+/// An in-process broker: a queue, redelivery on retry or on a lost ack.
+#[derive(Clone, Default)]
+pub struct Broker {
+    queue: Arc<Mutex<Queue>>,
+    ready: Arc<Notify>,
+}
+
+impl Broker {
+    pub fn publish(&self, message: InboundMessage) {
+        self.queue.lock().unwrap().ready.push_back((message, 1));
+        self.ready.notify_one();
+    }
+
+    /// The next delivery, if one is ready.
+    pub fn deliver(&self) -> Option<TestDelivery> {
+        let (message, deliveries) = self.queue.lock().unwrap().ready.pop_front()?;
+        Some(TestDelivery {
+            message,
+            deliveries,
+            broker: self.clone(),
+        })
+    }
+
+    /// The next ack of `id` never reaches the broker, which delivers it again.
+    pub fn lose_next_ack(&self, id: &str) {
+        self.queue.lock().unwrap().lose_ack.push(id.to_string());
+    }
+
+    pub fn settled(&self) -> Vec<Settled> {
+        self.queue.lock().unwrap().settled.clone()
+    }
+
+    pub fn close(&self) {
+        self.queue.lock().unwrap().closed = true;
+        self.ready.notify_one();
+    }
+
+    fn again(&self, message: InboundMessage, deliveries: u32) {
+        self.queue
+            .lock()
+            .unwrap()
+            .ready
+            .push_back((message, deliveries + 1));
+        self.ready.notify_one();
+    }
+}
+
+#[async_trait]
+impl Delivery for TestDelivery {
+    fn message(&self) -> &InboundMessage {
+        &self.message
+    }
+
+    fn deliveries(&self) -> u32 {
+        self.deliveries
+    }
+
+    fn published_at(&self) -> Option<Timestamp> {
+        Some(SystemClock.now())
+    }
+
+    async fn ack(&self) -> Result<(), BrokerError> {
+        let id = self.message.id().as_str().to_string();
+        let lost = {
+            let mut queue = self.broker.queue.lock().unwrap();
+            let lost = queue.lose_ack.iter().position(|l| *l == id);
+            if let Some(at) = lost {
+                queue.lose_ack.remove(at);
+            } else {
+                queue.settled.push(Settled::Acked(id));
+            }
+            lost.is_some()
+        };
+        if lost {
+            self.broker.again(self.message.clone(), self.deliveries);
+            return Err(BrokerError::unavailable(
+                "test",
+                "ack",
+                "the connection died",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
+        let id = self.message.id().as_str().to_string();
+        self.broker
+            .queue
+            .lock()
+            .unwrap()
+            .settled
+            .push(Settled::Retried(id, delay));
+        self.broker.again(self.message.clone(), self.deliveries);
+        Ok(())
+    }
+}
+
+/// The broker as a source, with a horizon of the test's choosing.
+pub struct TestSource {
+    pub broker: Broker,
+    pub horizon: RedeliveryHorizon,
+}
+
+#[async_trait]
+impl Source for TestSource {
+    type Delivery = TestDelivery;
+
+    async fn next(&mut self) -> Result<Option<TestDelivery>, BrokerError> {
+        loop {
+            if let Some(delivery) = self.broker.deliver() {
+                return Ok(Some(delivery));
+            }
+            if self.broker.queue.lock().unwrap().closed {
+                return Ok(None);
+            }
+            self.broker.ready.notified().await;
+        }
+    }
+
+    fn horizon(&self) -> RedeliveryHorizon {
+        self.horizon.clone()
+    }
+}
+
+/// A message of `aggregate` at `version`, its payload its effect.
+pub fn event(id: &str, aggregate: &str, version: u64) -> InboundMessage {
+    InboundMessage::new(
+        id,
+        "order.changed",
+        format!("{aggregate}@{version}").into_bytes(),
+    )
+    .and_then(|m| m.with_aggregate(aggregate, Some(version)))
+    .unwrap()
+}
+
+/// A message without a version.
+pub fn plain(id: &str, payload: &str) -> InboundMessage {
+    InboundMessage::new(id, "order.placed", payload.as_bytes().to_vec()).unwrap()
+}

@@ -1,0 +1,384 @@
+//! The consumer's rules on the memory stores and an in-process broker: one
+//! effect per message, redelivery with back-off, parking and replay,
+//! version gaps that wait and are released, and the retention check.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Broker, Settled, Shop, TestSource, event, plain};
+use idem_conformance::consumers::consumer_with;
+use idem_consumer::{Consumed, Consumer, ConsumerError, ConsumerOptions, RedeliveryHorizon};
+use idem_core::IdempotencyKey;
+use idem_core::store::{ParkedState, ParkingStore};
+use idem_memory::MemoryParking;
+
+const FIRST: Duration = Duration::from_millis(100);
+
+fn consumer() -> (Consumer<Shop>, Shop, MemoryParking) {
+    consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(4)
+            .backoff(FIRST, Duration::from_secs(1)),
+    )
+}
+
+/// Delivers and consumes what the broker has ready until it has nothing.
+async fn drain(consumer: &Consumer<Shop>, broker: &Broker) -> Vec<Result<Consumed, String>> {
+    let mut outcomes = Vec::new();
+    while let Some(delivery) = broker.deliver() {
+        outcomes.push(consumer.consume(&delivery).await.map_err(|e| e.to_string()));
+    }
+    outcomes
+}
+
+fn key(id: &str) -> IdempotencyKey {
+    IdempotencyKey::new(id).unwrap()
+}
+
+#[tokio::test]
+async fn a_message_applies_once_and_its_redelivery_is_acked_without_effect() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "order 1 placed"));
+    broker.publish(plain("m-1", "order 1 placed"));
+    let outcomes = drain(&consumer, &broker).await;
+    assert_eq!(outcomes, [Ok(Consumed::Applied), Ok(Consumed::Duplicate)]);
+    assert_eq!(shop.effects().await, ["order 1 placed"]);
+    assert_eq!(
+        broker.settled(),
+        [Settled::Acked("m-1".into()), Settled::Acked("m-1".into())]
+    );
+}
+
+#[tokio::test]
+async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "order 1 placed"));
+    broker.lose_next_ack("m-1");
+    let outcomes = drain(&consumer, &broker).await;
+    assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+    assert!(
+        outcomes[0].as_ref().is_err_and(|e| e.contains("ack")),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[1], Ok(Consumed::Duplicate));
+    assert_eq!(shop.effects().await, ["order 1 placed"]);
+}
+
+#[tokio::test]
+async fn a_duplicate_delivered_while_the_first_is_handled_waits_for_it() {
+    let (consumer, shop, _) = consumer();
+    let consumer = Arc::new(consumer);
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "order 1 placed"));
+    broker.publish(plain("m-1", "order 1 placed"));
+    let (first, second) = (broker.deliver().unwrap(), broker.deliver().unwrap());
+    let (entered, go) = shop.hold_next();
+    let handling = tokio::spawn({
+        let consumer = consumer.clone();
+        async move { consumer.consume(&first).await.unwrap() }
+    });
+    entered.notified().await;
+    let waiting = consumer.consume(&second).await.unwrap();
+    assert!(
+        matches!(waiting, Consumed::InProgress { after } if after > Duration::ZERO),
+        "{waiting:?}"
+    );
+    go.notify_one();
+    assert_eq!(handling.await.unwrap(), Consumed::Applied);
+    // The broker delivers the waiting one again: now a duplicate.
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Duplicate)]);
+    assert_eq!(shop.effects().await, ["order 1 placed"]);
+}
+
+#[tokio::test]
+async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
+    let (consumer, shop, parking) = consumer();
+    let broker = Broker::default();
+    shop.fail("m-1", 10);
+    broker.publish(plain("m-1", "order 1 placed"));
+    let outcomes = drain(&consumer, &broker).await;
+    let delays: Vec<Duration> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Ok(Consumed::Retried { after, reason }) => {
+                assert!(reason.contains("m-1 is refused"), "{reason}");
+                Some(*after)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delays, [FIRST, FIRST * 2, FIRST * 4]);
+    assert!(
+        matches!(outcomes.last(), Some(Ok(Consumed::Parked { reason })) if reason.contains("refused")),
+        "{outcomes:?}"
+    );
+    assert_eq!(broker.settled().last(), Some(&Settled::Acked("m-1".into())));
+    let parked = consumer.parked(None, 10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].parked.deliveries, 4);
+    assert!(shop.effects().await.is_empty());
+
+    shop.fail("m-1", 1);
+    let again = consumer.replay(&key("m-1")).await.unwrap();
+    assert!(matches!(again, Some(Consumed::Parked { .. })), "{again:?}");
+    assert_eq!(
+        parking.count(consumer.name()).await.unwrap(),
+        1,
+        "still parked"
+    );
+
+    assert_eq!(
+        consumer.replay(&key("m-1")).await.unwrap(),
+        Some(Consumed::Applied)
+    );
+    assert_eq!(shop.effects().await, ["order 1 placed"]);
+    let entry = parking
+        .get(consumer.name(), &key("m-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(entry.state, ParkedState::Replayed);
+    assert_eq!(
+        consumer.replay(&key("m-1")).await.unwrap(),
+        None,
+        "resolved"
+    );
+    broker.publish(plain("m-1", "order 1 placed"));
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Duplicate)]);
+}
+
+#[tokio::test]
+async fn a_dropped_message_keeps_its_reason_and_is_never_replayed() {
+    let (consumer, shop, parking) = consumer();
+    let broker = Broker::default();
+    shop.fail("m-1", 10);
+    broker.publish(plain("m-1", "order 1 placed"));
+    drain(&consumer, &broker).await;
+    assert!(
+        consumer
+            .drop_parked(&key("m-1"), "refunded by hand")
+            .await
+            .unwrap()
+    );
+    let entry = parking
+        .get(consumer.name(), &key("m-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(entry.resolution.as_deref(), Some("refunded by hand"));
+    assert_eq!(consumer.replay(&key("m-1")).await.unwrap(), None);
+    assert!(shop.effects().await.is_empty());
+}
+
+#[tokio::test]
+async fn an_id_delivered_with_another_payload_is_parked_at_once() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "order 1 placed"));
+    broker.publish(plain("m-1", "order 1 cancelled"));
+    let outcomes = drain(&consumer, &broker).await;
+    assert_eq!(outcomes.len(), 2);
+    assert!(
+        matches!(&outcomes[1], Ok(Consumed::Parked { reason }) if reason.contains("another payload")),
+        "{outcomes:?}"
+    );
+    assert_eq!(shop.effects().await, ["order 1 placed"]);
+}
+
+#[tokio::test]
+async fn a_stale_event_is_acked_without_effect() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    broker.publish(event("e-1", "order-1", 1));
+    broker.publish(event("e-2", "order-1", 2));
+    // The same event published again under a new id (a producer's retry).
+    broker.publish(event("e-1-again", "order-1", 1));
+    let outcomes = drain(&consumer, &broker).await;
+    assert_eq!(
+        outcomes,
+        [
+            Ok(Consumed::Applied),
+            Ok(Consumed::Applied),
+            Ok(Consumed::Stale)
+        ]
+    );
+    assert_eq!(shop.effects().await, ["order-1@1", "order-1@2"]);
+}
+
+/// A gap made to happen: version 2 is held back while 3 and 4 arrive; they
+/// are retried, then parked, and the arrival of 2 releases them in order.
+#[tokio::test]
+async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
+    let (consumer, shop, parking) = consumer();
+    let broker = Broker::default();
+    broker.publish(event("e-1", "order-1", 1));
+    broker.publish(event("e-4", "order-1", 4));
+    broker.publish(event("e-3", "order-1", 3));
+    broker.publish(event("other", "order-2", 1));
+    let outcomes = drain(&consumer, &broker).await;
+    let parked: Vec<_> = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(Consumed::Parked { reason }) if reason.contains("version gap")))
+        .collect();
+    assert_eq!(parked.len(), 2, "{outcomes:?}");
+    assert_eq!(shop.effects().await, ["order-1@1", "order-2@1"]);
+    let waiting = consumer.parked(Some("order-1"), 10).await.unwrap();
+    let versions: Vec<_> = waiting.iter().map(|e| e.parked.message.version()).collect();
+    assert_eq!(versions, [Some(3), Some(4)]);
+
+    broker.publish(event("e-2", "order-1", 2));
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Applied)]);
+    assert_eq!(
+        shop.effects().await,
+        [
+            "order-1@1",
+            "order-2@1",
+            "order-1@2",
+            "order-1@3",
+            "order-1@4"
+        ]
+    );
+    assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
+    assert_eq!(shop.domain.lock().await.versions.get("order-1"), Some(&4));
+}
+
+#[tokio::test]
+async fn retention_shorter_than_the_brokers_horizon_is_misconfigured() {
+    let day = Duration::from_secs(24 * 3600);
+    let (consumer, _, _) = consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(5)
+            .backoff(Duration::from_secs(1), Duration::from_secs(60))
+            .retention(day),
+    );
+    let figure = |horizon: &RedeliveryHorizon| match consumer.check(horizon) {
+        Err(ConsumerError::Misconfigured { figure, message }) => Some((figure, message)),
+        Ok(()) => None,
+        Err(other) => panic!("{other}"),
+    };
+    let ack_wait = Duration::from_secs(30);
+    let unbounded = RedeliveryHorizon::new("nats", ack_wait);
+    assert_eq!(figure(&unbounded).unwrap().0, "max deliveries");
+    let fewer = RedeliveryHorizon::new("nats", ack_wait).with_max_deliveries(3);
+    assert!(figure(&fewer).unwrap().1.contains("stops after 3"));
+    let fine = RedeliveryHorizon::new("nats", ack_wait)
+        .with_max_deliveries(5)
+        .with_duplicate_window(Duration::from_secs(120));
+    assert_eq!(figure(&fine), None);
+    // 4 gaps of at least the ack wait, the consumer's delays and the
+    // broker's back-off, and the last ack wait.
+    let backoff = vec![Duration::from_secs(60), Duration::from_secs(600)];
+    let slow = RedeliveryHorizon::new("nats", ack_wait)
+        .with_max_deliveries(5)
+        .with_backoff(backoff);
+    assert_eq!(
+        consumer.horizon(&slow).unwrap(),
+        Duration::from_secs(60 + 600 * 3 + 30)
+    );
+    let long =
+        RedeliveryHorizon::new("rabbitmq", Duration::from_secs(7 * 3600)).with_max_deliveries(5);
+    let (name, message) = figure(&long).unwrap();
+    assert_eq!(name, "inbox retention");
+    assert!(message.contains("redelivery horizon"), "{message}");
+    let window = RedeliveryHorizon::new("nats", ack_wait)
+        .with_max_deliveries(5)
+        .with_duplicate_window(day * 2);
+    assert!(figure(&window).unwrap().1.contains("duplicate window"));
+}
+
+#[tokio::test]
+async fn run_refuses_a_short_retention_before_any_delivery() {
+    let (consumer, shop, _) =
+        consumer_with(ConsumerOptions::default().retention(Duration::from_secs(60)));
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "order 1 placed"));
+    let mut source = TestSource {
+        broker: broker.clone(),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(30)).with_max_deliveries(5),
+    };
+    let refused = consumer.run(&mut source, std::future::pending()).await;
+    assert!(
+        matches!(refused, Err(ConsumerError::Misconfigured { .. })),
+        "{refused:?}"
+    );
+    assert!(shop.effects().await.is_empty());
+    assert!(
+        broker.deliver().is_some(),
+        "the delivery is still the broker's"
+    );
+}
+
+#[tokio::test]
+async fn run_consumes_until_the_source_closes() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    shop.fail("m-2", 1);
+    for (id, text) in [("m-1", "one"), ("m-2", "two"), ("m-1", "one")] {
+        broker.publish(plain(id, text));
+    }
+    let mut source = TestSource {
+        broker: broker.clone(),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(4),
+    };
+    let closer = tokio::spawn({
+        let (broker, shop) = (broker.clone(), shop.clone());
+        async move {
+            while shop.effects().await.len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            broker.close();
+        }
+    });
+    consumer
+        .run(&mut source, std::future::pending())
+        .await
+        .unwrap();
+    closer.await.unwrap();
+    let mut effects = shop.effects().await;
+    effects.sort();
+    assert_eq!(effects, ["one", "two"]);
+}
+
+#[test]
+fn outcomes_are_counted_by_consumer_and_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (consumer, _, _) = consumer();
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "one"));
+    broker.publish(plain("m-1", "one"));
+    let counted = metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(drain(&consumer, &broker))
+    });
+    assert_eq!(counted.len(), 2);
+    let mut seen = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() == idem_consumer::MESSAGES {
+            let outcome = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_string());
+            seen.push((outcome, value));
+        }
+    }
+    seen.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        seen,
+        [
+            (Some("applied".to_string()), DebugValue::Counter(1)),
+            (Some("duplicate".to_string()), DebugValue::Counter(1)),
+        ]
+    );
+}

@@ -1,0 +1,263 @@
+//! The consuming side: a JetStream durable pull consumer as an
+//! `idem_consumer::Source`, each message an `idem_consumer::Delivery`.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, AckKind, Context};
+use futures_util::StreamExt;
+use idem_consumer::{BrokerError, Delivery, RedeliveryHorizon, Source, async_trait};
+use idem_core::store::{InboundMessage, Timestamp};
+
+use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
+
+/// The header JetStream deduplicates on, and the consumer's message id.
+const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// A JetStream durable pull consumer with explicit acks, as a source of
+/// deliveries for an `idem_consumer::Consumer`.
+///
+/// - The message id is the `Nats-Msg-Id` header (the outbox message id
+///   when `idem-outbox` published it), or `<stream>:<stream sequence>`
+///   for a message published without one; the aggregate and its version
+///   are [`AGGREGATE_HEADER`] and [`SEQUENCE_HEADER`]; the type is the
+///   subject.
+/// - An ack is JetStream's `+ACK`, a retry a NAK with the delay; the
+///   delivery count is JetStream's own, so it survives restarts.
+/// - The horizon is the consumer's `ack_wait`, `max_deliver` and
+///   `backoff`, and the stream's `duplicate_window`, read from the server.
+/// - A message that cannot be an inbound message (an id or subject over
+///   255 bytes, a version that is not a number) is terminated (`+TERM`)
+///   with a warning: no handler could apply it.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use async_nats::jetstream::consumer::pull;
+/// use idem_nats::JetStreamSource;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let context = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+/// let config = JetStreamSource::durable("billing", 5, Duration::from_secs(30));
+/// let source = JetStreamSource::attach(&context, "ORDERS", config).await?;
+/// println!("{:?}", idem_consumer::Source::horizon(&source));
+/// # Ok(()) }
+/// ```
+pub struct JetStreamSource {
+    stream: String,
+    messages: pull::Stream,
+    horizon: RedeliveryHorizon,
+}
+
+impl std::fmt::Debug for JetStreamSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamSource")
+            .field("stream", &self.stream)
+            .field("horizon", &self.horizon)
+            .finish_non_exhaustive()
+    }
+}
+
+fn broker(operation: &'static str) -> impl Fn(String) -> BrokerError {
+    move |message| BrokerError::unavailable(BROKER, operation, message)
+}
+
+impl JetStreamSource {
+    /// The configuration of a durable pull consumer named `name` with
+    /// explicit acks, `max_deliver` deliveries at most (the consumer's
+    /// `max_deliveries`) and `ack_wait`; set more fields (`filter_subject`,
+    /// `backoff`, `max_ack_pending`) on it as needed.
+    ///
+    /// ```
+    /// let config = idem_nats::JetStreamSource::durable("billing", 5, std::time::Duration::from_secs(30));
+    /// assert_eq!(config.max_deliver, 5);
+    /// ```
+    pub fn durable(name: &str, max_deliver: u32, ack_wait: Duration) -> pull::Config {
+        pull::Config {
+            durable_name: Some(name.to_string()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait,
+            max_deliver: i64::from(max_deliver),
+            ..Default::default()
+        }
+    }
+
+    /// Creates the durable consumer of `config` on `stream` if it is
+    /// missing (or finds it), and starts pulling from it.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the stream or the consumer cannot be had.
+    pub async fn attach(
+        context: &Context,
+        stream: &str,
+        config: pull::Config,
+    ) -> Result<Self, BrokerError> {
+        let setup = broker("setup");
+        let mut found = context
+            .get_stream(stream)
+            .await
+            .map_err(|e| setup(format!("stream {stream}: {e}")))?;
+        let window = found
+            .info()
+            .await
+            .map_err(|e| setup(format!("stream {stream}: {e}")))?
+            .config
+            .duplicate_window;
+        let name = config.durable_name.clone().unwrap_or_default();
+        let consumer: PullConsumer = found
+            .get_or_create_consumer(&name, config)
+            .await
+            .map_err(|e| setup(format!("consumer {name}: {e}")))?;
+        let info = consumer.cached_info();
+        let mut horizon = RedeliveryHorizon::new(BROKER, info.config.ack_wait)
+            .with_backoff(info.config.backoff.clone());
+        if let Ok(max) = u32::try_from(info.config.max_deliver) {
+            horizon = horizon.with_max_deliveries(max);
+        }
+        if !window.is_zero() {
+            horizon = horizon.with_duplicate_window(window);
+        }
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| setup(format!("consumer {name}: {e}")))?;
+        Ok(Self {
+            stream: stream.to_string(),
+            messages,
+            horizon,
+        })
+    }
+}
+
+/// One JetStream delivery.
+pub struct JetStreamDelivery {
+    message: jetstream::Message,
+    inbound: InboundMessage,
+    deliveries: u32,
+    published_at: Option<Timestamp>,
+}
+
+impl std::fmt::Debug for JetStreamDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamDelivery")
+            .field("message", &self.inbound)
+            .field("deliveries", &self.deliveries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStreamDelivery {
+    fn new(message: jetstream::Message, inbound: InboundMessage) -> Self {
+        let info = message.info().ok().map(|info| {
+            let millis = info.published.unix_timestamp_nanos() / 1_000_000;
+            let published = i64::try_from(millis).ok().map(Timestamp::from_unix_millis);
+            (u32::try_from(info.delivered).unwrap_or(1), published)
+        });
+        let (deliveries, published_at) = info.unwrap_or((1, None));
+        Self {
+            message,
+            inbound,
+            deliveries,
+            published_at,
+        }
+    }
+}
+
+fn header<'a>(message: &'a jetstream::Message, name: &str) -> Option<&'a str> {
+    let headers = message.headers.as_ref()?;
+    headers.get(name).map(|value| value.as_str())
+}
+
+fn inbound(message: &jetstream::Message) -> Result<InboundMessage, String> {
+    let id = match header(message, MSG_ID_HEADER) {
+        Some(id) => id.to_string(),
+        None => {
+            let info = message.info().map_err(|e| e.to_string())?;
+            format!("{}:{}", info.stream, info.stream_sequence)
+        }
+    };
+    let mut inbound = InboundMessage::new(&id, message.subject.as_str(), message.payload.to_vec())
+        .map_err(|e| e.to_string())?;
+    if let Some(aggregate) = header(message, AGGREGATE_HEADER) {
+        let version = header(message, SEQUENCE_HEADER)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{SEQUENCE_HEADER} {v:?}"))
+            })
+            .transpose()?;
+        inbound = inbound
+            .with_aggregate(aggregate, version)
+            .map_err(|e| e.to_string())?;
+    }
+    if let Some(headers) = &message.headers {
+        for (name, values) in headers.iter() {
+            let name: &str = name.as_ref();
+            if [MSG_ID_HEADER, AGGREGATE_HEADER, SEQUENCE_HEADER].contains(&name) {
+                continue;
+            }
+            for value in values {
+                inbound = inbound
+                    .with_header(name, value.as_str())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(inbound)
+}
+
+#[async_trait]
+impl Delivery for JetStreamDelivery {
+    fn message(&self) -> &InboundMessage {
+        &self.inbound
+    }
+
+    fn deliveries(&self) -> u32 {
+        self.deliveries
+    }
+
+    fn published_at(&self) -> Option<Timestamp> {
+        self.published_at
+    }
+
+    async fn ack(&self) -> Result<(), BrokerError> {
+        self.message
+            .ack()
+            .await
+            .map_err(|e| broker("ack")(e.to_string()))
+    }
+
+    async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
+        self.message
+            .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(|e| broker("retry")(e.to_string()))
+    }
+}
+
+#[async_trait]
+impl Source for JetStreamSource {
+    type Delivery = JetStreamDelivery;
+
+    async fn next(&mut self) -> Result<Option<JetStreamDelivery>, BrokerError> {
+        loop {
+            let Some(next) = self.messages.next().await else {
+                return Ok(None);
+            };
+            let message = next.map_err(|e| broker("receive")(e.to_string()))?;
+            match inbound(&message) {
+                Ok(inbound) => return Ok(Some(JetStreamDelivery::new(message, inbound))),
+                Err(reason) => {
+                    tracing::warn!(%reason, "terminating a JetStream message no consumer can apply");
+                    message
+                        .ack_with(AckKind::Term)
+                        .await
+                        .map_err(|e| broker("terminate")(e.to_string()))?;
+                }
+            }
+        }
+    }
+
+    fn horizon(&self) -> RedeliveryHorizon {
+        self.horizon.clone()
+    }
+}

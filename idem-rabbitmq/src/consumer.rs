@@ -1,0 +1,417 @@
+//! The consuming side: a queue consumed with manual acks and a prefetch as
+//! an `idem_consumer::Source`, each delivery an `idem_consumer::Delivery`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idem_consumer::{BrokerError, Delivery, RedeliveryHorizon, Source, async_trait};
+use idem_core::InvalidInput;
+use idem_core::store::{InboundMessage, Timestamp};
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, Consumer};
+
+use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
+
+/// The header a quorum queue counts a message's earlier deliveries in.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// How a [`RabbitSource`] consumes; each setter checks its value.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_rabbitmq::RabbitSourceOptions;
+///
+/// let options = RabbitSourceOptions::new("billing.orders", 5)?
+///     .with_prefetch(32)?
+///     .with_ack_timeout(Duration::from_secs(1800));
+/// assert_eq!(options.queue(), "billing.orders");
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RabbitSourceOptions {
+    queue: String,
+    max_deliveries: u32,
+    prefetch: u16,
+    ack_timeout: Duration,
+}
+
+impl RabbitSourceOptions {
+    /// RabbitMQ's default delivery acknowledgement timeout
+    /// (`consumer_timeout`): 30 minutes.
+    pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+    /// Consumes `queue`, for a consumer that parks at its
+    /// `max_deliveries`th delivery (the figure of the horizon: RabbitMQ
+    /// itself redelivers without limit), 16 unacknowledged deliveries at
+    /// once.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] for an empty queue name or one over 255 bytes, or
+    /// no deliveries.
+    pub fn new(queue: &str, max_deliveries: u32) -> Result<Self, InvalidInput> {
+        if queue.is_empty() {
+            return Err(InvalidInput::Empty { field: "queue" });
+        }
+        if queue.len() > crate::MAX_SHORT_STRING {
+            return Err(InvalidInput::TooLong {
+                field: "queue",
+                len: queue.len(),
+                max: crate::MAX_SHORT_STRING,
+            });
+        }
+        if max_deliveries == 0 {
+            return Err(InvalidInput::OutOfRange {
+                field: "max deliveries",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(Self {
+            queue: queue.to_string(),
+            max_deliveries,
+            prefetch: 16,
+            ack_timeout: Self::DEFAULT_ACK_TIMEOUT,
+        })
+    }
+
+    /// The most unacknowledged deliveries at once (`basic.qos`, 1 or more).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] for 0.
+    pub fn with_prefetch(mut self, prefetch: u16) -> Result<Self, InvalidInput> {
+        if prefetch == 0 {
+            return Err(InvalidInput::OutOfRange {
+                field: "prefetch",
+                reason: "must be at least 1",
+            });
+        }
+        self.prefetch = prefetch;
+        Ok(self)
+    }
+
+    /// The broker's delivery acknowledgement timeout, if set otherwise
+    /// than RabbitMQ's default (its `consumer_timeout`): how long a
+    /// delivery may stay unsettled, part of the redelivery horizon.
+    #[must_use]
+    pub fn with_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+}
+
+/// Deliveries seen per message id, for queues that count none themselves.
+type Counts = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A RabbitMQ queue consumed with manual acknowledgements and a prefetch,
+/// as a source of deliveries for an `idem_consumer::Consumer`.
+///
+/// - The message id is the AMQP `message_id` (the outbox message id when
+///   `idem-outbox` published it); the type is the AMQP `type`, else the
+///   routing key; the aggregate and its version are [`AGGREGATE_HEADER`]
+///   and [`SEQUENCE_HEADER`]; string headers travel as headers.
+/// - An ack is `basic.ack`; a retry is a `basic.nack` with requeue after
+///   the delay (the delivery keeps its prefetch slot meanwhile; should the
+///   process die, the broker delivers it again at once).
+/// - The delivery count is a quorum queue's `x-delivery-count` plus one;
+///   on a classic queue, which counts nothing, it is counted by this
+///   source, so it starts again with the process: use a quorum queue.
+/// - The horizon is the options' acknowledgement timeout and deliveries.
+/// - A delivery without a `message_id`, or that cannot be an inbound
+///   message, is rejected without requeue (to the queue's dead-letter
+///   exchange, if it has one) with a warning: no inbox can tell its copies
+///   apart.
+///
+/// ```no_run
+/// use idem_rabbitmq::{RabbitSource, RabbitSourceOptions};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let options = RabbitSourceOptions::new("billing.orders", 5)?;
+/// let source = RabbitSource::connect("amqp://guest:guest@127.0.0.1:5672/%2f", options).await?;
+/// println!("{:?}", idem_consumer::Source::horizon(&source));
+/// # Ok(()) }
+/// ```
+pub struct RabbitSource {
+    connection: Connection,
+    _channel: Channel,
+    consumer: Consumer,
+    options: RabbitSourceOptions,
+    counts: Counts,
+}
+
+impl fmt::Debug for RabbitSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitSource")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(operation: &'static str) -> impl Fn(lapin::Error) -> BrokerError {
+    move |error| BrokerError::unavailable(BROKER, operation, error.to_string()).with_source(error)
+}
+
+impl RabbitSource {
+    /// Consumes on a connection of its own to `url`.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the broker cannot be reached or the queue
+    /// cannot be consumed.
+    pub async fn connect(url: &str, options: RabbitSourceOptions) -> Result<Self, BrokerError> {
+        let connection = lapin::Connection::connect(
+            url,
+            lapin::ConnectionProperties::default().with_connection_name("idem-consumer".into()),
+        )
+        .await
+        .map_err(failed("connect"))?;
+        Self::new(connection, options).await
+    }
+
+    /// Consumes on `connection` (its own channel, with the prefetch).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the queue cannot be consumed.
+    pub async fn new(
+        connection: Connection,
+        options: RabbitSourceOptions,
+    ) -> Result<Self, BrokerError> {
+        let setup = failed("setup");
+        let channel = connection.create_channel().await.map_err(&setup)?;
+        channel
+            .basic_qos(options.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(&setup)?;
+        let consumer = channel
+            .basic_consume(
+                options.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(&setup)?;
+        Ok(Self {
+            connection,
+            _channel: channel,
+            consumer,
+            options,
+            counts: Counts::default(),
+        })
+    }
+
+    /// Closes the connection: unsettled deliveries go back to the queue.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] from the close.
+    pub async fn close(self) -> Result<(), BrokerError> {
+        self.connection
+            .close(200, "closed".into())
+            .await
+            .map_err(failed("close"))
+    }
+}
+
+/// One RabbitMQ delivery.
+pub struct RabbitDelivery {
+    delivery: AmqpDelivery,
+    inbound: InboundMessage,
+    deliveries: u32,
+    counts: Counts,
+}
+
+impl fmt::Debug for RabbitDelivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitDelivery")
+            .field("message", &self.inbound)
+            .field("deliveries", &self.deliveries)
+            .finish_non_exhaustive()
+    }
+}
+
+fn locked(counts: &Counts) -> MutexGuard<'_, HashMap<String, u32>> {
+    counts.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}
+
+fn number(value: &AMQPValue) -> Option<u64> {
+    match value {
+        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
+        _ => text(value).and_then(|t| t.parse().ok()),
+    }
+}
+
+fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, String> {
+    let properties = &delivery.properties;
+    let id = properties
+        .message_id()
+        .as_ref()
+        .ok_or("no message_id")?
+        .as_str();
+    let kind = match properties.kind() {
+        Some(kind) => kind.as_str(),
+        None => delivery.routing_key.as_str(),
+    };
+    let mut inbound =
+        InboundMessage::new(id, kind, delivery.data.clone()).map_err(|e| e.to_string())?;
+    let headers = properties.headers().as_ref().map(FieldTable::inner);
+    let Some(headers) = headers else {
+        return Ok(inbound);
+    };
+    if let Some(aggregate) = headers.get(AGGREGATE_HEADER).and_then(text) {
+        let version = headers
+            .get(SEQUENCE_HEADER)
+            .map(|v| number(v).ok_or("a bad sequence"));
+        inbound = inbound
+            .with_aggregate(&aggregate, version.transpose()?)
+            .map_err(|e| e.to_string())?;
+    }
+    for (name, value) in headers {
+        let name = name.as_str();
+        if [AGGREGATE_HEADER, SEQUENCE_HEADER, DELIVERY_COUNT_HEADER].contains(&name) {
+            continue;
+        }
+        let values = match value {
+            AMQPValue::FieldArray(values) => values.as_slice().iter().filter_map(text).collect(),
+            other => text(other).into_iter().collect::<Vec<_>>(),
+        };
+        for value in values {
+            inbound = inbound
+                .with_header(name, &value)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(inbound)
+}
+
+impl RabbitDelivery {
+    fn new(delivery: AmqpDelivery, inbound: InboundMessage, counts: &Counts) -> Self {
+        let counted = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(DELIVERY_COUNT_HEADER).and_then(number));
+        let seen = {
+            let mut counts = locked(counts);
+            let seen = counts.entry(inbound.id().as_str().to_string()).or_insert(0);
+            *seen = seen.saturating_add(1);
+            *seen
+        };
+        let deliveries = match counted {
+            Some(earlier) => u32::try_from(earlier).unwrap_or(u32::MAX).saturating_add(1),
+            None if delivery.redelivered => seen.max(2),
+            None => 1,
+        };
+        Self {
+            delivery,
+            inbound,
+            deliveries,
+            counts: counts.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl Delivery for RabbitDelivery {
+    fn message(&self) -> &InboundMessage {
+        &self.inbound
+    }
+
+    fn deliveries(&self) -> u32 {
+        self.deliveries
+    }
+
+    fn published_at(&self) -> Option<Timestamp> {
+        let seconds = (*self.delivery.properties.timestamp())?;
+        let millis = i64::try_from(seconds).ok()?.checked_mul(1000)?;
+        Some(Timestamp::from_unix_millis(millis))
+    }
+
+    async fn ack(&self) -> Result<(), BrokerError> {
+        self.delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(failed("ack"))?;
+        locked(&self.counts).remove(self.inbound.id().as_str());
+        Ok(())
+    }
+
+    async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
+        let acker = self.delivery.acker.clone();
+        let requeue = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        if delay.is_zero() {
+            acker.nack(requeue).await.map_err(failed("retry"))?;
+            return Ok(());
+        }
+        // RabbitMQ has no delayed requeue: hold the delivery, then requeue.
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Err(error) = acker.nack(requeue).await {
+                tracing::warn!(%error, "could not requeue a delivery; the broker redelivers it when the channel closes");
+            }
+        });
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Source for RabbitSource {
+    type Delivery = RabbitDelivery;
+
+    async fn next(&mut self) -> Result<Option<RabbitDelivery>, BrokerError> {
+        loop {
+            let Some(next) = self.consumer.next().await else {
+                return Ok(None);
+            };
+            let delivery = next.map_err(failed("receive"))?;
+            match inbound(&delivery) {
+                Ok(inbound) => {
+                    return Ok(Some(RabbitDelivery::new(delivery, inbound, &self.counts)));
+                }
+                Err(reason) => {
+                    tracing::warn!(%reason, "rejecting a delivery no consumer can apply");
+                    delivery
+                        .acker
+                        .nack(BasicNackOptions {
+                            requeue: false,
+                            multiple: false,
+                        })
+                        .await
+                        .map_err(failed("reject"))?;
+                }
+            }
+        }
+    }
+
+    fn horizon(&self) -> RedeliveryHorizon {
+        RedeliveryHorizon::new(BROKER, self.options.ack_timeout)
+            .with_max_deliveries(self.options.max_deliveries)
+    }
+}

@@ -1,0 +1,172 @@
+//! RabbitSource on the real broker, through the consumer scenarios every
+//! broker adapter passes: a duplicate delivery acknowledged with no effect,
+//! a consumer killed between its commit and its ack, a poison message
+//! parked and replayed; on a quorum queue, which counts deliveries, and on
+//! a classic queue, which does not.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_conformance::consumers::{self, ConsumerBroker};
+use idem_consumer::{Source, async_trait};
+use idem_outbox::Publisher;
+use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+/// An exchange and a queue of the test's own, and a publisher to them.
+struct Rabbit {
+    connection: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+    publisher: Arc<RabbitPublisher>,
+}
+
+impl Rabbit {
+    async fn new(quorum: bool) -> Self {
+        let connection = Connection::connect(&common::url(), ConnectionProperties::default())
+            .await
+            .expect("connect to RabbitMQ (run through scripts/test)");
+        let channel = connection.create_channel().await.unwrap();
+        let exchange = common::fresh("exchange");
+        let queue = common::fresh("queue");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut arguments = FieldTable::default();
+        if quorum {
+            arguments.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: quorum,
+                    ..QueueDeclareOptions::default()
+                },
+                arguments,
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let publisher =
+            RabbitPublisher::connect(&common::url(), RabbitOptions::new(&exchange).unwrap())
+                .await
+                .unwrap();
+        Self {
+            connection,
+            channel,
+            exchange,
+            queue,
+            publisher: Arc::new(publisher),
+        }
+    }
+
+    async fn delete(self) {
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+#[async_trait]
+impl ConsumerBroker for Rabbit {
+    type Source = RabbitSource;
+
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    async fn source(&self, max_deliveries: u32) -> RabbitSource {
+        let options = RabbitSourceOptions::new(&self.queue, max_deliveries).unwrap();
+        RabbitSource::connect(&common::url(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn kill(&self, source: RabbitSource) {
+        source.close().await.unwrap();
+    }
+
+    fn duplicate_window(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_delivery_is_acked_without_effect() {
+    let broker = Rabbit::new(true).await;
+    consumers::a_duplicate_delivery_is_acked_without_effect(&broker).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
+    let broker = Rabbit::new(true).await;
+    consumers::killed_between_commit_and_ack_the_redelivery_has_no_second_effect(&broker).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_is_parked_and_replayed() {
+    let broker = Rabbit::new(true).await;
+    consumers::a_poison_message_is_parked_and_replayed(&broker).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_classic_queue_the_source_counts_deliveries_itself() {
+    let broker = Rabbit::new(false).await;
+    consumers::a_poison_message_is_parked_and_replayed(&broker).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_horizon_is_the_ack_timeout_and_the_deliveries() {
+    let broker = Rabbit::new(false).await;
+    let source = broker.source(4).await;
+    let horizon = source.horizon();
+    assert_eq!(horizon.broker, "rabbitmq");
+    assert_eq!(horizon.ack_wait, RabbitSourceOptions::DEFAULT_ACK_TIMEOUT);
+    assert_eq!(horizon.max_deliveries, Some(4));
+    let (consumer, _, _) = consumers::consumer(4);
+    consumer.check(&horizon).unwrap();
+    broker.kill(source).await;
+    broker.delete().await;
+}

@@ -1,0 +1,383 @@
+//! The broker-independent half of a consumer's end-to-end tests (as
+//! `idem-rabbitmq` and `idem-nats` run them, and as a broker adapter of
+//! your own can): a shop whose writes and inbox records commit together,
+//! and the scenarios every adapter must pass against its real broker: a
+//! duplicate delivery acknowledged with no effect, a consumer killed
+//! between its commit and its ack whose redelivery has no second effect, a
+//! poison message parked and replayed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_consumer::{
+    Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait,
+};
+use idem_core::store::{
+    IdempotencyStore, InboundMessage, Lease, NewMessage, OutboxMessage, OutboxStore, ParkingStore,
+    Transaction, VersionCheck,
+};
+use idem_core::{Checkpoint, HandlerError, StoreError, StoredResponse};
+use idem_memory::{MemoryOutbox, MemoryParking, MemoryStore};
+use idem_outbox::{Published, Publisher};
+use tokio::sync::Notify;
+
+use crate::relays::wait_until;
+
+/// What the shop committed: one effect per applied message, and each
+/// aggregate's version.
+#[derive(Debug, Default)]
+pub struct Domain {
+    /// Each applied message's payload, in commit order.
+    pub effects: Vec<String>,
+    /// Each aggregate's version.
+    pub versions: HashMap<String, u64>,
+}
+
+/// The shop's transaction: its writes and the inbox completion, applied
+/// together at commit under the domain's lock.
+pub struct Ledger {
+    store: MemoryStore,
+    domain: Arc<tokio::sync::Mutex<Domain>>,
+    effect: Option<(String, Option<(String, u64)>)>,
+    completion: Option<(Lease, StoredResponse)>,
+}
+
+#[async_trait]
+impl Transaction for Ledger {
+    async fn complete(
+        &mut self,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.completion = Some((lease.clone(), response.clone()));
+        Ok(())
+    }
+
+    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        let mut domain = self.domain.lock().await;
+        if let Some((lease, response)) = &self.completion {
+            self.store.complete(lease, response).await?;
+        }
+        if let Some((effect, version)) = self.effect {
+            domain.effects.push(effect);
+            if let Some((aggregate, version)) = version {
+                domain.versions.insert(aggregate, version);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A held handler's gates: it notifies the first on entry, waits for the second.
+pub type Gates = (Arc<Notify>, Arc<Notify>);
+
+/// Applies each message as one effect, checking versions; fails a message
+/// as many times as asked; can hold a message until released.
+#[derive(Clone)]
+pub struct Shop {
+    /// The inbox the ledger completes in.
+    pub store: MemoryStore,
+    /// What committed.
+    pub domain: Arc<tokio::sync::Mutex<Domain>>,
+    failures: Arc<Mutex<HashMap<String, u32>>>,
+    hold: Arc<Mutex<Option<Gates>>>,
+}
+
+impl Shop {
+    /// A shop completing its inbox records in `store`.
+    pub fn new(store: MemoryStore) -> Self {
+        Self {
+            store,
+            domain: Arc::default(),
+            failures: Arc::default(),
+            hold: Arc::default(),
+        }
+    }
+
+    /// Fails the message `id` the next `times` times.
+    pub fn fail(&self, id: &str, times: u32) {
+        self.failures.lock().unwrap().insert(id.to_string(), times);
+    }
+
+    /// Holds the next handled message: `entered` is notified when it is
+    /// inside the handler, which then waits for `go`.
+    pub fn hold_next(&self) -> (Arc<Notify>, Arc<Notify>) {
+        let gates = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        *self.hold.lock().unwrap() = Some(gates.clone());
+        gates
+    }
+
+    /// What committed, in order.
+    pub async fn effects(&self) -> Vec<String> {
+        self.domain.lock().await.effects.clone()
+    }
+}
+
+#[async_trait]
+impl Handler for Shop {
+    type Tx = Ledger;
+
+    async fn begin(&self) -> Result<Ledger, StoreError> {
+        Ok(Ledger {
+            store: self.store.clone(),
+            domain: self.domain.clone(),
+            effect: None,
+            completion: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        message: &InboundMessage,
+        mut tx: Ledger,
+    ) -> Result<(Ledger, Handled), HandlerError> {
+        let gates = self.hold.lock().unwrap().take();
+        if let Some((entered, go)) = gates {
+            entered.notify_one();
+            go.notified().await;
+        }
+        let id = message.id().as_str().to_string();
+        {
+            let mut failures = self.failures.lock().unwrap();
+            if let Some(left) = failures.get_mut(&id).filter(|left| **left > 0) {
+                *left -= 1;
+                return Err(HandlerError::from(format!("{id} is refused")));
+            }
+        }
+        let mut version = None;
+        if let (Some(aggregate), Some(event)) = (message.aggregate(), message.version()) {
+            let current = self
+                .domain
+                .lock()
+                .await
+                .versions
+                .get(aggregate)
+                .copied()
+                .unwrap_or(0);
+            let check = VersionCheck::of(event, current);
+            if check != VersionCheck::Apply {
+                return Ok((tx, check.into()));
+            }
+            version = Some((aggregate.to_string(), event));
+        }
+        let effect = String::from_utf8_lossy(message.payload()).into_owned();
+        tx.effect = Some((effect, version));
+        Ok((tx, Handled::Applied))
+    }
+}
+
+/// A broker under test, for the consumer scenarios: its publisher, and
+/// sources of one consumer (a durable consumer, a queue) on connections of
+/// their own.
+#[async_trait]
+pub trait ConsumerBroker: Send + Sync {
+    /// The adapter's source.
+    type Source: Source + 'static;
+
+    /// Publishes to what the sources consume.
+    fn publisher(&self) -> Arc<dyn Publisher>;
+
+    /// A source of the one consumer under test, on a connection of its
+    /// own, that delivers a message at most `max_deliveries` times.
+    async fn source(&self, max_deliveries: u32) -> Self::Source;
+
+    /// Ends `source` as a killed process would: its unsettled deliveries
+    /// go back to the broker.
+    async fn kill(&self, source: Self::Source);
+
+    /// How long after a publish the broker still drops a second publish
+    /// of the same message (zero for a broker that never does).
+    fn duplicate_window(&self) -> Duration;
+}
+
+/// Publishes `messages` (enqueued in an outbox of their own) and returns
+/// them as the outbox stored them.
+pub async fn publish(publisher: &dyn Publisher, messages: &[NewMessage]) -> Vec<OutboxMessage> {
+    let outbox = MemoryOutbox::new();
+    let mut batch = Vec::new();
+    for message in messages {
+        batch.push(outbox.enqueue(message).await.unwrap());
+    }
+    for result in publisher.publish(&batch).await {
+        assert!(matches!(result, Ok(Published { .. })), "{result:?}");
+    }
+    batch
+}
+
+/// A consumer over the memory stores with `max_deliveries` and short
+/// delays, and its shop.
+pub fn consumer(max_deliveries: u32) -> (Consumer<Shop>, Shop, MemoryParking) {
+    consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(max_deliveries)
+            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
+    )
+}
+
+/// A consumer over the memory stores with `options`, and its shop.
+pub fn consumer_with(options: ConsumerOptions) -> (Consumer<Shop>, Shop, MemoryParking) {
+    let store = MemoryStore::new();
+    let shop = Shop::new(store.clone());
+    let parking = MemoryParking::new();
+    let consumer = Consumer::with_options(
+        "scenario",
+        Arc::new(store),
+        Arc::new(parking.clone()),
+        shop.clone(),
+        options,
+    )
+    .unwrap();
+    (consumer, shop, parking)
+}
+
+fn order(n: usize) -> NewMessage {
+    NewMessage::new(
+        &format!("order-{n}"),
+        "order.placed",
+        format!("order {n}").into_bytes(),
+    )
+    .unwrap()
+}
+
+/// Takes the source's next delivery, within the tests' patience.
+pub async fn next<S: Source>(source: &mut S) -> S::Delivery {
+    tokio::time::timeout(crate::relays::PATIENCE, source.next())
+        .await
+        .expect("a delivery within the patience")
+        .expect("the broker answers")
+        .expect("the source is open")
+}
+
+/// A message published twice (a relay that stopped between the broker's
+/// confirmation and its mark) is delivered twice; the second is
+/// acknowledged with no effect.
+pub async fn a_duplicate_delivery_is_acked_without_effect<B: ConsumerBroker>(broker: &B) {
+    let (consumer, shop, _) = consumer(5);
+    let mut source = broker.source(5).await;
+    consumer.check(&source.horizon()).unwrap();
+    let publisher = broker.publisher();
+    let sent = publish(&*publisher, &[order(1)]).await;
+    tokio::time::sleep(broker.duplicate_window()).await;
+    for result in publisher.publish(&sent).await {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let first = next(&mut source).await;
+    assert_eq!(first.message().id().as_str(), sent[0].id().to_string());
+    assert_eq!(first.message().aggregate(), Some("order-1"));
+    assert_eq!(first.message().version(), Some(1));
+    assert_eq!(consumer.consume(&first).await.unwrap(), Consumed::Applied);
+    let second = next(&mut source).await;
+    assert_eq!(second.message().id(), first.message().id());
+    assert_eq!(
+        consumer.consume(&second).await.unwrap(),
+        Consumed::Duplicate
+    );
+    assert_eq!(shop.effects().await, ["order 1"]);
+    broker.kill(source).await;
+}
+
+/// A delivery whose consumer dies after its commit and before its ack:
+/// every other settlement goes to the delivery inside.
+pub struct KilledBeforeAck<D>(pub D);
+
+#[async_trait]
+impl<D: Delivery> Delivery for KilledBeforeAck<D> {
+    fn message(&self) -> &InboundMessage {
+        self.0.message()
+    }
+    fn deliveries(&self) -> u32 {
+        self.0.deliveries()
+    }
+    fn published_at(&self) -> Option<idem_core::store::Timestamp> {
+        self.0.published_at()
+    }
+    async fn ack(&self) -> Result<(), idem_consumer::BrokerError> {
+        Err(idem_consumer::BrokerError::unavailable(
+            "test",
+            "ack",
+            "killed before the ack",
+        ))
+    }
+    async fn retry(&self, delay: Duration) -> Result<(), idem_consumer::BrokerError> {
+        self.0.retry(delay).await
+    }
+}
+
+/// The consumer commits, then dies before its ack: the broker delivers
+/// the message again (to a consumer on another connection), which
+/// acknowledges it with no second effect.
+pub async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect<
+    B: ConsumerBroker,
+>(
+    broker: &B,
+) {
+    let (consumer, shop, _) = consumer(5);
+    let mut doomed = broker.source(5).await;
+    let sent = publish(&*broker.publisher(), &[order(2)]).await;
+    let first = next(&mut doomed).await;
+    let killed = consumer.consume(&KilledBeforeAck(first)).await;
+    assert!(killed.is_err(), "{killed:?}");
+    assert_eq!(
+        shop.effects().await,
+        ["order 2"],
+        "committed before the ack"
+    );
+    broker.kill(doomed).await;
+    let mut survivor = broker.source(5).await;
+    let again = next(&mut survivor).await;
+    assert_eq!(again.message().id().as_str(), sent[0].id().to_string());
+    assert!(
+        again.deliveries() >= 2,
+        "a redelivery counts {}",
+        again.deliveries()
+    );
+    assert_eq!(consumer.consume(&again).await.unwrap(), Consumed::Duplicate);
+    assert_eq!(shop.effects().await, ["order 2"]);
+    broker.kill(survivor).await;
+}
+
+/// A message the handler always refuses is delivered `max_deliveries`
+/// times with back-off, then parked and acknowledged; replayed once the
+/// handler accepts it, it has its one effect.
+pub async fn a_poison_message_is_parked_and_replayed<B: ConsumerBroker>(broker: &B) {
+    let max = 3;
+    let (consumer, shop, parking) = consumer(max);
+    let mut source = broker.source(max).await;
+    let sent = publish(&*broker.publisher(), &[order(3)]).await;
+    let id = sent[0].id().to_string();
+    shop.fail(&id, u32::MAX);
+    let mut outcomes = Vec::new();
+    while !matches!(outcomes.last(), Some(Consumed::Parked { .. })) {
+        let delivery = next(&mut source).await;
+        assert_eq!(delivery.deliveries() as usize, outcomes.len() + 1);
+        outcomes.push(consumer.consume(&delivery).await.unwrap());
+    }
+    assert_eq!(outcomes.len(), max as usize, "{outcomes:?}");
+    let parked = consumer.parked(None, 10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].parked.deliveries, max);
+    assert!(parked[0].parked.reason.contains("refused"));
+    assert!(shop.effects().await.is_empty());
+    shop.fail(&id, 0);
+    let key = idem_core::IdempotencyKey::new(id).unwrap();
+    assert_eq!(
+        consumer.replay(&key).await.unwrap(),
+        Some(Consumed::Applied)
+    );
+    assert_eq!(shop.effects().await, ["order 3"]);
+    assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
+    broker.kill(source).await;
+}
+
+/// Waits until `consumer`'s parking holds `count` messages.
+pub async fn wait_for_parked(parking: &MemoryParking, consumer: &Consumer<Shop>, count: u64) {
+    wait_until("the message is parked", || async {
+        parking.count(consumer.name()).await.unwrap() == count
+    })
+    .await;
+}
