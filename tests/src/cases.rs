@@ -52,16 +52,18 @@ pub async fn duplicate_while_lease_valid_is_in_progress<S: IdempotencyStore + ?S
 pub async fn in_progress_waits_only_the_remaining_lease<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let lease = Duration::from_secs(3);
+    // Half the lease waited, and as long again for a loaded machine's
+    // round trips before the lease could lapse.
+    let lease = Duration::from_secs(6);
     let scope = fresh_scope();
     let request = crate::support::request(&scope, "a", lease);
     must_claim(&*store, &request).await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(lease / 2).await;
     match claim(&*store, &request).await {
         ClaimOutcome::InProgress { retry_after } => {
             assert!(retry_after > Duration::ZERO);
             assert!(
-                retry_after <= lease - Duration::from_millis(1_000),
+                retry_after <= lease - Duration::from_secs(2),
                 "retry_after {retry_after:?} halfway through a {lease:?} lease"
             );
         }
@@ -463,9 +465,10 @@ pub async fn renewal_keeps_the_later_of_retention_and_the_new_lease<
         before.retained_until().max(renewed.expires_at()),
         "a short renewal changed a long retention"
     );
-    // A short retention: a long renewal stretches it to the new lease.
+    // A short retention: a long renewal stretches it to the new lease. The
+    // lease outlives a loaded machine's claim, read and renewal.
     let scope = fresh_scope();
-    let request = short(&scope, "a")
+    let request = crate::support::request(&scope, "a", Duration::from_secs(2))
         .with_retention(Duration::from_secs(1))
         .unwrap();
     let (lease, _) = must_claim(&*store, &request).await;
@@ -1653,9 +1656,9 @@ pub async fn runner_gives_a_takeover_the_checkpoint_and_the_same_downstream_key<
 pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStore + ?Sized>(
     store: Arc<S>,
 ) {
-    // Renewals come every 200 ms: a loaded machine may delay one by up to
-    // 400 ms before the key lapses.
-    let lease = Duration::from_millis(600);
+    // Renewals come every 500 ms: a loaded machine may delay one by up to
+    // a second before the key lapses.
+    let lease = Duration::from_millis(1_500);
     let idem = Idempotency::new(Arc::clone(&store))
         .with_lease(lease)
         .unwrap()
