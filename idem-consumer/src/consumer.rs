@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    IdempotencyStore, InboundMessage, NewParked, ParkedMessage, ParkingStore, Resolution,
-    Transaction, VersionCheck,
+    IdempotencyStore, InboundMessage, NewParked, ParkedMessage, ParkedQuery, ParkingStore,
+    Resolution, Transaction, VersionCheck,
 };
 use idem_core::{
     Fingerprint, HandlerError, Idempotency, IdempotencyKey, InvalidInput, RunError, RunOutcome,
@@ -534,7 +534,11 @@ impl<H: Handler> Consumer<H> {
         };
         let waiting = self
             .parking
-            .parked(&self.name, Some(aggregate), self.options.release_batch)
+            .parked(
+                &ParkedQuery::new(self.name.clone())
+                    .of_aggregate(aggregate)
+                    .limit(self.options.release_batch),
+            )
             .await;
         let waiting = match waiting {
             Ok(waiting) => waiting,
@@ -566,7 +570,9 @@ impl<H: Handler> Consumer<H> {
         aggregate: Option<&str>,
         limit: usize,
     ) -> Result<Vec<ParkedMessage>, StoreError> {
-        self.parking.parked(&self.name, aggregate, limit).await
+        let mut query = ParkedQuery::new(self.name.clone()).limit(limit);
+        query.aggregate = aggregate.map(str::to_string);
+        self.parking.parked(&query).await
     }
 
     /// Replays a parked message through the handler, as a delivery would:
@@ -596,7 +602,10 @@ impl<H: Handler> Consumer<H> {
         let consumed = match self.attempt(message).await {
             Attempt::Done(consumed) => {
                 self.parking
-                    .resolve(&self.name, message.id(), &Resolution::Replayed)
+                    .resolve(
+                        &Scope::new(self.name.clone(), message.id().clone()),
+                        &Resolution::Replayed,
+                    )
                     .await?;
                 consumed
             }
@@ -618,6 +627,8 @@ impl<H: Handler> Consumer<H> {
     /// The parking store's.
     pub async fn drop_parked(&self, id: &IdempotencyKey, reason: &str) -> Result<bool, StoreError> {
         let dropped = Resolution::Dropped(reason.to_string());
-        self.parking.resolve(&self.name, id, &dropped).await
+        self.parking
+            .resolve(&Scope::new(self.name.clone(), id.clone()), &dropped)
+            .await
     }
 }

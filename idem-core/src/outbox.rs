@@ -16,6 +16,33 @@ use crate::scope::check_name;
 /// The most messages one claim or listing returns.
 pub const MAX_OUTBOX_BATCH: usize = 1_000;
 
+/// A message's type and payload as every store keeps them: a valid name, at
+/// most [`MAX_PAYLOAD_BYTES`].
+pub(crate) fn typed_payload(kind: &str, payload: &[u8]) -> Result<(), InvalidInput> {
+    check_name("message type", kind)?;
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(InvalidInput::TooLong {
+            field: "payload",
+            len: payload.len(),
+            max: MAX_PAYLOAD_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// A message header as every store keeps it: a valid name, a value
+/// without control characters.
+pub(crate) fn header(name: &str, value: &str) -> Result<(String, String), InvalidInput> {
+    check_name("header name", name)?;
+    if let Some((position, _)) = value.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(InvalidInput::ControlCharacter {
+            field: "header value",
+            position,
+        });
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
 /// The largest payload a message carries, in bytes: brokers' defaults sit
 /// near 1 MiB (NATS) to 128 MiB (RabbitMQ); a larger event belongs in a
 /// store, referenced.
@@ -81,14 +108,7 @@ impl NewMessage {
     /// [`MAX_PAYLOAD_BYTES`].
     pub fn new(aggregate: &str, kind: &str, payload: Vec<u8>) -> Result<Self, InvalidInput> {
         check_name("aggregate", aggregate)?;
-        check_name("message type", kind)?;
-        if payload.len() > MAX_PAYLOAD_BYTES {
-            return Err(InvalidInput::TooLong {
-                field: "payload",
-                len: payload.len(),
-                max: MAX_PAYLOAD_BYTES,
-            });
-        }
+        typed_payload(kind, &payload)?;
         Ok(Self {
             id: MessageId::generate(),
             aggregate: aggregate.to_string(),
@@ -105,14 +125,7 @@ impl NewMessage {
     ///
     /// [`InvalidInput`] for a bad name or value.
     pub fn with_header(mut self, name: &str, value: &str) -> Result<Self, InvalidInput> {
-        check_name("header name", name)?;
-        if let Some((position, _)) = value.char_indices().find(|(_, c)| c.is_control()) {
-            return Err(InvalidInput::ControlCharacter {
-                field: "header value",
-                position,
-            });
-        }
-        self.headers.push((name.to_string(), value.to_string()));
+        self.headers.push(header(name, value)?);
         Ok(self)
     }
 

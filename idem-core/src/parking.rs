@@ -11,8 +11,7 @@ use crate::backend::Capabilities;
 use crate::clock::Timestamp;
 use crate::error::{InvalidInput, Operation, StoreError};
 use crate::layer::Layered;
-use crate::outbox::MAX_PAYLOAD_BYTES;
-use crate::scope::{IdempotencyKey, Tenant, check_name};
+use crate::scope::{IdempotencyKey, Scope, Tenant, check_name};
 
 /// A message as a consumer received it from a broker: its id (the broker
 /// message id, the inbox's key), its type, the aggregate it reports on and
@@ -43,17 +42,10 @@ impl InboundMessage {
     /// # Errors
     ///
     /// [`InvalidInput`] for a bad id or kind, or a payload over
-    /// [`MAX_PAYLOAD_BYTES`].
+    /// [`MAX_PAYLOAD_BYTES`](crate::store::MAX_PAYLOAD_BYTES).
     pub fn new(id: &str, kind: &str, payload: Vec<u8>) -> Result<Self, InvalidInput> {
         let id = IdempotencyKey::new(id).map_err(|e| rename(e, "message id"))?;
-        check_name("message type", kind)?;
-        if payload.len() > MAX_PAYLOAD_BYTES {
-            return Err(InvalidInput::TooLong {
-                field: "payload",
-                len: payload.len(),
-                max: MAX_PAYLOAD_BYTES,
-            });
-        }
+        crate::outbox::typed_payload(kind, &payload)?;
         Ok(Self {
             id,
             kind: kind.to_string(),
@@ -94,14 +86,7 @@ impl InboundMessage {
     ///
     /// [`InvalidInput`] for a bad name or value.
     pub fn with_header(mut self, name: &str, value: &str) -> Result<Self, InvalidInput> {
-        check_name("header name", name)?;
-        if let Some((position, _)) = value.char_indices().find(|(_, c)| c.is_control()) {
-            return Err(InvalidInput::ControlCharacter {
-                field: "header value",
-                position,
-            });
-        }
-        self.headers.push((name.to_string(), value.to_string()));
+        self.headers.push(crate::outbox::header(name, value)?);
         Ok(self)
     }
 
@@ -288,21 +273,11 @@ pub trait ParkingStore: Send + Sync + fmt::Debug + 'static {
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError>;
 
-    /// A consumer's parked entries (of one aggregate, if given).
-    async fn parked(
-        &self,
-        consumer: &Tenant,
-        aggregate: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ParkedMessage>, StoreError>;
+    /// The parked entries `query` asks for.
+    async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError>;
 
     /// Resolves a parked entry; whether it was parked.
-    async fn resolve(
-        &self,
-        consumer: &Tenant,
-        id: &IdempotencyKey,
-        resolution: &Resolution,
-    ) -> Result<bool, StoreError>;
+    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError>;
 
     /// Deletes up to `limit` entries resolved before `older_than` ago.
     async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError>;
@@ -398,6 +373,55 @@ pub fn validate_parking_batch(limit: usize) -> Result<usize, InvalidInput> {
     crate::outbox::validate_outbox_batch(limit)
 }
 
+/// What [`ParkingStore::parked`] looks for: a consumer's parked entries,
+/// of one aggregate if given, at most `limit`.
+///
+/// ```
+/// use idem_core::Tenant;
+/// use idem_core::store::ParkedQuery;
+///
+/// # fn example() -> Result<(), idem_core::InvalidInput> {
+/// let waiting = ParkedQuery::new(Tenant::new("shipping")?).of_aggregate("order-7").limit(10);
+/// assert_eq!(waiting.aggregate.as_deref(), Some("order-7"));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedQuery {
+    /// The consumer whose entries are listed.
+    pub consumer: Tenant,
+    /// Only this aggregate's entries, by version, if given.
+    pub aggregate: Option<String>,
+    /// At most this many (1 to [`MAX_OUTBOX_BATCH`](crate::store::MAX_OUTBOX_BATCH):
+    /// the store refuses others).
+    pub limit: usize,
+}
+
+impl ParkedQuery {
+    /// Every parked entry of `consumer`, oldest first, at most 100.
+    pub fn new(consumer: Tenant) -> Self {
+        Self {
+            consumer,
+            aggregate: None,
+            limit: 100,
+        }
+    }
+
+    /// Only `aggregate`'s entries, by version.
+    #[must_use]
+    pub fn of_aggregate(mut self, aggregate: &str) -> Self {
+        self.aggregate = Some(aggregate.to_string());
+        self
+    }
+
+    /// At most `limit`.
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
 #[async_trait]
 impl<S: ParkingStore> ParkingStore for Layered<S> {
     async fn park(&self, parked: &NewParked) -> Result<ParkedMessage, StoreError> {
@@ -414,23 +438,13 @@ impl<S: ParkingStore> ParkingStore for Layered<S> {
         self.layer().call(Operation::Get, None, read).await
     }
 
-    async fn parked(
-        &self,
-        consumer: &Tenant,
-        aggregate: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
-        let listed = self.get_ref().parked(consumer, aggregate, limit);
+    async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError> {
+        let listed = self.get_ref().parked(query);
         self.layer().call(Operation::List, None, listed).await
     }
 
-    async fn resolve(
-        &self,
-        consumer: &Tenant,
-        id: &IdempotencyKey,
-        resolution: &Resolution,
-    ) -> Result<bool, StoreError> {
-        let done = self.get_ref().resolve(consumer, id, resolution);
+    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
+        let done = self.get_ref().resolve(entry, resolution);
         self.layer().call(Operation::Resolve, None, done).await
     }
 
@@ -459,11 +473,11 @@ macro_rules! forward_parking {
             async fn get(&self, consumer: &Tenant, id: &IdempotencyKey) -> Result<Option<ParkedMessage>, StoreError> {
                 (**self).get(consumer, id).await
             }
-            async fn parked(&self, consumer: &Tenant, aggregate: Option<&str>, limit: usize) -> Result<Vec<ParkedMessage>, StoreError> {
-                (**self).parked(consumer, aggregate, limit).await
+            async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError> {
+                (**self).parked(query).await
             }
-            async fn resolve(&self, consumer: &Tenant, id: &IdempotencyKey, resolution: &Resolution) -> Result<bool, StoreError> {
-                (**self).resolve(consumer, id, resolution).await
+            async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
+                (**self).resolve(entry, resolution).await
             }
             async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
                 (**self).purge_resolved(older_than, limit).await
@@ -508,22 +522,19 @@ macro_rules! __forward_parking_store {
             }
             async fn parked(
                 &self,
-                consumer: &$crate::Tenant,
-                aggregate: ::core::option::Option<&str>,
-                limit: usize,
+                query: &$crate::store::ParkedQuery,
             ) -> ::core::result::Result<
                 ::std::vec::Vec<$crate::store::ParkedMessage>,
                 $crate::StoreError,
             > {
-                self.$field.parked(consumer, aggregate, limit).await
+                self.$field.parked(query).await
             }
             async fn resolve(
                 &self,
-                consumer: &$crate::Tenant,
-                id: &$crate::IdempotencyKey,
+                entry: &$crate::Scope,
                 resolution: &$crate::store::Resolution,
             ) -> ::core::result::Result<bool, $crate::StoreError> {
-                self.$field.resolve(consumer, id, resolution).await
+                self.$field.resolve(entry, resolution).await
             }
             async fn purge_resolved(
                 &self,

@@ -39,7 +39,7 @@ pub use crate::outbox::{
     NewMessage, OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
 };
 pub use crate::parking::{
-    InboundMessage, NewParked, ParkedMessage, ParkedState, ParkingStore, Resolution, VersionCheck,
-    VersionStore, validate_parking_batch,
+    InboundMessage, NewParked, ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution,
+    VersionCheck, VersionStore, validate_parking_batch,
 };
 pub use crate::record::{Lease, OwnerToken, Record, RecordState};

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, Clock, ClockSource, Durability, Layered, NewParked, OperationLayer,
-    ParkedMessage, ParkedState, ParkingStore, Resolution, SystemClock, TransactionSharing,
-    forward_parking_store, validate_parking_batch,
+    ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution, SystemClock,
+    TransactionSharing, forward_parking_store, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, StoreError, Tenant, async_trait};
+use idem_core::{IdempotencyKey, Scope, StoreError, Tenant, async_trait};
 
 use crate::STORE;
 
@@ -114,12 +114,9 @@ impl ParkingStore for Entries {
         Ok(self.locked().get(&(consumer.clone(), id.clone())).cloned())
     }
 
-    async fn parked(
-        &self,
-        consumer: &Tenant,
-        aggregate: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
+    async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError> {
+        let (consumer, aggregate, limit) =
+            (&query.consumer, query.aggregate.as_deref(), query.limit);
         let limit = validate_parking_batch(limit)?;
         let mut found: Vec<ParkedMessage> = self
             .locked()
@@ -136,12 +133,8 @@ impl ParkingStore for Entries {
         Ok(found)
     }
 
-    async fn resolve(
-        &self,
-        consumer: &Tenant,
-        id: &IdempotencyKey,
-        resolution: &Resolution,
-    ) -> Result<bool, StoreError> {
+    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
+        let (consumer, id) = (entry.tenant(), entry.key());
         let now = self.clock.now();
         let mut map = self.locked();
         let Some(entry) = map

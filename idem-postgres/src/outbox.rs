@@ -625,13 +625,7 @@ impl OutboxStore for Messages {
 
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let limit = validate_outbox_batch(limit)?;
-        let done = sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
-            .bind(millis(older_than))
-            .bind(bigint(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify(Operation::Purge, e))?;
-        Ok(done.rows_affected())
+        crate::part::purge(&self.pool, &self.sql.purge, older_than, limit).await
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, InboundMessage, Layered, NewParked, ParkedMessage, ParkedState, ParkingStore,
-    Resolution, Timestamp, forward_parking_store, millis, validate_parking_batch,
+    Capabilities, InboundMessage, Layered, NewParked, ParkedMessage, ParkedQuery, ParkedState,
+    ParkingStore, Resolution, Timestamp, forward_parking_store, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, Operation, StoreError, Tenant, async_trait};
+use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgRow;
 
@@ -33,13 +33,13 @@ const COLUMNS: &str = "consumer, id, kind, aggregate, version, header_names, hea
 ///
 /// ```no_run
 /// use idem_core::Tenant;
-/// use idem_core::store::ParkingStore;
+/// use idem_core::store::{ParkedQuery, ParkingStore};
 /// use idem_postgres::PostgresParking;
 ///
 /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let parking = PostgresParking::new(pool);
 /// parking.migrate().await?;
-/// for entry in parking.parked(&Tenant::new("billing")?, None, 100).await? {
+/// for entry in parking.parked(&ParkedQuery::new(Tenant::new("billing")?)).await? {
 ///     println!("{:?}: {}", entry.parked.message, entry.parked.reason);
 /// }
 /// # Ok(()) }
@@ -211,12 +211,9 @@ impl ParkingStore for Entries {
         row.map(|row| entry(&row, OP)).transpose()
     }
 
-    async fn parked(
-        &self,
-        consumer: &Tenant,
-        aggregate: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
+    async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError> {
+        let (consumer, aggregate, limit) =
+            (&query.consumer, query.aggregate.as_deref(), query.limit);
         const OP: Operation = Operation::List;
         let limit = bigint(validate_parking_batch(limit)?);
         let query = match aggregate {
@@ -235,12 +232,8 @@ impl ParkingStore for Entries {
         rows.iter().map(|row| entry(row, OP)).collect()
     }
 
-    async fn resolve(
-        &self,
-        consumer: &Tenant,
-        id: &IdempotencyKey,
-        resolution: &Resolution,
-    ) -> Result<bool, StoreError> {
+    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
+        let (consumer, id) = (entry.tenant(), entry.key());
         let done = sqlx::query(AssertSqlSafe(self.sql.resolve.clone()))
             .bind(consumer.as_str())
             .bind(id.as_str())
@@ -254,13 +247,7 @@ impl ParkingStore for Entries {
 
     async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let limit = validate_parking_batch(limit)?;
-        let done = sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
-            .bind(millis(older_than))
-            .bind(bigint(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify(Operation::Purge, e))?;
-        Ok(done.rows_affected())
+        crate::part::purge(&self.pool, &self.sql.purge, older_than, limit).await
     }
 
     async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {

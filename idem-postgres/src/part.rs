@@ -177,3 +177,20 @@ pub(crate) fn aliased(columns: &[&str], of: &str) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// Runs a purge statement (`$1` the age in milliseconds, `$2` the batch):
+/// how many rows it deleted.
+pub(crate) async fn purge(
+    pool: &::sqlx::PgPool,
+    sql: &std::sync::Arc<str>,
+    older_than: std::time::Duration,
+    limit: usize,
+) -> Result<u64, idem_core::StoreError> {
+    let done = ::sqlx::query(::sqlx::AssertSqlSafe(sql.clone()))
+        .bind(idem_core::store::millis(older_than))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(pool)
+        .await
+        .map_err(|e| crate::error::classify(idem_core::Operation::Purge, e))?;
+    Ok(done.rows_affected())
+}

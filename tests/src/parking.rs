@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    InboundMessage, MAX_OUTBOX_BATCH, NewParked, ParkedMessage, ParkedState, ParkingStore,
-    Resolution,
+    InboundMessage, MAX_OUTBOX_BATCH, NewParked, ParkedMessage, ParkedQuery, ParkedState,
+    ParkingStore, Resolution,
 };
-use idem_core::{IdempotencyKey, StoreError, Tenant};
+use idem_core::{IdempotencyKey, Scope, StoreError, Tenant};
 
 use crate::support::{eventually, fresh_tenant};
 
@@ -58,10 +58,9 @@ async fn listed<S: ParkingStore + ?Sized>(
     consumer: &Tenant,
     aggregate: Option<&str>,
 ) -> Vec<String> {
-    ids(&store
-        .parked(consumer, aggregate, MAX_OUTBOX_BATCH)
-        .await
-        .expect("list"))
+    let mut query = ParkedQuery::new(consumer.clone()).limit(MAX_OUTBOX_BATCH);
+    query.aggregate = aggregate.map(str::to_string);
+    ids(&store.parked(&query).await.expect("list"))
 }
 
 /// Waits until the store's clock has moved past `at` (a later entry then
@@ -108,8 +107,7 @@ pub async fn parking_a_message_again_keeps_one_entry_with_the_new_reason<
     assert!(
         store
             .resolve(
-                &consumer,
-                &key("m-1"),
+                &Scope::new(consumer.clone(), key("m-1")),
                 &Resolution::Dropped("given up".into())
             )
             .await
@@ -146,7 +144,10 @@ pub async fn get_reads_an_entry_in_any_state_and_nothing_else<S: ParkingStore + 
             .is_none()
     );
     store
-        .resolve(&consumer, &key("m-1"), &Resolution::Replayed)
+        .resolve(
+            &Scope::new(consumer.clone(), key("m-1")),
+            &Resolution::Replayed,
+        )
         .await
         .unwrap();
     let read = store
@@ -178,7 +179,10 @@ pub async fn list_gives_the_consumers_parked_entries_oldest_first<S: ParkingStor
         ["m-b", "m-a", "m-c"]
     );
     store
-        .resolve(&consumer, &key("m-a"), &Resolution::Replayed)
+        .resolve(
+            &Scope::new(consumer.clone(), key("m-a")),
+            &Resolution::Replayed,
+        )
         .await
         .unwrap();
     assert_eq!(listed(&*store, &consumer, None).await, ["m-b", "m-c"]);
@@ -215,9 +219,19 @@ pub async fn list_holds_at_most_its_limit<S: ParkingStore + ?Sized>(store: Arc<S
         )
         .await;
     }
-    let two = store.parked(&consumer, None, 2).await.unwrap();
+    let two = store
+        .parked(&ParkedQuery::new(consumer.clone()).limit(2))
+        .await
+        .unwrap();
     assert_eq!(two.len(), 2);
-    let two = store.parked(&consumer, Some("order-1"), 2).await.unwrap();
+    let two = store
+        .parked(
+            &ParkedQuery::new(consumer.clone())
+                .of_aggregate("order-1")
+                .limit(2),
+        )
+        .await
+        .unwrap();
     assert_eq!(ids(&two), ["m-0", "m-1"]);
 }
 
@@ -229,13 +243,16 @@ pub async fn resolve_settles_a_parked_entry_once<S: ParkingStore + ?Sized>(store
     let dropped = Resolution::Dropped("refunded by hand".into());
     assert!(
         store
-            .resolve(&consumer, &key("m-1"), &dropped)
+            .resolve(&Scope::new(consumer.clone(), key("m-1")), &dropped)
             .await
             .unwrap()
     );
     assert!(
         !store
-            .resolve(&consumer, &key("m-1"), &Resolution::Replayed)
+            .resolve(
+                &Scope::new(consumer.clone(), key("m-1")),
+                &Resolution::Replayed
+            )
             .await
             .unwrap()
     );
@@ -248,7 +265,10 @@ pub async fn resolve_settles_a_parked_entry_once<S: ParkingStore + ?Sized>(store
     assert_eq!(m1.resolution.as_deref(), Some("refunded by hand"));
     assert!(
         store
-            .resolve(&consumer, &key("m-2"), &Resolution::Replayed)
+            .resolve(
+                &Scope::new(consumer.clone(), key("m-2")),
+                &Resolution::Replayed
+            )
             .await
             .unwrap()
     );
@@ -260,13 +280,19 @@ pub async fn resolve_settles_a_parked_entry_once<S: ParkingStore + ?Sized>(store
     assert_eq!((m2.state, m2.resolution), (ParkedState::Replayed, None));
     assert!(
         !store
-            .resolve(&consumer, &key("absent"), &Resolution::Replayed)
+            .resolve(
+                &Scope::new(consumer.clone(), key("absent")),
+                &Resolution::Replayed
+            )
             .await
             .unwrap()
     );
     assert!(
         !store
-            .resolve(&fresh_tenant(), &key("m-2"), &Resolution::Replayed)
+            .resolve(
+                &Scope::new(fresh_tenant(), key("m-2")),
+                &Resolution::Replayed
+            )
             .await
             .unwrap()
     );
@@ -281,13 +307,19 @@ pub async fn purge_deletes_only_resolved_entries_older_than_asked<S: ParkingStor
         park(&*store, &consumer, inbound(id, "order-1", None)).await;
     }
     store
-        .resolve(&consumer, &key("old"), &Resolution::Replayed)
+        .resolve(
+            &Scope::new(consumer.clone(), key("old")),
+            &Resolution::Replayed,
+        )
         .await
         .unwrap();
     let age = Duration::from_millis(300);
     tokio::time::sleep(age + Duration::from_millis(50)).await;
     store
-        .resolve(&consumer, &key("young"), &Resolution::Dropped("no".into()))
+        .resolve(
+            &Scope::new(consumer.clone(), key("young")),
+            &Resolution::Dropped("no".into()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -327,7 +359,10 @@ pub async fn count_counts_a_consumers_parked_entries<S: ParkingStore + ?Sized>(s
     }
     park(&*store, &fresh_tenant(), inbound("m-1", "order-1", None)).await;
     store
-        .resolve(&consumer, &key("m-2"), &Resolution::Replayed)
+        .resolve(
+            &Scope::new(consumer.clone(), key("m-2")),
+            &Resolution::Replayed,
+        )
         .await
         .unwrap();
     assert_eq!(store.count(&consumer).await.unwrap(), 2);
@@ -339,7 +374,9 @@ pub async fn parking_limits_out_of_range_are_invalid_input<S: ParkingStore + ?Si
 ) {
     let consumer = fresh_tenant();
     for limit in [0, MAX_OUTBOX_BATCH + 1] {
-        let listed = store.parked(&consumer, None, limit).await;
+        let listed = store
+            .parked(&ParkedQuery::new(consumer.clone()).limit(limit))
+            .await;
         assert!(
             matches!(listed, Err(StoreError::InvalidInput(_))),
             "{listed:?}"

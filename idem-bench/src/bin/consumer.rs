@@ -36,10 +36,7 @@ use idem_outbox::Publisher;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 use idem_postgres::{PgTransaction, PostgresOptions, PostgresStore};
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
-use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
+use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 
@@ -238,25 +235,7 @@ async fn rabbitmq(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), 
                 FieldTable::default(),
             )
             .await?;
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        idem_bench::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
         let publisher = RabbitPublisher::connect(url, RabbitOptions::new(&exchange)?).await?;
         publish(&publisher, &messages(count)?).await?;
         let mut source = RabbitSource::connect(url, RabbitSourceOptions::new(&queue, 5)?).await?;

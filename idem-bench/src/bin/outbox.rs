@@ -84,8 +84,7 @@ use idem_postgres::{PostgresOutbox, PostgresOutboxOptions};
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher};
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-    QueuePurgeOptions,
+    ExchangeDeleteOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
@@ -680,25 +679,7 @@ impl Broker {
             "x-expires".into(),
             AMQPValue::LongLongInt(i64::try_from(EXPIRES.as_millis())?),
         );
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                arguments,
-            )
-            .await?;
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        idem_bench::bound_queue(&channel, &exchange, &queue, arguments).await?;
         channel.close(200, "set up".into()).await?;
         Ok(Self::Rabbit(Rabbit {
             url,

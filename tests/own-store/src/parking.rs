@@ -5,10 +5,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Capabilities, Clock, ClockSource, Durability, NewParked, ParkedMessage, ParkedState,
-    ParkingStore, Resolution, SystemClock, TransactionSharing, validate_parking_batch,
+    Capabilities, Clock, ClockSource, Durability, NewParked, ParkedMessage, ParkedQuery,
+    ParkedState, ParkingStore, Resolution, SystemClock, TransactionSharing, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, StoreError, Tenant, async_trait};
+use idem_core::{IdempotencyKey, Scope, StoreError, Tenant, async_trait};
 
 /// A deliberate bug of a parking store, for proving that the parking suite
 /// catches it.
@@ -153,12 +153,9 @@ impl ParkingStore for OwnParking {
             .cloned())
     }
 
-    async fn parked(
-        &self,
-        consumer: &Tenant,
-        aggregate: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
+    async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError> {
+        let (consumer, aggregate, limit) =
+            (&query.consumer, query.aggregate.as_deref(), query.limit);
         let limit = self.checked(limit)?;
         let mut found: Vec<ParkedMessage> = self
             .locked()
@@ -184,12 +181,8 @@ impl ParkingStore for OwnParking {
         Ok(found)
     }
 
-    async fn resolve(
-        &self,
-        consumer: &Tenant,
-        id: &IdempotencyKey,
-        resolution: &Resolution,
-    ) -> Result<bool, StoreError> {
+    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
+        let (consumer, id) = (entry.tenant(), entry.key());
         let now = self.clock.now();
         let mut entries = self.locked();
         let Some(entry) = entries.iter_mut().find(|e| self.matches(e, consumer, id)) else {
