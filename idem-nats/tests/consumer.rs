@@ -16,8 +16,9 @@ use idem_consumer::{Source, async_trait};
 use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
 use idem_outbox::Publisher;
 
-/// Short, so a consumer killed before its ack is redelivered soon.
-const ACK_WAIT: Duration = Duration::from_secs(1);
+/// Short, so a consumer killed before its ack is redelivered soon; long
+/// enough that a loaded machine acks every delivery it handles in time.
+const ACK_WAIT: Duration = Duration::from_secs(3);
 /// Short, so a second publish of one message can be made to get through.
 const WINDOW: Duration = Duration::from_millis(200);
 
