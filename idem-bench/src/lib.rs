@@ -197,41 +197,6 @@ pub fn on_runtime<F: std::future::Future>(name: &str, work: F) -> Option<F::Outp
     }
 }
 
-/// Declares the durable queue `queue` (with `arguments`) and binds it to
-/// every key of the topic exchange `exchange`: where a benchmark's RabbitMQ
-/// messages land.
-///
-/// # Errors
-///
-/// What the broker answers.
-pub async fn bound_queue(
-    channel: &lapin::Channel,
-    exchange: &str,
-    queue: &str,
-    arguments: lapin::types::FieldTable,
-) -> Result<(), lapin::Error> {
-    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            arguments,
-        )
-        .await?;
-    channel
-        .queue_bind(
-            queue.into(),
-            exchange.into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            lapin::types::FieldTable::default(),
-        )
-        .await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,14 @@ use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
 /// The header a quorum queue counts a message's earlier deliveries in.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
+/// The pause after a first failed reconnection; it doubles up to
+/// [`RECONNECT_MAX_PAUSE`].
+const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(100);
+const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(5);
+/// How long one reconnection (connection, channel, consume) may take: a
+/// broker that accepts and then says nothing is given up on and tried again.
+const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a [`RabbitSource`] consumes; each setter checks its value.
 ///
 /// ```
@@ -131,6 +139,14 @@ type Counts = Arc<Mutex<HashMap<String, u32>>>;
 ///   message, is rejected without requeue (to the queue's dead-letter
 ///   exchange, if it has one) with a warning: no inbox can tell its copies
 ///   apart.
+/// - A source made by [`connect`](Self::connect) survives a lost
+///   connection: [`next`](Source::next) opens a new one (a new channel
+///   where only the channel was lost) and consumes again, trying with a
+///   back-off of 100 ms doubling to 5 s, with a warning each time, until the
+///   broker is back. The broker delivers the lost connection's unsettled
+///   messages again (their acks fail: the inbox makes the copies
+///   duplicates). One made by [`new`](Self::new) on the caller's
+///   connection answers the loss with an error.
 ///
 /// ```no_run
 /// use idem_rabbitmq::{RabbitSource, RabbitSourceOptions};
@@ -143,49 +159,25 @@ type Counts = Arc<Mutex<HashMap<String, u32>>>;
 /// ```
 pub struct RabbitSource {
     connection: Connection,
-    _channel: Channel,
-    consumer: Consumer,
+    link: Link,
+    /// Set when the source opened the connection, and may open another.
+    url: Option<String>,
     options: RabbitSourceOptions,
     counts: Counts,
 }
 
-impl fmt::Debug for RabbitSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RabbitSource")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
+/// The channel and the consumer in use.
+struct Link {
+    channel: Channel,
+    consumer: Consumer,
 }
 
-fn failed(operation: &'static str) -> impl Fn(lapin::Error) -> BrokerError {
-    move |error| BrokerError::unavailable(BROKER, operation, error.to_string()).with_source(error)
-}
-
-impl RabbitSource {
-    /// Consumes on a connection of its own to `url`.
-    ///
-    /// # Errors
-    ///
-    /// [`BrokerError`] when the broker cannot be reached or the queue
-    /// cannot be consumed.
-    pub async fn connect(url: &str, options: RabbitSourceOptions) -> Result<Self, BrokerError> {
-        let connection = lapin::Connection::connect(
-            url,
-            lapin::ConnectionProperties::default().with_connection_name("idem-consumer".into()),
-        )
-        .await
-        .map_err(failed("connect"))?;
-        Self::new(connection, options).await
-    }
-
-    /// Consumes on `connection` (its own channel, with the prefetch).
-    ///
-    /// # Errors
-    ///
-    /// [`BrokerError`] when the queue cannot be consumed.
-    pub async fn new(
-        connection: Connection,
-        options: RabbitSourceOptions,
+impl Link {
+    /// Consumes `options`' queue on a new channel of `connection`, with the
+    /// prefetch.
+    async fn open(
+        connection: &Connection,
+        options: &RabbitSourceOptions,
     ) -> Result<Self, BrokerError> {
         let setup = failed("setup");
         let channel = connection.create_channel().await.map_err(&setup)?;
@@ -202,10 +194,56 @@ impl RabbitSource {
             )
             .await
             .map_err(&setup)?;
+        Ok(Self { channel, consumer })
+    }
+}
+
+impl fmt::Debug for RabbitSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitSource")
+            .field("options", &self.options)
+            .field("reconnects", &self.url.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(operation: &'static str) -> impl Fn(lapin::Error) -> BrokerError {
+    move |error| BrokerError::unavailable(BROKER, operation, error.to_string()).with_source(error)
+}
+
+impl RabbitSource {
+    /// Consumes on a connection of its own to `url`.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the broker cannot be reached or the queue
+    /// cannot be consumed.
+    pub async fn connect(url: &str, options: RabbitSourceOptions) -> Result<Self, BrokerError> {
+        let connection = open_connection(url).await?;
+        let link = Link::open(&connection, &options).await?;
         Ok(Self {
             connection,
-            _channel: channel,
-            consumer,
+            link,
+            url: Some(url.to_string()),
+            options,
+            counts: Counts::default(),
+        })
+    }
+
+    /// Consumes on `connection` (its own channel, with the prefetch).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the queue cannot be consumed.
+    pub async fn new(
+        connection: Connection,
+        options: RabbitSourceOptions,
+    ) -> Result<Self, BrokerError> {
+        let link = Link::open(&connection, &options).await?;
+        Ok(Self {
+            connection,
+            link,
+            url: None,
             options,
             counts: Counts::default(),
         })
@@ -222,6 +260,68 @@ impl RabbitSource {
             .await
             .map_err(failed("close"))
     }
+
+    /// Consumes again on a new channel, and a new connection to `url` if
+    /// the old one is gone, until it works or the broker refuses the queue.
+    async fn reconnect(&mut self, url: &str) -> Result<(), BrokerError> {
+        let mut pause = RECONNECT_FIRST_PAUSE;
+        loop {
+            match tokio::time::timeout(RECONNECT_TIMEOUT, self.reopen(url)).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(Reopen::Refused(error))) => return Err(error),
+                Ok(Err(Reopen::Unreachable(error))) => {
+                    tracing::warn!(%error, ?pause, "cannot reach RabbitMQ again yet");
+                }
+                Err(_) => {
+                    tracing::warn!(?pause, "RabbitMQ did not answer a reconnection in time");
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+        }
+    }
+
+    /// One attempt of [`reconnect`](Self::reconnect).
+    async fn reopen(&mut self, url: &str) -> Result<(), Reopen> {
+        if !self.connection.status().connected() {
+            // Kept at once: an attempt cut short by its time limit leaves
+            // the next one a connection to try a channel on.
+            self.connection = open_connection(url).await.map_err(Reopen::Unreachable)?;
+        }
+        match Link::open(&self.connection, &self.options).await {
+            Ok(link) => {
+                let old = std::mem::replace(&mut self.link, link);
+                // A channel that failed on a live connection is closed, so
+                // its unsettled deliveries go back to the queue.
+                if old.channel.status().connected() {
+                    let _ = old.channel.close(200, "replaced".into()).await;
+                }
+                Ok(())
+            }
+            // Connected, and the queue cannot be consumed: not the
+            // network's doing, so the caller hears of it.
+            Err(error) if self.connection.status().connected() => Err(Reopen::Refused(error)),
+            Err(error) => Err(Reopen::Unreachable(error)),
+        }
+    }
+}
+
+/// Why a reconnection failed.
+enum Reopen {
+    /// The broker is not reachable (yet): try again.
+    Unreachable(BrokerError),
+    /// The broker answered, and refused to consume the queue.
+    Refused(BrokerError),
+}
+
+/// A connection to `url` named for the consumer.
+async fn open_connection(url: &str) -> Result<Connection, BrokerError> {
+    lapin::Connection::connect(
+        url,
+        lapin::ConnectionProperties::default().with_connection_name("idem-consumer".into()),
+    )
+    .await
+    .map_err(failed("connect"))
 }
 
 /// One RabbitMQ delivery.
@@ -387,7 +487,22 @@ impl Source for RabbitSource {
 
     async fn next(&mut self) -> Result<Option<RabbitDelivery>, BrokerError> {
         loop {
-            let Some(next) = self.consumer.next().await else {
+            let next = self.link.consumer.next().await;
+            // A consumer ends without an error when the broker cancels it
+            // (its queue deleted); with its channel, when that is lost.
+            let lost = match &next {
+                Some(Err(_)) => true,
+                None => !self.link.channel.status().connected(),
+                Some(Ok(_)) => false,
+            };
+            if let (true, Some(url)) = (lost, self.url.clone()) {
+                if let Some(Err(error)) = &next {
+                    tracing::warn!(%error, "lost the RabbitMQ consumer; reconnecting");
+                }
+                self.reconnect(&url).await?;
+                continue;
+            }
+            let Some(next) = next else {
                 return Ok(None);
             };
             let delivery = next.map_err(failed("receive"))?;

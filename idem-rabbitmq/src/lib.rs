@@ -25,7 +25,9 @@
 //! The consuming side: a [`RabbitSource`] consumes a queue with manual
 //! acknowledgements and a prefetch as an `idem_consumer::Source`, so an
 //! `idem_consumer::Consumer` applies each message once (its inbox),
-//! requeues a failure after a delay and parks it at its last delivery.
+//! requeues a failure after a delay and parks it at its last delivery; it
+//! reconnects when its connection is lost. [`bound_queue`] declares a queue
+//! that takes every message of an exchange.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -53,7 +55,10 @@ use std::time::Duration;
 use idem_core::InvalidInput;
 use idem_core::store::OutboxMessage;
 use idem_outbox::{PublishError, Published, Publisher, async_trait};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
@@ -634,6 +639,57 @@ impl Publisher for RabbitPublisher {
         }
         results
     }
+}
+
+/// Declares the durable queue `queue` (with `arguments`: a quorum queue's
+/// `x-queue-type`, an `x-expires`...) and binds it to every routing key of
+/// the topic exchange `exchange`: where a [`RabbitPublisher`] to that
+/// exchange delivers, for a [`RabbitSource`] to consume. Declaring it again
+/// with the same arguments changes nothing.
+///
+/// ```no_run
+/// use lapin::types::{AMQPValue, FieldTable};
+/// use lapin::{Connection, ConnectionProperties};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let connection = Connection::connect("amqp://127.0.0.1:5672/%2f", ConnectionProperties::default()).await?;
+/// let channel = connection.create_channel().await?;
+/// let mut quorum = FieldTable::default();
+/// quorum.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+/// idem_rabbitmq::bound_queue(&channel, "events", "shipping.orders", quorum).await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// What the broker answers: a queue declared before with other arguments,
+/// a missing exchange.
+pub async fn bound_queue(
+    channel: &Channel,
+    exchange: &str,
+    queue: &str,
+    arguments: FieldTable,
+) -> Result<(), lapin::Error> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await?;
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
 }
 
 /// A connection to `url` on the ambient tokio runtime.

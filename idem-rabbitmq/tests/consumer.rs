@@ -2,23 +2,24 @@
 //! broker adapter passes: a duplicate delivery acknowledged with no effect,
 //! a consumer killed between its commit and its ack, a poison message
 //! parked and replayed; on a quorum queue, which counts deliveries, and on
-//! a classic queue, which does not.
+//! a classic queue, which does not; and a source that reconnects after the
+//! broker cut it off.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_conformance::consumers::{self, ConsumerBroker};
-use idem_consumer::{Source, async_trait};
+use idem_conformance::faults::FaultProxy;
+use idem_consumer::{Consumed, Delivery, Source, async_trait};
+use idem_core::store::NewMessage;
 use idem_outbox::Publisher;
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
-use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
+use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
@@ -55,25 +56,7 @@ impl Rabbit {
                 AMQPValue::LongString("quorum".into()),
             );
         }
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: quorum,
-                    ..QueueDeclareOptions::default()
-                },
-                arguments,
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
+        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, arguments)
             .await
             .unwrap();
         let publisher =
@@ -168,5 +151,55 @@ async fn the_horizon_is_the_ack_timeout_and_the_deliveries() {
     let (consumer, _, _) = consumers::consumer(4);
     consumer.check(&horizon).unwrap();
     broker.kill(source).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_of_its_own_connection_reconnects_after_the_broker_cut_it_off() {
+    let broker = Rabbit::new(true).await;
+    let proxy = FaultProxy::start(common::address()).await;
+    let (consumer, shop, _) = consumers::consumer(5);
+    let options = RabbitSourceOptions::new(&broker.queue, 5).unwrap();
+    let mut source = RabbitSource::connect(&common::url_via(&proxy.address()), options)
+        .await
+        .unwrap();
+    let order =
+        |name: &str| NewMessage::new(name, "order.placed", name.as_bytes().to_vec()).unwrap();
+    let before = consumers::publish(&*broker.publisher(), &[order("before")]).await;
+    let delivered = consumers::next(&mut source).await;
+
+    // Cut with the delivery unsettled, and nothing forwarded for a second:
+    // its commit stands, its ack never reaches the broker.
+    proxy.stall();
+    proxy.cut_all();
+    let unsettled = consumer.consume(&delivered).await;
+    assert!(
+        matches!(unsettled, Ok(Consumed::Applied) | Err(_)),
+        "{unsettled:?}"
+    );
+    let after = consumers::publish(&*broker.publisher(), &[order("after")]).await;
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.resume();
+        proxy
+    });
+
+    let mut outcomes = BTreeMap::new();
+    while outcomes.len() < 2 {
+        let delivery = consumers::next(&mut source).await;
+        let id = delivery.message().id().as_str().to_string();
+        outcomes.insert(id, consumer.consume(&delivery).await.unwrap());
+    }
+    assert_eq!(
+        outcomes,
+        BTreeMap::from([
+            (before[0].id().to_string(), Consumed::Duplicate),
+            (after[0].id().to_string(), Consumed::Applied),
+        ])
+    );
+    assert_eq!(shop.effects().await, ["before", "after"]);
+    let proxy = back.await.unwrap();
+    broker.kill(source).await;
+    drop(proxy);
     broker.delete().await;
 }

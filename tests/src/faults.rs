@@ -2,7 +2,8 @@
 //!
 //! - [`FaultProxy`]: a TCP proxy on loopback that loses a reply after the
 //!   request was served, stalls the network, or cuts connections. Backend
-//!   tests start one in front of their own server.
+//!   tests start one in front of their own server ([`authority`] is what it
+//!   forwards to, [`url_via`] the URL a client then connects to).
 //! - [`Storm`]: many callers running [`Idempotency::run`] on fresh keys (and
 //!   retries of earlier ones) while a fault happens, each call bounded; it
 //!   reports what the callers saw ([`StormReport`]), and
@@ -191,6 +192,38 @@ impl FaultProxy {
             cuts += 1;
         }
     }
+}
+
+/// The `host:port` of a server's URL (`amqp://guest:guest@127.0.0.1:5672/%2f`
+/// gives `127.0.0.1:5672`): what a [`FaultProxy`] in front of it forwards to.
+///
+/// ```
+/// use idem_conformance::faults::authority;
+///
+/// assert_eq!(authority("amqp://guest:guest@127.0.0.1:5672/%2f"), "127.0.0.1:5672");
+/// assert_eq!(authority("nats://127.0.0.1:4222"), "127.0.0.1:4222");
+/// ```
+pub fn authority(url: &str) -> &str {
+    let after_at = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
+    let after_scheme = after_at
+        .split_once("://")
+        .map_or(after_at, |(_, rest)| rest);
+    after_scheme.split('/').next().unwrap_or(after_scheme)
+}
+
+/// `url` with `address` (a [`FaultProxy`]'s) in place of its `host:port`,
+/// so that a client of it connects through the proxy.
+///
+/// ```
+/// use idem_conformance::faults::url_via;
+///
+/// assert_eq!(
+///     url_via("amqp://guest:guest@127.0.0.1:5672/%2f", "127.0.0.1:40001"),
+///     "amqp://guest:guest@127.0.0.1:40001/%2f"
+/// );
+/// ```
+pub fn url_via(url: &str, address: &str) -> String {
+    url.replacen(authority(url), address, 1)
 }
 
 /// Copies both ways until either side closes or a fault cuts the connection.

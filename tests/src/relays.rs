@@ -2,11 +2,13 @@
 //! `idem-rabbitmq` and `idem-nats` run them, and as a publisher of your own
 //! can): an outbox filled with interleaved aggregates, relays running until
 //! told to stop, waits with deadlines, and publisher wrappers that inject a
-//! poison message or a crash between confirm and mark-sent.
+//! poison message, a stall between confirm and mark-sent, or a relay killed
+//! there.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::store::{NewMessage, OutboxMessage, OutboxStore};
@@ -239,5 +241,53 @@ impl<P: Publisher> Publisher for HoldAfterPublish<P> {
         self.published.notify_one();
         self.release.notified().await;
         answers
+    }
+}
+
+/// A relay killed between the broker's confirm and its mark-sent: its
+/// first batch is published, what the broker confirmed is kept,
+/// [`confirmed`](Self::confirmed) is notified, and the call never returns,
+/// so the test can abort the relay's task there (`JoinHandle::abort`) as a
+/// process dies. Later batches (of another relay sharing it) go through.
+pub struct DiesAfterConfirm {
+    inner: Arc<dyn Publisher>,
+    /// Notified once the first batch is published and confirmed.
+    pub confirmed: Notify,
+    died: AtomicBool,
+    ids: Mutex<Vec<String>>,
+}
+
+impl DiesAfterConfirm {
+    /// A dying wrapper of `inner`.
+    pub fn new(inner: Arc<dyn Publisher>) -> Self {
+        Self {
+            inner,
+            confirmed: Notify::new(),
+            died: AtomicBool::new(false),
+            ids: Mutex::default(),
+        }
+    }
+
+    /// The ids of the first batch's messages the broker confirmed.
+    pub fn confirmed_ids(&self) -> Vec<String> {
+        self.ids.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Publisher for DiesAfterConfirm {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+        let answers = self.inner.publish(batch).await;
+        if self.died.swap(true, Ordering::SeqCst) {
+            return answers;
+        }
+        *self.ids.lock().unwrap() = batch
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_ok())
+            .map(|(message, _)| message.id().to_string())
+            .collect();
+        self.confirmed.notify_one();
+        std::future::pending().await
     }
 }

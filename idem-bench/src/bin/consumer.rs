@@ -235,7 +235,7 @@ async fn rabbitmq(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), 
                 FieldTable::default(),
             )
             .await?;
-        idem_bench::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
+        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
         let publisher = RabbitPublisher::connect(url, RabbitOptions::new(&exchange)?).await?;
         publish(&publisher, &messages(count)?).await?;
         let mut source = RabbitSource::connect(url, RabbitSourceOptions::new(&queue, 5)?).await?;

@@ -679,7 +679,7 @@ impl Broker {
             "x-expires".into(),
             AMQPValue::LongLongInt(i64::try_from(EXPIRES.as_millis())?),
         );
-        idem_bench::bound_queue(&channel, &exchange, &queue, arguments).await?;
+        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, arguments).await?;
         channel.close(200, "set up".into()).await?;
         Ok(Self::Rabbit(Rabbit {
             url,

@@ -26,21 +26,12 @@ pub fn url() -> String {
 
 /// `host:port` of the broker.
 pub fn address() -> String {
-    let url = url();
-    let after_at = url.rsplit_once('@').map_or(url.as_str(), |(_, rest)| rest);
-    let after_scheme = after_at
-        .split_once("://")
-        .map_or(after_at, |(_, rest)| rest);
-    after_scheme
-        .split('/')
-        .next()
-        .unwrap_or("127.0.0.1:5672")
-        .to_string()
+    idem_conformance::faults::authority(&url()).to_string()
 }
 
 /// The broker's URL with `address` in place of its own.
 pub fn url_via(address: &str) -> String {
-    url().replacen(&self::address(), address, 1)
+    idem_conformance::faults::url_via(&url(), address)
 }
 
 /// A random name of `kind` for one test.

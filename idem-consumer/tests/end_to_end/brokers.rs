@@ -1,0 +1,426 @@
+//! The brokers the end-to-end scenario runs on: JetStream on a private
+//! `nats-server` it kills and starts again, RabbitMQ behind a proxy that
+//! cuts it off.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::PullConsumer;
+use idem_conformance::faults::{FaultProxy, authority, url_via};
+use idem_conformance::relays::wait_until;
+use idem_consumer::{Source, async_trait};
+use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
+use idem_outbox::Publisher;
+use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use tokio::time::Instant;
+
+use super::{CONSUMER, MAX_DELIVERIES, PATIENCE, PUBLISH_TIMEOUT, env};
+
+/// JetStream's ack wait: the killed consumer's delivery comes again after
+/// it; long enough that a loaded machine acks what it handled in time.
+const ACK_WAIT: Duration = Duration::from_secs(3);
+/// JetStream's duplicate window (its default): the killed relay's batch,
+/// published again after the lease, falls inside it.
+const WINDOW: Duration = Duration::from_secs(120);
+
+/// A broker the scenario runs on: publishers and sources on connections of
+/// their own, the fault it suffers mid-run, and what it holds.
+#[async_trait]
+pub(crate) trait Broker: Send + Sync + 'static {
+    type Source: Source + 'static;
+
+    /// Its name in what the test prints.
+    const NAME: &'static str;
+
+    /// A publisher to where the shipping consumer reads.
+    async fn publisher(&self) -> Arc<dyn Publisher>;
+
+    /// A source of the shipping consumer.
+    async fn source(&self) -> Self::Source;
+
+    /// Ends `source` as a killed process would: its unsettled deliveries go
+    /// back to the broker.
+    async fn kill(&self, source: Self::Source);
+
+    /// Takes the broker away from every client.
+    async fn go_down(&self);
+
+    /// Brings it back.
+    async fn come_back(&self);
+
+    /// The messages the broker still has for the consumer: not delivered
+    /// yet, or delivered and not acknowledged.
+    async fn outstanding(&self) -> u64;
+
+    /// The messages it stored, where it keeps them once acknowledged.
+    async fn stored(&self) -> Option<u64>;
+
+    /// Whether it drops a second publish of a message (within a window).
+    fn deduplicates(&self) -> bool;
+
+    async fn delete(&self);
+}
+
+/// Retries `call` until it answers, as a client would while its server
+/// comes back.
+pub(crate) async fn answered<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    what: &str,
+    mut call: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match call().await {
+            Ok(answer) => return answer,
+            Err(error) => assert!(Instant::now() < deadline, "{what}: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A `nats-server` of the test's own with JetStream on a store directory
+/// of its own, on a free port; killed and removed when dropped.
+struct PrivateNats {
+    port: u16,
+    dir: PathBuf,
+    child: Mutex<Option<tokio::process::Child>>,
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        let child = self.child.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(child) = child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl PrivateNats {
+    async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!(
+            "idem-e2e-nats-{port}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let server = Self {
+            port,
+            dir,
+            child: Mutex::new(None),
+        };
+        server.spawn().await;
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server on the port and the store directory, and waits
+    /// until it greets a client.
+    async fn spawn(&self) {
+        let binary = env("IDEM_NATS_SERVER", "nats-server");
+        let child = tokio::process::Command::new(&binary)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {binary} (on PATH, or IDEM_NATS_SERVER): {e}"));
+        *self.child.lock().unwrap() = Some(child);
+        wait_until("the private nats-server greets a client", || async {
+            if let Some(Ok(Some(status))) =
+                self.child.lock().unwrap().as_mut().map(|c| c.try_wait())
+            {
+                panic!("the private nats-server exited: {status}");
+            }
+            greets(self.port).await
+        })
+        .await;
+    }
+
+    /// Kills the server (SIGKILL: no shutdown) and waits for it to be gone.
+    async fn kill(&self) {
+        let child = self.child.lock().unwrap().take();
+        if let Some(mut child) = child {
+            child.kill().await.unwrap();
+        }
+    }
+}
+
+/// Whether a NATS server on `port` sends its `INFO` to a new connection.
+async fn greets(port: u16) -> bool {
+    use tokio::io::AsyncReadExt;
+    let greeting = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut info = [0u8; 4];
+        stream.read_exact(&mut info).await?;
+        Ok::<_, std::io::Error>(&info == b"INFO")
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), greeting).await,
+        Ok(Ok(true))
+    )
+}
+
+/// JetStream on a private server: a stream on file storage (it outlives a
+/// restart of the server) with the default duplicate window, and the
+/// shipping consumer's durable pull consumer on it.
+pub(crate) struct Nats {
+    server: PrivateNats,
+    context: jetstream::Context,
+    stream: String,
+    prefix: String,
+}
+
+impl Nats {
+    pub(crate) async fn new(run: &str) -> Self {
+        let server = PrivateNats::start().await;
+        let context = jetstream::new(async_nats::connect(server.url()).await.unwrap());
+        let (stream, prefix) = (format!("E2E_{run}"), format!("e2e-{run}"));
+        context
+            .create_stream(jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                storage: jetstream::stream::StorageType::File,
+                duplicate_window: WINDOW,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        Self {
+            server,
+            context,
+            stream,
+            prefix,
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for Nats {
+    type Source = JetStreamSource;
+
+    const NAME: &'static str = "nats";
+
+    async fn publisher(&self) -> Arc<dyn Publisher> {
+        let options = JetStreamOptions::new(&self.prefix)
+            .unwrap()
+            .with_timeout(PUBLISH_TIMEOUT)
+            .unwrap();
+        Arc::new(
+            JetStreamPublisher::connect(&self.server.url(), options)
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn source(&self) -> JetStreamSource {
+        // A connection of its own, so that killing it leaves the others be.
+        let client = async_nats::connect(self.server.url()).await.unwrap();
+        let config = JetStreamSource::durable(CONSUMER, MAX_DELIVERIES, ACK_WAIT);
+        JetStreamSource::attach(&jetstream::new(client), &self.stream, config)
+            .await
+            .unwrap()
+    }
+
+    async fn kill(&self, source: JetStreamSource) {
+        drop(source);
+    }
+
+    async fn go_down(&self) {
+        self.server.kill().await;
+    }
+
+    async fn come_back(&self) {
+        self.server.spawn().await;
+    }
+
+    async fn outstanding(&self) -> u64 {
+        answered("the consumer's info", || async {
+            let stream = self.context.get_stream(&self.stream).await?;
+            let mut consumer: PullConsumer = stream.get_consumer(CONSUMER).await?;
+            let info = consumer.info().await?;
+            Ok::<_, async_nats::Error>(info.num_pending + info.num_ack_pending as u64)
+        })
+        .await
+    }
+
+    async fn stored(&self) -> Option<u64> {
+        let messages = answered("the stream's info", || async {
+            let mut stream = self.context.get_stream(&self.stream).await?;
+            Ok::<_, async_nats::Error>(stream.info().await?.state.messages)
+        })
+        .await;
+        Some(messages)
+    }
+
+    fn deduplicates(&self) -> bool {
+        true
+    }
+
+    async fn delete(&self) {
+        let _ = self.context.delete_stream(&self.stream).await;
+        self.server.kill().await;
+    }
+}
+
+/// RabbitMQ (the shared broker) behind a proxy every client connects
+/// through: a topic exchange and a quorum queue bound to it, of the test's
+/// own; the test looks at the queue directly.
+pub(crate) struct Rabbit {
+    connection: lapin::Connection,
+    channel: lapin::Channel,
+    exchange: String,
+    queue: String,
+    proxy: FaultProxy,
+    via_proxy: String,
+}
+
+impl Rabbit {
+    pub(crate) async fn new(run: &str) -> Self {
+        let url = env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+        let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect to IDEM_AMQP_URL");
+        let channel = connection.create_channel().await.unwrap();
+        let (exchange, queue) = (format!("e2e-{run}"), format!("e2e-shipping-{run}"));
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                // Gone with its queue, should the test fail before it
+                // deletes them.
+                ExchangeDeclareOptions {
+                    auto_delete: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        // A quorum queue counts deliveries, so they survive the consumer;
+        // unused for ten minutes, it deletes itself.
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert("x-expires".into(), AMQPValue::LongLongInt(600_000));
+        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, arguments)
+            .await
+            .unwrap();
+        let proxy = FaultProxy::start(authority(&url)).await;
+        let via_proxy = url_via(&url, &proxy.address());
+        Self {
+            connection,
+            channel,
+            exchange,
+            queue,
+            proxy,
+            via_proxy,
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for Rabbit {
+    type Source = RabbitSource;
+
+    const NAME: &'static str = "rabbitmq";
+
+    async fn publisher(&self) -> Arc<dyn Publisher> {
+        let options = RabbitOptions::new(&self.exchange)
+            .unwrap()
+            .with_timeout(PUBLISH_TIMEOUT)
+            .unwrap();
+        Arc::new(
+            RabbitPublisher::connect(&self.via_proxy, options)
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn source(&self) -> RabbitSource {
+        // One unacknowledged delivery at a time: a queue with none ready
+        // then has nothing left for the consumer.
+        let options = RabbitSourceOptions::new(&self.queue, MAX_DELIVERIES)
+            .unwrap()
+            .with_prefetch(1)
+            .unwrap();
+        RabbitSource::connect(&self.via_proxy, options)
+            .await
+            .unwrap()
+    }
+
+    async fn kill(&self, source: RabbitSource) {
+        let _ = source.close().await;
+    }
+
+    async fn go_down(&self) {
+        self.proxy.stall();
+        self.proxy.cut_all();
+    }
+
+    async fn come_back(&self) {
+        self.proxy.resume();
+    }
+
+    async fn outstanding(&self) -> u64 {
+        let queue = self
+            .channel
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        u64::from(queue.message_count())
+    }
+
+    async fn stored(&self) -> Option<u64> {
+        None
+    }
+
+    fn deduplicates(&self) -> bool {
+        false
+    }
+
+    async fn delete(&self) {
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
