@@ -371,13 +371,16 @@ impl<H: Handler> Consumer<H> {
 
     /// Checks the horizon of `source`, then consumes its deliveries one at
     /// a time until it closes or `shutdown` completes (a delivery being
-    /// handled is finished first).
+    /// handled is finished first). A retryable broker error receiving (a
+    /// lost connection, a timeout) is logged and asked again after the
+    /// consumer's back-off, doubling while it lasts.
     ///
     /// # Errors
     ///
     /// [`ConsumerError::Misconfigured`] from [`check`](Self::check), before
-    /// any delivery; a broker error receiving. A failure of one delivery is
-    /// logged and left to the broker's redelivery.
+    /// any delivery; a broker error receiving that is not retryable. A
+    /// failure of one delivery is logged and left to the broker's
+    /// redelivery.
     pub async fn run<S: Source>(
         &self,
         source: &mut S,
@@ -385,12 +388,29 @@ impl<H: Handler> Consumer<H> {
     ) -> Result<(), ConsumerError> {
         self.check(&source.horizon())?;
         tokio::pin!(shutdown);
+        // Receive failures in a row: the back-off's delivery count.
+        let mut failures = 0u32;
         loop {
             let next = tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
-                next = source.next() => next?,
+                next = source.next() => next,
             };
+            let next = match next {
+                Ok(next) => next,
+                Err(error) if error.is_retryable() => {
+                    failures = failures.saturating_add(1);
+                    let after = self.options.delay_after(failures);
+                    tracing::warn!(%error, ?after, "the source could not receive; asking again");
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(after) => continue,
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            };
+            failures = 0;
             let Some(delivery) = next else {
                 return Ok(());
             };

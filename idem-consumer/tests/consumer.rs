@@ -9,9 +9,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Broker, Settled, Shop, TestSource, event, plain};
+use common::{Broker, Interrupted, Settled, Shop, TestSource, event, plain};
 use idem_conformance::consumers::consumer_with;
-use idem_consumer::{Consumed, Consumer, ConsumerError, ConsumerOptions, RedeliveryHorizon};
+use idem_consumer::{
+    BrokerError, Consumed, Consumer, ConsumerError, ConsumerOptions, RedeliveryHorizon,
+};
 use idem_core::IdempotencyKey;
 use idem_core::store::{ParkedState, ParkingStore};
 use idem_memory::MemoryParking;
@@ -343,6 +345,50 @@ async fn run_consumes_until_the_source_closes() {
     let mut effects = shop.effects().await;
     effects.sort();
     assert_eq!(effects, ["one", "two"]);
+}
+
+#[tokio::test]
+async fn run_asks_again_after_a_retryable_receive_error_and_stops_on_any_other() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    broker.publish(plain("m-1", "one"));
+    broker.close();
+    let horizon = RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(4);
+    let lost = || BrokerError::unavailable("test", "receive", "connection lost");
+    let mut source = Interrupted {
+        source: TestSource {
+            broker: broker.clone(),
+            horizon: horizon.clone(),
+        },
+        errors: [lost(), lost()].into(),
+        asked: 0,
+    };
+    consumer
+        .run(&mut source, std::future::pending())
+        .await
+        .unwrap();
+    // Two failed receives, the delivery, and the closed source's None.
+    assert_eq!(source.asked, 4);
+    assert_eq!(shop.effects().await, ["one"]);
+
+    let mut refused = Interrupted {
+        source: TestSource {
+            broker: Broker::default(),
+            horizon,
+        },
+        errors: [
+            lost(),
+            BrokerError::rejected("test", "receive", "no such queue"),
+        ]
+        .into(),
+        asked: 0,
+    };
+    let stopped = consumer.run(&mut refused, std::future::pending()).await;
+    assert!(
+        matches!(&stopped, Err(ConsumerError::Broker(error)) if !error.is_retryable()),
+        "{stopped:?}"
+    );
+    assert_eq!(refused.asked, 2);
 }
 
 #[test]

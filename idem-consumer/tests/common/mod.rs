@@ -159,6 +159,32 @@ impl Source for TestSource {
     }
 }
 
+/// A source whose first receives fail with `errors`, in order (a broker
+/// connection lost and found again), then the broker's deliveries.
+pub struct Interrupted {
+    pub source: TestSource,
+    pub errors: VecDeque<BrokerError>,
+    /// Receives asked of it, failed ones included.
+    pub asked: usize,
+}
+
+#[async_trait]
+impl Source for Interrupted {
+    type Delivery = TestDelivery;
+
+    async fn next(&mut self) -> Result<Option<TestDelivery>, BrokerError> {
+        self.asked += 1;
+        match self.errors.pop_front() {
+            Some(error) => Err(error),
+            None => self.source.next().await,
+        }
+    }
+
+    fn horizon(&self) -> RedeliveryHorizon {
+        self.source.horizon()
+    }
+}
+
 /// A message of `aggregate` at `version`, its payload its effect.
 pub fn event(id: &str, aggregate: &str, version: u64) -> InboundMessage {
     InboundMessage::new(
