@@ -978,3 +978,38 @@ async fn an_event_enqueued_inside_run_in_commits_with_the_record_and_only_once()
         "a rolled-back event survived"
     );
 }
+
+/// The message table leaves room on its pages (a claim's lease then stays on
+/// the message's page, with no new index entries), and a table an earlier
+/// version created gets that room on its next migrate.
+#[tokio::test]
+async fn the_message_table_keeps_room_on_its_pages_for_leases() {
+    let pool = common::pool().await;
+    let table = fresh_table();
+    let fillfactor = || {
+        let pool = pool.clone();
+        let table = table.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<Vec<String>>>(
+                "SELECT reloptions FROM pg_class WHERE oid = $1::regclass",
+            )
+            .bind(&table)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let outbox = outbox_on(pool.clone(), &table).await;
+    assert_eq!(fillfactor().await, Some(vec!["fillfactor=70".to_string()]));
+
+    // As an earlier version left it: full pages.
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER TABLE {table} RESET (fillfactor)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(fillfactor().await, None);
+    outbox.migrate().await.unwrap();
+    assert_eq!(fillfactor().await, Some(vec!["fillfactor=70".to_string()]));
+}
