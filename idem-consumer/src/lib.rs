@@ -15,15 +15,15 @@
 //!   the broker again after a back-off, a bounded number of times; then the
 //!   message is parked with its reason in an
 //!   [`idem_core::store::ParkingStore`] (`idem_memory::MemoryParking`,
-//!   `idem_postgres::PostgresParking`), where operators list, replay or
-//!   drop it.
+//!   `idem_postgres::PostgresParking`, `idem_dynamo::DynamoParking`), where
+//!   operators list, replay or drop it.
 //! - **Version checks.** An event carries its aggregate's version; the
 //!   handler applies it only on its predecessor
 //!   ([`VersionStore`](idem_core::store::VersionStore),
-//!   `idem_postgres::VersionedTable` over your own table) and returns the
-//!   check as [`Handled`]: a duplicate or stale event is acknowledged with
-//!   no effect, a gap is retried, then parked, and later versions wait
-//!   behind it until the gap fills.
+//!   `idem_postgres::VersionedTable` or `idem_dynamo::VersionedItems` over
+//!   your own table) and returns the check as [`Handled`]: a duplicate or
+//!   stale event is acknowledged with no effect, a gap is retried, then
+//!   parked, and later versions wait behind it until the gap fills.
 //! - **Retention against the broker.** [`Consumer::check`] refuses an
 //!   inbox retention shorter than the broker's redelivery horizon
 //!   ([`RedeliveryHorizon`]) with [`ConsumerError::Misconfigured`] naming

@@ -247,7 +247,10 @@ async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
         ]
     );
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
-    assert_eq!(shop.domain.lock().await.versions.get("order-1"), Some(&4));
+    assert_eq!(
+        shop.books.domain.lock().await.versions.get("order-1"),
+        Some(&4)
+    );
 }
 
 #[tokio::test]

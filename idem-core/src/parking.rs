@@ -339,7 +339,8 @@ impl VersionCheck {
 /// aggregate); otherwise reads the stored version and tells a stale event
 /// from a gap ([`VersionCheck::of`]).
 ///
-/// `idem_postgres::VersionedTable` is one, over a table of yours.
+/// `idem_postgres::VersionedTable` and `idem_dynamo::VersionedItems` are
+/// two, over a table of yours.
 ///
 /// # Contract
 ///

@@ -5,13 +5,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-    KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem,
+    AttributeValue, BillingMode, GlobalSecondaryIndex, KeyType, KeysAndAttributes, Projection,
+    ProjectionType, Put, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TransactWriteItem,
 };
 use idem_core::store::{
     Acquired, Capabilities, Finish, Holder, JournalRecord, JournalStore, ListQuery, NewOperation,
@@ -25,7 +24,7 @@ use crate::journal_item::{
     self, LIST_INDEX, attr, list_key, millis, names, open_condition, used_values,
 };
 use crate::options::DynamoJournalOptions;
-use crate::store::wait_until_active;
+use crate::part::{attribute_definition, key_element};
 
 /// The most keys one `BatchGetItem` takes.
 const BATCH_GET_LIMIT: usize = 100;
@@ -133,24 +132,10 @@ impl DynamoJournal {
     /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from DynamoDB.
     pub async fn create_table(&self) -> Result<(), StoreError> {
         const OP: Operation = Operation::Setup;
-        let key = |name: &str, key_type| {
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(key_type)
-                .build()
-                .map_err(|e| build_failure(OP, e))
-        };
-        let attribute = |name: &str, kind| {
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(kind)
-                .build()
-                .map_err(|e| build_failure(OP, e))
-        };
         let index = GlobalSecondaryIndex::builder()
             .index_name(LIST_INDEX)
-            .key_schema(key(attr::LIST_KEY, KeyType::Hash)?)
-            .key_schema(key(attr::UPDATED_AT, KeyType::Range)?)
+            .key_schema(key_element(attr::LIST_KEY, KeyType::Hash)?)
+            .key_schema(key_element(attr::UPDATED_AT, KeyType::Range)?)
             .projection(
                 Projection::builder()
                     .projection_type(ProjectionType::KeysOnly)
@@ -158,30 +143,23 @@ impl DynamoJournal {
             )
             .build()
             .map_err(|e| build_failure(OP, e))?;
-        let created = self
+        let create = self
             .client()
             .create_table()
             .table_name(self.table())
-            .attribute_definitions(attribute(attr::PK, ScalarAttributeType::S)?)
-            .attribute_definitions(attribute(attr::LIST_KEY, ScalarAttributeType::S)?)
-            .attribute_definitions(attribute(attr::UPDATED_AT, ScalarAttributeType::N)?)
-            .key_schema(key(attr::PK, KeyType::Hash)?)
+            .attribute_definitions(attribute_definition(attr::PK, ScalarAttributeType::S)?)
+            .attribute_definitions(attribute_definition(
+                attr::LIST_KEY,
+                ScalarAttributeType::S,
+            )?)
+            .attribute_definitions(attribute_definition(
+                attr::UPDATED_AT,
+                ScalarAttributeType::N,
+            )?)
+            .key_schema(key_element(attr::PK, KeyType::Hash)?)
             .global_secondary_indexes(index)
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await;
-        match created {
-            // Created by someone else (another test, another instance): it
-            // may still be creating, so wait for it all the same.
-            Err(error)
-                if matches!(
-                    error.as_service_error(),
-                    Some(CreateTableError::ResourceInUseException(_))
-                ) => {}
-            Err(error) => return Err(classify(OP, error)),
-            Ok(_) => {}
-        }
-        wait_until_active(self.client(), self.table()).await
+            .billing_mode(BillingMode::PayPerRequest);
+        crate::part::create_table(self.client(), self.table(), create).await
     }
 
     /// The `Put` that records `operation` (as [`record`](JournalStore::record)

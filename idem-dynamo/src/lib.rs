@@ -35,6 +35,16 @@
 //!   each operation found read again strongly consistent, since the index
 //!   lags. [`DynamoJournal::record_item`] records an operation inside your
 //!   own `TransactWriteItems`, with your business write.
+//! - For a message consumer (`idem-consumer`): a [`DynamoStore`] is the
+//!   inbox, and its [`DynamoTransaction`] the handler's, so the inbox
+//!   record commits as one item of the handler's `TransactWriteItems`;
+//!   [`DynamoParking`] (table `idem-parked`, [`DynamoParkingOptions`]) is
+//!   the [`ParkingStore`](idem_core::store::ParkingStore), one item per
+//!   consumer and message id, listed from strongly consistent local indexes
+//!   in one request; [`VersionedItems`] is the
+//!   [`VersionStore`](idem_core::store::VersionStore) over your own table,
+//!   a consistent read and an update conditioned on the event's
+//!   predecessor, pushed into the transaction.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -67,12 +77,53 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idem_consumer::{Consumer, Handled, Handler, async_trait};
+//! use idem_core::store::{InboundMessage, VersionStore};
+//! use idem_core::{HandlerError, StoreError};
+//! use idem_dynamo::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+//! use idem_dynamo::{DynamoParking, DynamoStore, DynamoTransaction, VersionedItems};
+//!
+//! struct Shipping { inbox: DynamoStore, orders: VersionedItems }
+//!
+//! #[async_trait]
+//! impl Handler for Shipping {
+//!     type Tx = DynamoTransaction;
+//!     async fn begin(&self) -> Result<DynamoTransaction, StoreError> {
+//!         self.inbox.begin().await // the inbox record commits with your items
+//!     }
+//!     async fn handle(&self, message: &InboundMessage, mut tx: DynamoTransaction) -> Result<(DynamoTransaction, Handled), HandlerError> {
+//!         let (Some(order), Some(version)) = (message.aggregate(), message.version()) else {
+//!             return Err("an order event without its version".into());
+//!         };
+//!         let check = self.orders.advance(&mut tx, order, version).await?;
+//!         if check == idem_core::store::VersionCheck::Apply {
+//!             let shipment = Put::builder()
+//!                 .table_name("shipments")
+//!                 .item("pk", AttributeValue::S(format!("{order}#{version}")))
+//!                 .build()?;
+//!             tx.push(TransactWriteItem::builder().put(shipment).build());
+//!         }
+//!         Ok((tx, check.into()))
+//!     }
+//! }
+//!
+//! # fn example(inbox: DynamoStore, parking: DynamoParking) -> Result<(), Box<dyn std::error::Error>> {
+//! let orders = VersionedItems::new("orders", "pk", "version")?;
+//! let shipping = Shipping { inbox: inbox.clone(), orders };
+//! let consumer = Consumer::new("shipping", Arc::new(inbox), Arc::new(parking), shipping)?;
+//! # let _ = consumer;
+//! # Ok(()) }
+//! ```
+//!
 //! The modules, as in every idem store: `store` (the store and its trait
 //! implementation), `options`, `claim` (the one-round-trip claim), `codec`
 //! (item and record), `error` (driver error mapping), `commands` (the
 //! expressions sent) and `transaction`; for the journal, `journal` (the
 //! store, its table and its transaction item) and `journal_item` (its item
-//! and expressions).
+//! and expressions); for a consumer, `parking` (the parking store, its
+//! table and item) and `versions` (the version check).
 
 mod claim;
 mod codec;
@@ -84,17 +135,21 @@ pub mod fuzzing;
 mod journal;
 mod journal_item;
 mod options;
+mod parking;
 mod part;
 mod store;
 mod transaction;
+mod versions;
 
 pub use journal::DynamoJournal;
 pub use options::{
-    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TABLE, DynamoJournalOptions,
-    DynamoOptions, ITEM_LIMIT,
+    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PARKING_TABLE, DEFAULT_TABLE,
+    DynamoJournalOptions, DynamoOptions, DynamoParkingOptions, ITEM_LIMIT,
 };
+pub use parking::DynamoParking;
 pub use store::DynamoStore;
 pub use transaction::DynamoTransaction;
+pub use versions::VersionedItems;
 
 /// The SDK, re-exported so your client and ours are the same version.
 pub use aws_sdk_dynamodb;

@@ -221,8 +221,47 @@ part_options!(
     "It may be the records' table of a [`DynamoStore`](crate::DynamoStore) only if that table has the journal's index (see [`create_table`](crate::DynamoJournal::create_table)); a table of its own is simpler."
 );
 
+/// The table [`DynamoParking::new`](crate::DynamoParking::new) uses.
+///
+/// ```
+/// assert_eq!(idem_dynamo::DEFAULT_PARKING_TABLE, "idem-parked");
+/// ```
+pub const DEFAULT_PARKING_TABLE: &str = "idem-parked";
+
+part_options!(
+    /// Settings of a [`DynamoParking`](crate::DynamoParking): its table, its
+    /// clock (which stamps when an entry is parked and resolved) and its
+    /// [operation timeout](StoreOptions::with_operation_timeout), in the shape
+    /// of [`DynamoOptions`].
+    ///
+    /// The setters never fail: [`DynamoParking::with_options`](crate::DynamoParking::with_options)
+    /// checks the whole set once.
+    ///
+    /// The operation timeout bounds each
+    /// [`ParkingStore`](idem_core::store::ParkingStore) operation as a whole,
+    /// the SDK's retries and every request of it included (a purge is a few);
+    /// not [`create_table`](crate::DynamoParking::create_table). A parking
+    /// store keeps no responses, so the response limit of [`StoreOptions`] is
+    /// not used (it is still checked, as everywhere: a zero one is refused).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_dynamo::DynamoParkingOptions;
+    ///
+    /// let options = DynamoParkingOptions::default()
+    ///     .table("shipping-parked")
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+    /// # let _ = options;
+    /// ```
+    DynamoParkingOptions,
+    DEFAULT_PARKING_TABLE,
+    (ITEM_LIMIT, usize::MAX, "unused by a parking store"),
+    "A table of its own: its key and indexes are the parking store's (see [`create_table`](crate::DynamoParking::create_table))."
+);
+
 /// DynamoDB's table name rules: 3 to 255 characters of `[A-Za-z0-9_.-]`.
-fn validate_table(name: &str) -> Result<(), InvalidInput> {
+pub(crate) fn validate_table(name: &str) -> Result<(), InvalidInput> {
     let field = "table name";
     validate_name(
         field,

@@ -132,3 +132,51 @@ pub(crate) fn capabilities(max_response_bytes: usize) -> idem_core::store::Capab
         max_response_bytes,
     )
 }
+
+/// A key schema element of a table or index being created.
+pub(crate) fn key_element(
+    name: &str,
+    key_type: aws_sdk_dynamodb::types::KeyType,
+) -> Result<aws_sdk_dynamodb::types::KeySchemaElement, idem_core::StoreError> {
+    aws_sdk_dynamodb::types::KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(key_type)
+        .build()
+        .map_err(|e| crate::error::build_failure(idem_core::Operation::Setup, e))
+}
+
+/// An attribute definition of a table being created.
+pub(crate) fn attribute_definition(
+    name: &str,
+    kind: aws_sdk_dynamodb::types::ScalarAttributeType,
+) -> Result<aws_sdk_dynamodb::types::AttributeDefinition, idem_core::StoreError> {
+    aws_sdk_dynamodb::types::AttributeDefinition::builder()
+        .attribute_name(name)
+        .attribute_type(kind)
+        .build()
+        .map_err(|e| crate::error::build_failure(idem_core::Operation::Setup, e))
+}
+
+/// Sends `create` (a table with its indexes), then waits until the table is
+/// active, whoever created it.
+pub(crate) async fn create_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    create: aws_sdk_dynamodb::operation::create_table::builders::CreateTableFluentBuilder,
+) -> Result<(), idem_core::StoreError> {
+    use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+    match create.send().await {
+        // Created by someone else (another test, another instance): it
+        // may still be creating, so wait for it all the same.
+        Err(error)
+            if matches!(
+                error.as_service_error(),
+                Some(CreateTableError::ResourceInUseException(_))
+            ) => {}
+        Err(error) => {
+            return Err(crate::error::classify(idem_core::Operation::Setup, error));
+        }
+        Ok(_) => {}
+    }
+    crate::store::wait_until_active(client, table).await
+}

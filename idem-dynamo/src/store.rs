@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+    BillingMode, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TableStatus, TimeToLiveSpecification,
 };
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Record, Timestamp,
@@ -20,6 +20,7 @@ use crate::codec::{self, attr, key, n};
 use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
 use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
 use crate::options::DynamoOptions;
+use crate::part::{attribute_definition, key_element};
 use crate::transaction::DynamoTransaction;
 
 crate::part::dynamo_part!(
@@ -93,20 +94,8 @@ impl DynamoStore {
             .client()
             .create_table()
             .table_name(self.table())
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(attr::PK)
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .map_err(|e| build_failure(OP, e))?,
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name(attr::PK)
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .map_err(|e| build_failure(OP, e))?,
-            )
+            .attribute_definitions(attribute_definition(attr::PK, ScalarAttributeType::S)?)
+            .key_schema(key_element(attr::PK, KeyType::Hash)?)
             .billing_mode(BillingMode::PayPerRequest)
             .send()
             .await;

@@ -113,6 +113,11 @@ impl DynamoTransaction {
         self.items.push(item);
     }
 
+    /// The client and the store's settings, for a version check's read.
+    pub(crate) fn parts(&self) -> (&Client, &Settings) {
+        (&self.client, &self.settings)
+    }
+
     /// Your writes so far, in the order pushed (the indices that
     /// [`StoreError::Rejected`] names).
     pub fn items(&self) -> &[TransactWriteItem] {

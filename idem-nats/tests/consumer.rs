@@ -5,111 +5,32 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
-mod common;
-
-use std::sync::Arc;
-use std::time::Duration;
-
-use async_nats::jetstream;
-use idem_conformance::consumers::{self, ConsumerBroker};
-use idem_consumer::{Source, async_trait};
-use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
-use idem_outbox::Publisher;
-
-/// Short, so a consumer killed before its ack is redelivered soon; long
-/// enough that a loaded machine acks every delivery it handles in time.
-const ACK_WAIT: Duration = Duration::from_secs(3);
-/// Short, so a second publish of one message can be made to get through.
-const WINDOW: Duration = Duration::from_millis(200);
-
-/// A stream of the test's own with a short duplicate window, and one
-/// durable consumer on it.
-struct JetStream {
-    context: jetstream::Context,
-    stream: String,
-    durable: String,
-    publisher: Arc<JetStreamPublisher>,
-}
-
-impl JetStream {
-    async fn new() -> Self {
-        let client = async_nats::connect(common::url()).await.unwrap();
-        let context = jetstream::new(client);
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let stream = format!("IDEM_CONSUMER_{id}");
-        let prefix = format!("idem-consumer-{id}");
-        context
-            .create_stream(jetstream::stream::Config {
-                name: stream.clone(),
-                subjects: vec![format!("{prefix}.>")],
-                storage: jetstream::stream::StorageType::Memory,
-                duplicate_window: WINDOW,
-                max_age: Duration::from_secs(600),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let publisher =
-            JetStreamPublisher::connect(&common::url(), JetStreamOptions::new(&prefix).unwrap())
-                .await
-                .unwrap();
-        Self {
-            context,
-            stream,
-            durable: format!("consumer-{id}"),
-            publisher: Arc::new(publisher),
-        }
-    }
-
-    async fn delete(self) {
-        let _ = self.context.delete_stream(&self.stream).await;
-    }
-}
-
-#[async_trait]
-impl ConsumerBroker for JetStream {
-    type Source = JetStreamSource;
-
-    fn publisher(&self) -> Arc<dyn Publisher> {
-        self.publisher.clone()
-    }
-
-    async fn source(&self, max_deliveries: u32) -> JetStreamSource {
-        // A connection of its own, so killing it leaves the others be.
-        let client = async_nats::connect(common::url()).await.unwrap();
-        let config = JetStreamSource::durable(&self.durable, max_deliveries, ACK_WAIT);
-        JetStreamSource::attach(&jetstream::new(client), &self.stream, config)
-            .await
-            .unwrap()
-    }
-
-    async fn kill(&self, source: JetStreamSource) {
-        drop(source);
-    }
-
-    fn duplicate_window(&self) -> Duration {
-        WINDOW * 2
-    }
-}
+use idem_conformance::consumers::{self, ConsumerBroker, MemoryBackend};
+use idem_conformance::jetstream::{ACK_WAIT, JetStream, WINDOW};
+use idem_consumer::Source;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_is_acked_without_effect() {
     let broker = JetStream::new().await;
-    consumers::a_duplicate_delivery_is_acked_without_effect(&broker).await;
+    consumers::a_duplicate_delivery_is_acked_without_effect(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
     let broker = JetStream::new().await;
-    consumers::killed_between_commit_and_ack_the_redelivery_has_no_second_effect(&broker).await;
+    consumers::killed_between_commit_and_ack_the_redelivery_has_no_second_effect(
+        &broker,
+        &MemoryBackend,
+    )
+    .await;
     broker.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_parked_and_replayed() {
     let broker = JetStream::new().await;
-    consumers::a_poison_message_is_parked_and_replayed(&broker).await;
+    consumers::a_poison_message_is_parked_and_replayed(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_conformance::consumers::{self, ConsumerBroker};
+use idem_conformance::consumers::{self, ConsumerBroker, MemoryBackend};
 use idem_conformance::faults::FaultProxy;
 use idem_consumer::{Consumed, Delivery, Source, async_trait};
 use idem_core::store::NewMessage;
@@ -115,28 +115,32 @@ impl ConsumerBroker for Rabbit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_is_acked_without_effect() {
     let broker = Rabbit::new(true).await;
-    consumers::a_duplicate_delivery_is_acked_without_effect(&broker).await;
+    consumers::a_duplicate_delivery_is_acked_without_effect(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
     let broker = Rabbit::new(true).await;
-    consumers::killed_between_commit_and_ack_the_redelivery_has_no_second_effect(&broker).await;
+    consumers::killed_between_commit_and_ack_the_redelivery_has_no_second_effect(
+        &broker,
+        &MemoryBackend,
+    )
+    .await;
     broker.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_parked_and_replayed() {
     let broker = Rabbit::new(true).await;
-    consumers::a_poison_message_is_parked_and_replayed(&broker).await;
+    consumers::a_poison_message_is_parked_and_replayed(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_classic_queue_the_source_counts_deliveries_itself() {
     let broker = Rabbit::new(false).await;
-    consumers::a_poison_message_is_parked_and_replayed(&broker).await;
+    consumers::a_poison_message_is_parked_and_replayed(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 

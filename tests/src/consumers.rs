@@ -5,6 +5,11 @@
 //! duplicate delivery acknowledged with no effect, a consumer killed
 //! between its commit and its ack whose redelivery has no second effect, a
 //! poison message parked and replayed.
+//!
+//! Each scenario takes a broker ([`ConsumerBroker`]) and a backend
+//! ([`ConsumerBackend`]: the inbox, the parking store and the shop's
+//! [`Books`]), so one body runs on every pair: [`MemoryBackend`] here,
+//! `idem-dynamo`'s tests bring DynamoDB's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,8 +29,8 @@ use tokio::sync::Notify;
 
 use crate::relays::wait_until;
 
-/// What the shop committed: one effect per applied message, and each
-/// aggregate's version.
+/// What the memory shop committed: one effect per applied message, and
+/// each aggregate's version.
 #[derive(Debug, Default)]
 pub struct Domain {
     /// Each applied message's payload, in commit order.
@@ -34,8 +39,44 @@ pub struct Domain {
     pub versions: HashMap<String, u64>,
 }
 
-/// The shop's transaction: its writes and the inbox completion, applied
-/// together at commit under the domain's lock.
+/// Where a [`Shop`] keeps what it applies: the transaction its writes and
+/// the inbox record share, the version check and the effect written
+/// through it, and what committed. [`MemoryBooks`] here; a store's tests
+/// bring their own (a DynamoDB table written through its transaction), and
+/// every scenario runs on them unchanged.
+#[async_trait]
+pub trait Books: Clone + Send + Sync + 'static {
+    /// The transaction the shop's writes and the inbox record share.
+    type Tx: Transaction;
+
+    /// Opens one.
+    async fn begin(&self) -> Result<Self::Tx, StoreError>;
+
+    /// Checks `version` (the aggregate's and the event's), if the message
+    /// carries one, and on [`VersionCheck::Apply`] writes `effect` through
+    /// `tx`; a message without a version always applies.
+    async fn apply(
+        &self,
+        tx: &mut Self::Tx,
+        effect: &str,
+        version: Option<(&str, u64)>,
+    ) -> Result<VersionCheck, HandlerError>;
+
+    /// The effects committed, in commit order.
+    async fn effects(&self) -> Vec<String>;
+}
+
+/// The memory shop's books: a [`Domain`] beside a memory inbox.
+#[derive(Clone)]
+pub struct MemoryBooks {
+    /// The inbox the ledger completes in.
+    pub store: MemoryStore,
+    /// What committed.
+    pub domain: Arc<tokio::sync::Mutex<Domain>>,
+}
+
+/// The memory shop's transaction: its writes and the inbox completion,
+/// applied together at commit under the domain's lock.
 pub struct Ledger {
     store: MemoryStore,
     domain: Arc<tokio::sync::Mutex<Domain>>,
@@ -73,17 +114,53 @@ impl Transaction for Ledger {
     }
 }
 
+#[async_trait]
+impl Books for MemoryBooks {
+    type Tx = Ledger;
+
+    async fn begin(&self) -> Result<Ledger, StoreError> {
+        Ok(Ledger {
+            store: self.store.clone(),
+            domain: self.domain.clone(),
+            effect: None,
+            completion: None,
+        })
+    }
+
+    async fn apply(
+        &self,
+        tx: &mut Ledger,
+        effect: &str,
+        version: Option<(&str, u64)>,
+    ) -> Result<VersionCheck, HandlerError> {
+        if let Some((aggregate, event)) = version {
+            let domain = self.domain.lock().await;
+            let current = domain.versions.get(aggregate).copied().unwrap_or(0);
+            let check = VersionCheck::of(event, current);
+            if check != VersionCheck::Apply {
+                return Ok(check);
+            }
+        }
+        let version = version.map(|(aggregate, event)| (aggregate.to_string(), event));
+        tx.effect = Some((effect.to_string(), version));
+        Ok(VersionCheck::Apply)
+    }
+
+    async fn effects(&self) -> Vec<String> {
+        self.domain.lock().await.effects.clone()
+    }
+}
+
 /// A held handler's gates: it notifies the first on entry, waits for the second.
 pub type Gates = (Arc<Notify>, Arc<Notify>);
 
-/// Applies each message as one effect, checking versions; fails a message
-/// as many times as asked; can hold a message until released.
+/// Applies each message as one effect in its [`Books`], checking versions;
+/// fails a message as many times as asked; can hold a message until
+/// released.
 #[derive(Clone)]
-pub struct Shop {
-    /// The inbox the ledger completes in.
-    pub store: MemoryStore,
-    /// What committed.
-    pub domain: Arc<tokio::sync::Mutex<Domain>>,
+pub struct Shop<B = MemoryBooks> {
+    /// Where it writes.
+    pub books: B,
     failures: Arc<Mutex<HashMap<String, u32>>>,
     hold: Arc<Mutex<Option<Gates>>>,
 }
@@ -91,9 +168,18 @@ pub struct Shop {
 impl Shop {
     /// A shop completing its inbox records in `store`.
     pub fn new(store: MemoryStore) -> Self {
-        Self {
+        Self::with_books(MemoryBooks {
             store,
             domain: Arc::default(),
+        })
+    }
+}
+
+impl<B: Books> Shop<B> {
+    /// A shop writing in `books`.
+    pub fn with_books(books: B) -> Self {
+        Self {
+            books,
             failures: Arc::default(),
             hold: Arc::default(),
         }
@@ -114,28 +200,23 @@ impl Shop {
 
     /// What committed, in order.
     pub async fn effects(&self) -> Vec<String> {
-        self.domain.lock().await.effects.clone()
+        self.books.effects().await
     }
 }
 
 #[async_trait]
-impl Handler for Shop {
-    type Tx = Ledger;
+impl<B: Books> Handler for Shop<B> {
+    type Tx = B::Tx;
 
-    async fn begin(&self) -> Result<Ledger, StoreError> {
-        Ok(Ledger {
-            store: self.store.clone(),
-            domain: self.domain.clone(),
-            effect: None,
-            completion: None,
-        })
+    async fn begin(&self) -> Result<B::Tx, StoreError> {
+        self.books.begin().await
     }
 
     async fn handle(
         &self,
         message: &InboundMessage,
-        mut tx: Ledger,
-    ) -> Result<(Ledger, Handled), HandlerError> {
+        mut tx: B::Tx,
+    ) -> Result<(B::Tx, Handled), HandlerError> {
         let gates = self.hold.lock().unwrap().take();
         if let Some((entered, go)) = gates {
             entered.notify_one();
@@ -149,26 +230,48 @@ impl Handler for Shop {
                 return Err(HandlerError::from(format!("{id} is refused")));
             }
         }
-        let mut version = None;
-        if let (Some(aggregate), Some(event)) = (message.aggregate(), message.version()) {
-            let current = self
-                .domain
-                .lock()
-                .await
-                .versions
-                .get(aggregate)
-                .copied()
-                .unwrap_or(0);
-            let check = VersionCheck::of(event, current);
-            if check != VersionCheck::Apply {
-                return Ok((tx, check.into()));
-            }
-            version = Some((aggregate.to_string(), event));
-        }
+        let version = message.aggregate().zip(message.version());
         let effect = String::from_utf8_lossy(message.payload()).into_owned();
-        tx.effect = Some((effect, version));
-        Ok((tx, Handled::Applied))
+        let check = self.books.apply(&mut tx, &effect, version).await?;
+        Ok((tx, check.into()))
     }
+}
+
+/// The stores a consumer scenario runs on: the inbox, the parking store and
+/// the shop's [`Books`]. [`MemoryBackend`] here; a store's tests bring
+/// theirs, so one scenario body runs on every backend.
+#[async_trait]
+pub trait ConsumerBackend: Send + Sync {
+    /// The shop's books.
+    type Books: Books;
+
+    /// A consumer with `options` on this backend's stores (fresh ones, or
+    /// tables of the backend's own), its shop and its parking store.
+    async fn consumer(&self, options: ConsumerOptions) -> Scenario<Self::Books>;
+}
+
+/// A scenario's consumer, its shop and its parking store.
+pub type Scenario<B> = (Consumer<Shop<B>>, Shop<B>, Arc<dyn ParkingStore>);
+
+/// The memory stores, fresh for each consumer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryBackend;
+
+#[async_trait]
+impl ConsumerBackend for MemoryBackend {
+    type Books = MemoryBooks;
+
+    async fn consumer(&self, options: ConsumerOptions) -> Scenario<MemoryBooks> {
+        let (consumer, shop, parking) = consumer_with(options);
+        (consumer, shop, Arc::new(parking))
+    }
+}
+
+/// The options of the scenarios' consumers: `max_deliveries`, short delays.
+pub fn scenario_options(max_deliveries: u32) -> ConsumerOptions {
+    ConsumerOptions::default()
+        .max_deliveries(max_deliveries)
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
 }
 
 /// A broker under test, for the consumer scenarios: its publisher, and
@@ -210,13 +313,9 @@ pub async fn publish(publisher: &dyn Publisher, messages: &[NewMessage]) -> Vec<
 }
 
 /// A consumer over the memory stores with `max_deliveries` and short
-/// delays, and its shop.
+/// delays ([`scenario_options`]), and its shop.
 pub fn consumer(max_deliveries: u32) -> (Consumer<Shop>, Shop, MemoryParking) {
-    consumer_with(
-        ConsumerOptions::default()
-            .max_deliveries(max_deliveries)
-            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
-    )
+    consumer_with(scenario_options(max_deliveries))
 }
 
 /// A consumer over the memory stores with `options`, and its shop.
@@ -256,8 +355,11 @@ pub async fn next<S: Source>(source: &mut S) -> S::Delivery {
 /// A message published twice (a relay that stopped between the broker's
 /// confirmation and its mark) is delivered twice; the second is
 /// acknowledged with no effect.
-pub async fn a_duplicate_delivery_is_acked_without_effect<B: ConsumerBroker>(broker: &B) {
-    let (consumer, shop, _) = consumer(5);
+pub async fn a_duplicate_delivery_is_acked_without_effect<B: ConsumerBroker, K: ConsumerBackend>(
+    broker: &B,
+    backend: &K,
+) {
+    let (consumer, shop, _) = backend.consumer(scenario_options(5)).await;
     let mut source = broker.source(5).await;
     consumer.check(&source.horizon()).unwrap();
     let publisher = broker.publisher();
@@ -313,10 +415,12 @@ impl<D: Delivery> Delivery for KilledBeforeAck<D> {
 /// acknowledges it with no second effect.
 pub async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect<
     B: ConsumerBroker,
+    K: ConsumerBackend,
 >(
     broker: &B,
+    backend: &K,
 ) {
-    let (consumer, shop, _) = consumer(5);
+    let (consumer, shop, _) = backend.consumer(scenario_options(5)).await;
     let mut doomed = broker.source(5).await;
     let sent = publish(&*broker.publisher(), &[order(2)]).await;
     let first = next(&mut doomed).await;
@@ -344,9 +448,12 @@ pub async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect<
 /// A message the handler always refuses is delivered `max_deliveries`
 /// times with back-off, then parked and acknowledged; replayed once the
 /// handler accepts it, it has its one effect.
-pub async fn a_poison_message_is_parked_and_replayed<B: ConsumerBroker>(broker: &B) {
+pub async fn a_poison_message_is_parked_and_replayed<B: ConsumerBroker, K: ConsumerBackend>(
+    broker: &B,
+    backend: &K,
+) {
     let max = 3;
-    let (consumer, shop, parking) = consumer(max);
+    let (consumer, shop, parking) = backend.consumer(scenario_options(max)).await;
     let mut source = broker.source(max).await;
     let sent = publish(&*broker.publisher(), &[order(3)]).await;
     let id = sent[0].id().to_string();

@@ -36,6 +36,8 @@ use idem_core::store::{IdempotencyStore, JournalStore, OutboxStore, ParkingStore
 pub mod cases;
 pub mod consumers;
 pub mod faults;
+#[cfg(feature = "nats")]
+pub mod jetstream;
 pub mod journal;
 pub mod outbox;
 pub mod parking;

@@ -16,7 +16,10 @@ use idem_core::StoreOptions;
 use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
 use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
-use idem_dynamo::{DynamoJournal, DynamoJournalOptions, DynamoOptions, DynamoStore};
+use idem_dynamo::{
+    DynamoJournal, DynamoJournalOptions, DynamoOptions, DynamoParking, DynamoParkingOptions,
+    DynamoStore,
+};
 
 pub const ENDPOINT_VAR: &str = "IDEM_DYNAMO_ENDPOINT";
 
@@ -43,7 +46,16 @@ pub fn client_at(endpoint: &str) -> Client {
 /// and on an operation (its retries included) after 30 s: far longer than
 /// any store's operation timeout in the tests, so the store's is what fires.
 pub fn client_with(endpoint: &str, connect: Duration) -> Client {
-    let config = Config::builder()
+    Client::from_conf(config_with(endpoint, connect).build())
+}
+
+/// The configuration of [`client_with`], for a test to add to (an
+/// interceptor that records requests).
+pub fn config_with(
+    endpoint: &str,
+    connect: Duration,
+) -> idem_dynamo::aws_sdk_dynamodb::config::Builder {
+    Config::builder()
         .behavior_version_latest()
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
@@ -54,8 +66,6 @@ pub fn client_with(endpoint: &str, connect: Duration) -> Client {
                 .operation_timeout(Duration::from_secs(30))
                 .build(),
         )
-        .build();
-    Client::from_conf(config)
 }
 
 /// A fault proxy in front of the server at `IDEM_DYNAMO_ENDPOINT`.
@@ -173,6 +183,80 @@ pub async fn journal_with(options: DynamoJournalOptions) -> DynamoJournal {
         )
     });
     journal
+}
+
+/// A parking store on a table of the test's own (a purge sees the whole
+/// table), its table and indexes created.
+pub async fn own_parking(prefix: &str) -> DynamoParking {
+    parking_on(client(), &own_table(prefix)).await
+}
+
+/// A parking store over `client` on `table`, with
+/// [`GENEROUS_OPERATION_TIMEOUT`], its table and indexes created.
+pub async fn parking_on(client: Client, table: &str) -> DynamoParking {
+    let shared = StoreOptions::default().with_operation_timeout(GENEROUS_OPERATION_TIMEOUT);
+    let options = DynamoParkingOptions::default()
+        .table(table)
+        .store_options(shared);
+    let parking = DynamoParking::with_options(client, options).expect("valid options");
+    parking.create_table().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",
+            parking.table(),
+            endpoint()
+        )
+    });
+    parking
+}
+
+/// A table of the test's own in the shape of an application's: string
+/// partition key `pk`, and string sort key `sk` if `sorted`.
+pub async fn app_table(prefix: &str, sorted: bool) -> String {
+    use idem_dynamo::aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let table = own_table(prefix);
+    let keys: &[(&str, KeyType)] = if sorted {
+        &[("pk", KeyType::Hash), ("sk", KeyType::Range)]
+    } else {
+        &[("pk", KeyType::Hash)]
+    };
+    let mut create = client()
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest);
+    for (name, kind) in keys {
+        create = create
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(*name)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .unwrap(),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(*name)
+                    .key_type(kind.clone())
+                    .build()
+                    .unwrap(),
+            );
+    }
+    create
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("cannot create table {table}: {e:?}"));
+    table
+}
+
+/// Deletes a table of the test's own.
+pub async fn delete_table(table: &str) {
+    client()
+        .delete_table()
+        .table_name(table)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("cannot delete table {table}: {e:?}"));
 }
 
 /// A fresh table name for a test of its own.

@@ -14,9 +14,7 @@ use tokio::time::Instant;
 
 /// The server scripts/test ensures (the same default without it: a server
 /// that is not there fails the tests).
-pub fn url() -> String {
-    std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_string())
-}
+pub use idem_conformance::jetstream::url;
 
 /// `host:port` of the server.
 pub fn address() -> String {
