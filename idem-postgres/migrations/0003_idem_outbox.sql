@@ -58,9 +58,15 @@ CREATE INDEX IF NOT EXISTS idem_outbox_open_idx ON idem_outbox (aggregate, seque
     WHERE state IN ('pending', 'parked');
 
 -- A claim walks the pending messages oldest first; parked lists the parked
--- ones; stats counts both.
-CREATE INDEX IF NOT EXISTS idem_outbox_waiting_idx ON idem_outbox (state, enqueued_at, id)
-    WHERE state IN ('pending', 'parked');
+-- ones. Two indexes, not one over both states: the claim's test of an open
+-- message below a head (state pending or parked) must find no index but
+-- the open one above to match it, whatever the statistics say.
+CREATE INDEX IF NOT EXISTS idem_outbox_pending_idx ON idem_outbox (enqueued_at, id)
+    WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS idem_outbox_parked_idx ON idem_outbox (enqueued_at, id)
+    WHERE state = 'parked';
+-- Both states in one index, as an earlier version had it.
+DROP INDEX IF EXISTS idem_outbox_waiting_idx;
 
 -- A purge finds finished messages by when they finished (a dropped message
 -- keeps no sent_at, and counts from its enqueue).
@@ -133,5 +139,56 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'idem: outbox message % vanished while enqueued again', p_id
         USING ERRCODE = '40001';
+END
+$$;
+
+-- Claims up to p_limit aggregate heads for p_owner, leased for p_lease
+-- milliseconds; returns them (in no order).
+--
+-- The heads: pending, free, available, with no open message of their
+-- aggregate below them (a parked message is always its aggregate's head,
+-- and only a head is ever leased, so this also says nothing of the
+-- aggregate is parked or leased). The walk goes oldest first down the
+-- pending index and stops at the limit; each candidate's test is a probe
+-- of the open index by its aggregate and sequence. Statistics taken before
+-- a backlog built up (or none yet, on a new table) would plan otherwise:
+-- the backlog read whole and sorted, or the open index read whole for each
+-- candidate, on every claim, and most when the backlog is biggest. So
+-- sorting is ruled out (the index's order is the plan), and the test is
+-- kept a subquery of its own (OFFSET 0: never flattened into a join whose
+-- inner side may be a whole scan), planned with the candidate's aggregate
+-- and sequence as its index's bounds.
+-- `FOR UPDATE OF o SKIP LOCKED` locks each head before the limit counts
+-- it, passing over those a racing claim holds, and re-checks a head on its
+-- latest version: one a racing claim leased, or a relay sent, since this
+-- statement's snapshot drops out. A message below a head never reappears
+-- (sent and dropped are final; a new message takes a higher sequence), so
+-- what the snapshot saw as the head still is. The update finds the picked
+-- rows by their key (an array, not a join the planner may hash over the
+-- whole table, sent rows included).
+CREATE OR REPLACE FUNCTION idem_outbox_claim(p_owner uuid, p_lease bigint, p_limit bigint)
+RETURNS SETOF idem_outbox
+LANGUAGE plpgsql VOLATILE
+SET enable_sort = off
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH c AS MATERIALIZED (SELECT idem_outbox_now() AS now),
+    picked AS (
+        SELECT o.id FROM idem_outbox AS o CROSS JOIN c
+        WHERE o.state = 'pending' AND o.available_at <= c.now
+          AND (o.lease_until IS NULL OR o.lease_until <= c.now)
+          AND NOT EXISTS (
+            SELECT 1 FROM idem_outbox AS p
+            WHERE p.aggregate = o.aggregate AND p.sequence < o.sequence
+              AND p.state IN ('pending', 'parked')
+            OFFSET 0)
+        ORDER BY o.enqueued_at, o.id
+        LIMIT p_limit
+        FOR UPDATE OF o SKIP LOCKED
+    )
+    UPDATE idem_outbox AS r SET lease_owner = p_owner, lease_until = c.now + p_lease
+    FROM c WHERE r.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING r.*;
 END
 $$;

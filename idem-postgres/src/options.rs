@@ -34,7 +34,7 @@ const JOURNAL_MIGRATION: &str = include_str!("../migrations/0002_idem_journal.sq
 const OUTBOX_MIGRATION: &str = include_str!("../migrations/0003_idem_outbox.sql");
 
 /// The indexes of the outbox's migration, by their suffix to the table's name.
-const OUTBOX_INDEXES: [&str; 3] = ["_open_idx", "_waiting_idx", "_finished_idx"];
+const OUTBOX_INDEXES: [&str; 4] = ["_open_idx", "_pending_idx", "_parked_idx", "_finished_idx"];
 
 /// The longest notification channel Postgres accepts (`NAMEDATALEN - 1`).
 const MAX_CHANNEL: usize = 63;
@@ -526,12 +526,14 @@ mod tests {
         assert!(!sql.contains("idem_outbox"), "{sql}");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events ("));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events_aggregates ("));
-        for function in ["now", "enqueue"] {
+        for function in ["now", "enqueue", "claim"] {
             assert!(
                 sql.contains(&format!("FUNCTION app.events_{function}(")),
                 "{function}"
             );
         }
+        // An earlier version's index, dropped by its name in the schema.
+        assert!(sql.contains("DROP INDEX IF EXISTS app.events_waiting_idx;"));
         for index in OUTBOX_INDEXES {
             assert!(
                 sql.contains(&format!(

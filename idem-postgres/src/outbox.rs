@@ -70,7 +70,10 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///   `FOR UPDATE SKIP LOCKED`, and leases them. Racing relays never block
 ///   each other and never hold two messages of one aggregate: a head a
 ///   claim locks is re-checked on its latest version, and an aggregate's
-///   head changes only when it is sent or dropped, for good.
+///   head changes only when it is sent or dropped, for good. Its cost
+///   follows the batch, not the backlog, whatever the table's statistics:
+///   a walk down the pending messages' index and one probe per head (the
+///   claim function's comment in the migration says how).
 /// - **One round trip.** Every operation is one statement (after the
 ///   connection has prepared it once), for every outcome. Leases, back-off
 ///   and ages are the database server's clock's. For exactly one round trip
@@ -147,43 +150,17 @@ impl Statements {
                 table.derived("_enqueue")
             )
             .into(),
-            // The heads: pending, free, available, with no open message of
-            // their aggregate below them (a parked message is always its
-            // aggregate's head, and only a head is ever leased, so this
-            // also says nothing of the aggregate is parked or leased).
-            // `FOR UPDATE OF o SKIP LOCKED` locks each before the limit
-            // counts it, passing over those a racing claim holds, and
-            // re-checks a head on its latest version: one a racing claim
-            // leased, or a relay sent, since this statement's snapshot
-            // drops out. A message below a head never reappears (sent and
-            // dropped are final; a new message takes a higher sequence), so
-            // what the snapshot saw as the head still is. The update finds
-            // the picked rows by their key (an array, not a join the
-            // planner may hash over the whole table, sent rows included).
+            // One call of the claim function (its comment in the
+            // migration says how it walks, and why it never sorts).
             claim: format!(
-                "{clock}, picked AS ( \
-                   SELECT o.id FROM {t} AS o CROSS JOIN c \
-                   WHERE o.state = 'pending' AND o.available_at <= c.now \
-                     AND (o.lease_until IS NULL OR o.lease_until <= c.now) \
-                     AND NOT EXISTS ( \
-                       SELECT 1 FROM {t} AS p \
-                       WHERE p.aggregate = o.aggregate AND p.sequence < o.sequence \
-                         AND p.state IN ('pending', 'parked')) \
-                   ORDER BY o.enqueued_at, o.id \
-                   LIMIT $3 \
-                   FOR UPDATE OF o SKIP LOCKED \
-                 ), claimed AS ( \
-                   UPDATE {t} AS r SET lease_owner = $1, lease_until = c.now + $2 \
-                   FROM c WHERE r.id = ANY(ARRAY(SELECT id FROM picked)) \
-                   RETURNING r.* \
-                 ) \
-                 SELECT {row} FROM claimed AS r ORDER BY r.enqueued_at, r.id"
+                "SELECT {row} FROM {}($1, $2, $3) AS r ORDER BY r.enqueued_at, r.id",
+                table.derived("_claim")
             )
             .into(),
             // Only a pending message holds a lease (a claim leases pending
             // heads, and every way out of pending clears the lease), so a
             // live lease of the owner's is the whole condition. A test of
-            // the state here would match the waiting index's predicate, and
+            // the state here would match the pending index's predicate, and
             // the generic plan of a table without statistics then walks
             // every pending row of that index, checking each against the
             // ids, instead of looking the ids up by key.
