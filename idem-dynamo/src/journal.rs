@@ -288,14 +288,6 @@ fn held_condition() -> String {
 }
 
 impl Operations {
-    fn table(&self) -> &str {
-        &self.settings.table
-    }
-
-    fn now(&self) -> Timestamp {
-        self.settings.clock.now()
-    }
-
     /// Sends `write` at `now`, stamping `updated_at`; if the only thing in
     /// its way is a stored `updated_at` after `now` (the last writer's
     /// clock ahead of this one's), sends it again keeping that time, so
@@ -387,39 +379,28 @@ impl Operations {
             attr::LIST_KEY,
             attr::UPDATED_AT
         );
-        let mut found = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let page_limit = i32::try_from(limit - found.len()).unwrap_or(i32::MAX);
-            let page = self
-                .client
-                .query()
-                .table_name(self.table())
-                .index_name(LIST_INDEX)
-                .key_condition_expression(condition.as_str())
-                .set_expression_attribute_names(Some(names(&[&condition])))
-                .expression_attribute_values(":lst", list_key(namespace, state))
-                .expression_attribute_values(":cutoff", millis(cutoff))
-                .scan_index_forward(true)
-                .limit(page_limit)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| classify(OP, e))?;
-            for item in page.items() {
+        crate::part::query_pages(
+            &self.client,
+            self.table(),
+            LIST_INDEX,
+            &condition,
+            OP,
+            limit,
+            |query| {
+                query
+                    .expression_attribute_values(":lst", list_key(namespace, state))
+                    .expression_attribute_values(":cutoff", millis(cutoff))
+            },
+            |item| {
                 let pk = item
                     .get(attr::PK)
                     .ok_or_else(|| StoreError::corrupt(STORE, OP, attr::PK))?;
                 let changed = crate::codec::get_n(item, attr::UPDATED_AT)
                     .ok_or_else(|| StoreError::corrupt(STORE, OP, attr::UPDATED_AT))?;
-                found.push((changed, pk.clone()));
-            }
-            start = page.last_evaluated_key().cloned();
-            if start.is_none() || found.len() >= limit {
-                found.truncate(limit);
-                return Ok(found);
-            }
-        }
+                Ok((changed, pk.clone()))
+            },
+        )
+        .await
     }
 
     /// The items of `keys`, read strongly consistent, in any order; those

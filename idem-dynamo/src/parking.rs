@@ -2,6 +2,7 @@
 //! construction, the table and its indexes, the item layout, and the trait
 //! implementation (one request per operation, a purge's deletes aside).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{
@@ -133,10 +134,8 @@ crate::part::dynamo_part!(
 );
 
 impl DynamoParking {
-    /// Creates the table and its three indexes if the table does not exist,
-    /// and waits until it is active.
-    ///
-    /// The definition, for those who create tables with their own tools:
+    /// Creates the table with its three indexes, unless it exists, then
+    /// waits for it to be active. To create it with other tools instead:
     ///
     /// - partition key `pk` (`S`: the consumer's name), sort key `sk` (`S`:
     ///   the message id);
@@ -145,8 +144,8 @@ impl DynamoParking {
     ///   attributes (a listing reads its entries from the index);
     /// - a global secondary index `by-resolution` with partition key `rsv`
     ///   (`S`) and sort key `rat` (`N`, epoch milliseconds), keys only;
-    /// - billing mode on demand (`PAY_PER_REQUEST`) here; provisioned works
-    ///   too, with capacity for the global index;
+    /// - billed on demand (`PAY_PER_REQUEST`) here, or provisioned with
+    ///   capacity for the global index;
     /// - no Time to Live: entries stay until purged.
     ///
     /// Local indexes can only be made with the table.
@@ -159,7 +158,8 @@ impl DynamoParking {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Backend`] from DynamoDB.
+    /// DynamoDB's refusal or failure: [`StoreError::Backend`], or
+    /// [`StoreError::Unavailable`] (retryable).
     pub async fn create_table(&self) -> Result<(), StoreError> {
         const OP: Operation = Operation::Setup;
         let projection = |kind: ProjectionType| Projection::builder().projection_type(kind).build();
@@ -364,14 +364,6 @@ fn entry(item: &Item, op: Operation) -> Result<ParkedMessage, StoreError> {
 }
 
 impl Entries {
-    fn table(&self) -> &str {
-        &self.settings.table
-    }
-
-    fn now(&self) -> Timestamp {
-        self.settings.clock.now()
-    }
-
     fn key(consumer: &Tenant, id: &IdempotencyKey) -> Item {
         Item::from([
             (attr::PK.to_string(), s(consumer.as_str())),
@@ -398,39 +390,25 @@ impl Entries {
                 attr::VERSION_KEY
             ),
         };
-        let mut found = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let page_limit = i32::try_from(limit - found.len()).unwrap_or(i32::MAX);
-            let page = self
-                .client
-                .query()
-                .table_name(self.table())
-                .index_name(index)
-                .key_condition_expression(condition.as_str())
-                .set_expression_attribute_names(Some(names(&[&condition])))
-                .set_expression_attribute_values(Some(
-                    [(":c".to_string(), s(consumer.as_str()))]
-                        .into_iter()
-                        .chain(prefix.clone().map(|p| (":p".to_string(), s(p))))
-                        .collect(),
-                ))
-                .consistent_read(true)
-                .scan_index_forward(true)
-                .limit(page_limit)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| classify(OP, e))?;
-            for item in page.items() {
-                found.push(entry(item, OP)?);
-            }
-            start = page.last_evaluated_key().cloned();
-            if start.is_none() || found.len() >= limit {
-                found.truncate(limit);
-                return Ok(found);
-            }
-        }
+        let values: HashMap<String, AttributeValue> = [(":c".to_string(), s(consumer.as_str()))]
+            .into_iter()
+            .chain(prefix.map(|p| (":p".to_string(), s(p))))
+            .collect();
+        crate::part::query_pages(
+            &self.client,
+            self.table(),
+            index,
+            &condition,
+            OP,
+            limit,
+            |query| {
+                query
+                    .set_expression_attribute_values(Some(values))
+                    .consistent_read(true)
+            },
+            |item| entry(item, OP),
+        )
+        .await
     }
 
     /// The keys of up to `limit` entries resolved at or before `cutoff`,
@@ -446,41 +424,32 @@ impl Entries {
             attr::RESOLVED,
             attr::RESOLVED_AT
         );
-        let mut keys = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let page_limit = i32::try_from(limit - keys.len()).unwrap_or(i32::MAX);
-            let page = self
-                .client
-                .query()
-                .table_name(self.table())
-                .index_name(RESOLVED_INDEX)
-                .key_condition_expression(condition.as_str())
-                .set_expression_attribute_names(Some(names(&[&condition])))
-                .expression_attribute_values(":rsv", s(RESOLVED))
-                .expression_attribute_values(":cutoff", n(cutoff.as_unix_millis()))
-                .scan_index_forward(true)
-                .limit(page_limit)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| classify(OP, e))?;
-            for found in page.items() {
-                let key = [attr::PK, attr::SK].map(|name| {
-                    found
-                        .get(name)
-                        .cloned()
-                        .map(|value| (name.to_string(), value))
-                        .ok_or_else(|| corrupt(OP, name))
-                });
-                keys.push(key.into_iter().collect::<Result<Item, _>>()?);
-            }
-            start = page.last_evaluated_key().cloned();
-            if start.is_none() || keys.len() >= limit {
-                keys.truncate(limit);
-                return Ok(keys);
-            }
-        }
+        crate::part::query_pages(
+            &self.client,
+            self.table(),
+            RESOLVED_INDEX,
+            &condition,
+            OP,
+            limit,
+            |query| {
+                query
+                    .expression_attribute_values(":rsv", s(RESOLVED))
+                    .expression_attribute_values(":cutoff", n(cutoff.as_unix_millis()))
+            },
+            |found| {
+                [attr::PK, attr::SK]
+                    .map(|name| {
+                        found
+                            .get(name)
+                            .cloned()
+                            .map(|value| (name.to_string(), value))
+                            .ok_or_else(|| corrupt(OP, name))
+                    })
+                    .into_iter()
+                    .collect::<Result<Item, _>>()
+            },
+        )
+        .await
     }
 }
 

@@ -29,6 +29,17 @@ macro_rules! dynamo_part {
             settings: $crate::options::Settings,
         }
 
+        impl $inner {
+            fn table(&self) -> &str {
+                &self.settings.table
+            }
+
+            /// Now, by the store's clock (the caller's: DynamoDB has none).
+            fn now(&self) -> idem_core::store::Timestamp {
+                self.settings.clock.now()
+            }
+        }
+
         impl ::std::fmt::Debug for $inner {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.debug_struct(stringify!($ty))
@@ -179,4 +190,51 @@ pub(crate) async fn create_table(
         Ok(_) => {}
     }
     crate::store::wait_until_active(client, table).await
+}
+
+/// Up to `limit` items of `index` of `table` matching the key `condition`
+/// (its names taken from it, its values and anything else set by `ask`), in
+/// the index's order, each read by `take`: a request a page, until `limit`
+/// or the last page.
+#[allow(clippy::too_many_arguments)] // one query's parts, each named once
+pub(crate) async fn query_pages<T>(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    index: &str,
+    condition: &str,
+    op: idem_core::Operation,
+    limit: usize,
+    ask: impl FnOnce(
+        aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+    mut take: impl FnMut(&crate::codec::Item) -> Result<T, idem_core::StoreError>,
+) -> Result<Vec<T>, idem_core::StoreError> {
+    // The query's own parts, built once; each page adds its start and size.
+    let query = ask(client
+        .query()
+        .table_name(table)
+        .index_name(index)
+        .key_condition_expression(condition)
+        .set_expression_attribute_names(Some(crate::journal_item::names(&[condition]))))
+    .scan_index_forward(true);
+    let mut found = Vec::new();
+    let mut start: Option<crate::codec::Item> = None;
+    loop {
+        let page_limit = i32::try_from(limit.saturating_sub(found.len())).unwrap_or(i32::MAX);
+        let page = query
+            .clone()
+            .limit(page_limit)
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .map_err(|e| crate::error::classify(op, e))?;
+        for item in page.items() {
+            found.push(take(item)?);
+        }
+        start = page.last_evaluated_key().cloned();
+        if start.is_none() || found.len() >= limit {
+            found.truncate(limit);
+            return Ok(found);
+        }
+    }
 }

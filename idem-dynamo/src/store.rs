@@ -144,16 +144,6 @@ pub(crate) async fn wait_until_active(client: &Client, table: &str) -> Result<()
     ))
 }
 
-impl Records {
-    fn table(&self) -> &str {
-        &self.settings.table
-    }
-
-    fn now(&self) -> Timestamp {
-        self.settings.clock.now()
-    }
-}
-
 #[async_trait]
 impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
