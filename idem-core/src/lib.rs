@@ -73,7 +73,7 @@ pub use options::StoreOptions;
 pub use outcome::{HandlerError, IntoVerdict, ResultExt, RunError, RunOutcome, Storable, Verdict};
 pub use record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
 pub use runner::{Idempotency, NoTransaction, RunContext};
-pub use scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant};
+pub use scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant, redacted};
 pub use sweeper::Sweeper;
 
 /// Re-exported so store crates and their users agree on one version.

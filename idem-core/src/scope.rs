@@ -125,9 +125,23 @@ impl IdempotencyKey {
     /// # Ok::<(), idem_core::InvalidInput>(())
     /// ```
     pub fn redacted(&self) -> String {
-        let digest = Sha256::digest(self.0.as_bytes());
-        hex::encode(&digest[..8])
+        redacted(&self.0)
     }
+}
+
+/// A short, stable hash of any key (an aggregate's, a message's), for logs
+/// and traces: keys can be personal data, their hashes are not. The same
+/// as [`IdempotencyKey::redacted`] for the same text.
+///
+/// ```
+/// let hash = idem_core::redacted("customer-jane@example.com");
+/// assert_eq!(hash.len(), 16);
+/// assert_eq!(hash, idem_core::IdempotencyKey::new("customer-jane@example.com")?.redacted());
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+pub fn redacted(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    hex::encode(&digest[..8])
 }
 
 impl fmt::Debug for Tenant {

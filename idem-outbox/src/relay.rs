@@ -603,7 +603,7 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                     marked.pass.parked += 1;
                     tracing::warn!(
                         message_id = %message.id(),
-                        aggregate = message.message().aggregate(),
+                        aggregate_hash = %idem_core::redacted(message.message().aggregate()),
                         %error,
                         "an outbox message failed its last attempt; it and its aggregate are parked"
                     );

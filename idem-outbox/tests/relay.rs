@@ -94,6 +94,62 @@ async fn a_relay_publishes_each_aggregate_in_sequence_one_at_a_time() {
     assert_eq!(outbox.stats().await.unwrap().pending, 0);
 }
 
+/// Every field of every event logged, as text.
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<HashMap<String, String>>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Logged {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields<'a>(&'a mut HashMap<String, String>);
+        impl tracing::field::Visit for Fields<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0
+                    .insert(field.name().to_string(), format!("{value:?}"));
+            }
+        }
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().push(fields);
+    }
+}
+
+/// The warning of a parked message names its aggregate by a hash only: an
+/// aggregate's key can be personal data.
+#[tokio::test(flavor = "current_thread")]
+async fn a_parked_message_is_logged_with_its_aggregates_hash_never_the_aggregate() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let aggregate = "customer-jane@example.com";
+    let outbox = Arc::new(MemoryOutbox::new());
+    outbox.enqueue(&message(aggregate, 1)).await.unwrap();
+    let publisher = Arc::new(Recording::default());
+    publisher.refuse.lock().unwrap().push(aggregate.into());
+    let relay = Relay::new(outbox.clone(), publisher, quick());
+    let logged = Logged::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(logged.clone()));
+    let mut parked = 0;
+    for _ in 0..6 {
+        parked += relay.relay_once().await.unwrap().parked;
+    }
+    assert_eq!(parked, 1);
+    let events = logged.0.lock().unwrap().clone();
+    let warning = events
+        .iter()
+        .find(|fields| fields.get("message").is_some_and(|m| m.contains("parked")))
+        .expect("the parked message's warning");
+    assert_eq!(
+        warning.get("aggregate_hash"),
+        Some(&idem_core::redacted(aggregate))
+    );
+    for fields in &events {
+        assert!(
+            fields.values().all(|value| !value.contains("jane")),
+            "{fields:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_message_that_keeps_failing_is_parked_and_only_its_aggregate_waits() {
     let outbox = Arc::new(MemoryOutbox::new());
