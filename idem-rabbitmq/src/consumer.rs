@@ -20,12 +20,9 @@ use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
 /// The header a quorum queue counts a message's earlier deliveries in.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
-/// The pause after a first failed reconnection; it doubles up to
-/// [`RECONNECT_MAX_PAUSE`].
-const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(100);
-const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(5);
 /// How long one reconnection (connection, channel, consume) may take: a
-/// broker that accepts and then says nothing is given up on and tried again.
+/// broker that accepts and then says nothing is given up on, with a
+/// retryable error.
 const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a [`RabbitSource`] consumes; each setter checks its value.
@@ -140,11 +137,13 @@ type Counts = Arc<Mutex<HashMap<String, u32>>>;
 ///   exchange, if it has one) with a warning: no inbox can tell its copies
 ///   apart.
 /// - A source made by [`connect`](Self::connect) survives a lost
-///   connection: [`next`](Source::next) opens a new one (a new channel
-///   where only the channel was lost) and consumes again, trying with a
-///   back-off of 100 ms doubling to 5 s, with a warning each time, until the
-///   broker is back. The broker delivers the lost connection's unsettled
-///   messages again (their acks fail: the inbox makes the copies
+///   connection: the [`next`](Source::next) after the loss opens a new one
+///   (a new channel where only the channel was lost) and consumes again;
+///   while the broker cannot be reached, each call makes one attempt (of
+///   at most 10 s) and answers a retryable [`BrokerError`], so the caller's
+///   back-off paces the attempts ([`Consumer::run`](idem_consumer::Consumer::run)
+///   asks again after its own). The broker delivers the lost connection's
+///   unsettled messages again (their acks fail: the inbox makes the copies
 ///   duplicates). One made by [`new`](Self::new) on the caller's
 ///   connection answers the loss with an error.
 ///
@@ -162,6 +161,8 @@ pub struct RabbitSource {
     link: Link,
     /// Set when the source opened the connection, and may open another.
     url: Option<String>,
+    /// The link was lost: the next receive consumes again first.
+    lost: bool,
     options: RabbitSourceOptions,
     counts: Counts,
 }
@@ -225,6 +226,7 @@ impl RabbitSource {
             connection,
             link,
             url: Some(url.to_string()),
+            lost: false,
             options,
             counts: Counts::default(),
         })
@@ -244,6 +246,7 @@ impl RabbitSource {
             connection,
             link,
             url: None,
+            lost: false,
             options,
             counts: Counts::default(),
         })
@@ -262,26 +265,30 @@ impl RabbitSource {
     }
 
     /// Consumes again on a new channel, and a new connection to `url` if
-    /// the old one is gone, until it works or the broker refuses the queue.
+    /// the old one is gone: one attempt, bounded by [`RECONNECT_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// A retryable [`BrokerError`] while the broker cannot be reached; a
+    /// rejection when it answers and refuses the queue.
     async fn reconnect(&mut self, url: &str) -> Result<(), BrokerError> {
-        let mut pause = RECONNECT_FIRST_PAUSE;
-        loop {
-            match tokio::time::timeout(RECONNECT_TIMEOUT, self.reopen(url)).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(Reopen::Refused(error))) => return Err(error),
-                Ok(Err(Reopen::Unreachable(error))) => {
-                    tracing::warn!(%error, ?pause, "cannot reach RabbitMQ again yet");
-                }
-                Err(_) => {
-                    tracing::warn!(?pause, "RabbitMQ did not answer a reconnection in time");
-                }
+        match tokio::time::timeout(RECONNECT_TIMEOUT, self.reopen(url)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(Reopen::Refused(mut error))) => {
+                // Not the network's doing: asking again will not help.
+                error.retryable = false;
+                Err(error)
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+            Ok(Err(Reopen::Unreachable(error))) => Err(error),
+            Err(_) => Err(BrokerError::unavailable(
+                BROKER,
+                "connect",
+                format!("no answer to a reconnection within {RECONNECT_TIMEOUT:?}"),
+            )),
         }
     }
 
-    /// One attempt of [`reconnect`](Self::reconnect).
+    /// [`reconnect`](Self::reconnect)'s attempt, without its time limit.
     async fn reopen(&mut self, url: &str) -> Result<(), Reopen> {
         if !self.connection.status().connected() {
             // Kept at once: an attempt cut short by its time limit leaves
@@ -487,6 +494,12 @@ impl Source for RabbitSource {
 
     async fn next(&mut self) -> Result<Option<RabbitDelivery>, BrokerError> {
         loop {
+            if self.lost
+                && let Some(url) = self.url.clone()
+            {
+                self.reconnect(&url).await?;
+                self.lost = false;
+            }
             let next = self.link.consumer.next().await;
             // A consumer ends without an error when the broker cancels it
             // (its queue deleted); with its channel, when that is lost.
@@ -495,11 +508,11 @@ impl Source for RabbitSource {
                 None => !self.link.channel.status().connected(),
                 Some(Ok(_)) => false,
             };
-            if let (true, Some(url)) = (lost, self.url.clone()) {
+            if lost && self.url.is_some() {
                 if let Some(Err(error)) = &next {
                     tracing::warn!(%error, "lost the RabbitMQ consumer; reconnecting");
                 }
-                self.reconnect(&url).await?;
+                self.lost = true;
                 continue;
             }
             let Some(next) = next else {

@@ -343,13 +343,23 @@ fn order(n: usize) -> NewMessage {
     .unwrap()
 }
 
-/// Takes the source's next delivery, within the tests' patience.
+/// Takes the source's next delivery, within the tests' patience, asking
+/// again after a retryable error (a broker being reconnected to), as
+/// `Consumer::run` does.
 pub async fn next<S: Source>(source: &mut S) -> S::Delivery {
-    tokio::time::timeout(crate::relays::PATIENCE, source.next())
-        .await
-        .expect("a delivery within the patience")
-        .expect("the broker answers")
-        .expect("the source is open")
+    let deadline = tokio::time::Instant::now() + crate::relays::PATIENCE;
+    loop {
+        let next = tokio::time::timeout_at(deadline, source.next())
+            .await
+            .expect("a delivery within the patience");
+        match next {
+            Ok(delivery) => return delivery.expect("the source is open"),
+            Err(error) if error.is_retryable() => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("the broker refused: {error}"),
+        }
+    }
 }
 
 /// A message published twice (a relay that stopped between the broker's
