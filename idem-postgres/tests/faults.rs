@@ -47,13 +47,8 @@ impl PrivatePostgres {
     /// initdb, then start; blocking (run it off the runtime's workers).
     fn start() -> Self {
         let bin = postgres_bin();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let base =
-            std::env::temp_dir().join(format!("idem-pg-faults-{}", uuid::Uuid::new_v4().simple()));
+        let port = idem_conformance::faults::free_port();
+        let base = idem_conformance::faults::private_dir("idem-pg-faults");
         std::fs::create_dir_all(base.join("socket")).unwrap();
         let server = Self { base, bin, port };
         if running_as_root() {

@@ -31,11 +31,7 @@ async fn a_lost_reply_on_one_node_is_answered_truthfully() {
 async fn a_lost_reply_on_a_cluster_is_answered_truthfully() {
     // A one-node cluster that announces the proxy, so the client's every
     // connection, after discovery too, goes through it.
-    let proxy_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let proxy_port = idem_conformance::faults::free_port();
     let server = PrivateServer::start(&[
         "--cluster-enabled",
         "yes",

@@ -226,6 +226,35 @@ pub fn url_via(url: &str, address: &str) -> String {
     url.replacen(authority(url), address, 1)
 }
 
+/// A loopback port free a moment ago, for a private server of a fault test
+/// (the shared services keep theirs).
+///
+/// ```
+/// let port = idem_conformance::faults::free_port();
+/// assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+/// ```
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+/// A new, empty directory of its own under the system's temporary one,
+/// named `<name>-<random>`: a private server's data.
+///
+/// ```
+/// let dir = idem_conformance::faults::private_dir("idem-doc");
+/// assert!(dir.is_dir());
+/// # std::fs::remove_dir_all(dir).unwrap();
+/// ```
+pub fn private_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}
+
 /// Copies both ways until either side closes or a fault cuts the connection.
 async fn relay(client: TcpStream, server: TcpStream, faults: Arc<Faults>) {
     let generation = faults.cut_generation.load(Ordering::SeqCst);

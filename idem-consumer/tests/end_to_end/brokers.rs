@@ -104,16 +104,8 @@ impl Drop for PrivateNats {
 
 impl PrivateNats {
     async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!(
-            "idem-e2e-nats-{port}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let port = idem_conformance::faults::free_port();
+        let dir = idem_conformance::faults::private_dir(&format!("idem-e2e-nats-{port}"));
         let server = Self {
             port,
             dir,

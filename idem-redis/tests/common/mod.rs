@@ -93,17 +93,8 @@ impl Drop for PrivateServer {
 
 impl PrivateServer {
     pub async fn start(extra: &[&str]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!(
-            "idem-redis-{port}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let port = idem_conformance::faults::free_port();
+        let dir = idem_conformance::faults::private_dir(&format!("idem-redis-{port}"));
         let mut server = Self {
             port,
             args: extra.iter().map(|s| s.to_string()).collect(),
