@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod callgrind;
+pub mod cpu;
 
 /// One run's result: one JSON line with `--json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

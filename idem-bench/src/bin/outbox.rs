@@ -70,6 +70,7 @@ use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use futures_util::StreamExt;
+use idem_bench::cpu::{self, CpuPerUnit, CpuSample};
 use idem_bench::percentile;
 use idem_core::StoreError;
 use idem_core::store::{
@@ -238,6 +239,17 @@ struct Throughput {
     relay_failed: u64,
     /// Publishes of the raw baseline not acknowledged.
     raw_failed: u64,
+    /// Messages per second through the same relay and store with a
+    /// publisher that confirms at once: the store's and the relay's own
+    /// ceiling, with no broker.
+    store_alone_msgs_per_s: f64,
+    /// CPU per message of the relay's drain, by process (this one, the
+    /// broker, Postgres).
+    relay_cpu: CpuPerUnit,
+    /// CPU per message of the raw baseline, by process.
+    raw_cpu: CpuPerUnit,
+    /// CPU per message of the drain with no broker, by process.
+    store_alone_cpu: CpuPerUnit,
 }
 
 /// One latency measurement.
@@ -403,6 +415,17 @@ impl Publisher for Timed {
     }
 }
 
+/// A publisher that confirms every message at once: a drain through it
+/// costs the store and the relay alone.
+struct ConfirmsAtOnce;
+
+#[async_trait]
+impl Publisher for ConfirmsAtOnce {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
+        batch.iter().map(|_| Ok(Published::stored())).collect()
+    }
+}
+
 /// Nanoseconds added up, for [`Timed`] and [`TimedStore`].
 fn add_elapsed(total: &AtomicU64, started: Instant) {
     let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -487,6 +510,9 @@ struct Drain {
     pings: u64,
     round_trips: u64,
     failed: u64,
+    /// CPU per message over the drain (from its first claim to its last
+    /// mark), by process.
+    cpu: CpuPerUnit,
 }
 
 /// What a drain relays, and how.
@@ -511,6 +537,7 @@ async fn relay_drain(
     name: &str,
     shape: Shape,
     counted: bool,
+    broker: &[&str],
 ) -> Result<Drain, BenchError> {
     let Shape {
         batch,
@@ -563,6 +590,7 @@ async fn relay_drain(
     };
     let ready = || proxy.as_ref().map_or(0, CountingProxy::ready);
     let (pings_before, ready_before) = (pings(), ready());
+    let cpu_before = CpuSample::now(broker);
     let started = Instant::now();
     let mut drain = Drain {
         elapsed: Duration::ZERO,
@@ -576,6 +604,7 @@ async fn relay_drain(
         pings: 0,
         round_trips: 0,
         failed: 0,
+        cpu: CpuPerUnit::default(),
     };
     // The first batch alone (it prepares the statements), then drains with
     // the batches in flight asked for.
@@ -601,6 +630,7 @@ async fn relay_drain(
     }
     drain.later_round_trips = statements() - drain.first_batch;
     drain.elapsed = started.elapsed();
+    drain.cpu = CpuSample::now(broker).per_unit_since(&cpu_before, messages);
     drain.publishing = Duration::from_nanos(timed.nanos.load(Ordering::SeqCst));
     drain.claiming = Duration::from_nanos(store.claiming.load(Ordering::SeqCst));
     drain.marking = Duration::from_nanos(store.marking.load(Ordering::SeqCst));
@@ -646,6 +676,15 @@ impl Broker {
         match self {
             Self::Rabbit(_) => idem_rabbitmq::BROKER,
             Self::Nats(_) => idem_nats::BROKER,
+        }
+    }
+
+    /// The command names of the broker's server processes, whose CPU is
+    /// counted as the broker's.
+    fn processes(&self) -> &'static [&'static str] {
+        match self {
+            Self::Rabbit(_) => cpu::RABBITMQ,
+            Self::Nats(_) => cpu::NATS,
         }
     }
 
@@ -965,8 +1004,11 @@ async fn throughput(
     args: &Args,
 ) -> Result<Vec<Throughput>, BenchError> {
     let messages = args.messages;
+    let processes = broker.processes();
     broker.purge().await?;
+    let cpu_before = CpuSample::now(processes);
     let raw = broker.raw(messages, aggregates, batch).await?;
+    let raw_cpu = CpuSample::now(processes).per_unit_since(&cpu_before, messages);
     broker.purge().await?;
     let mut windows = vec![1, args.in_flight];
     windows.dedup();
@@ -976,17 +1018,30 @@ async fn throughput(
             "relay_{}_b{batch}_a{aggregates}_f{in_flight}",
             broker.name()
         );
+        let shape = Shape {
+            batch,
+            in_flight,
+            messages,
+            aggregates,
+        };
         let drain = relay_drain(
             pg,
             broker.publisher().await?,
             &name,
-            Shape {
-                batch,
-                in_flight,
-                messages,
-                aggregates,
-            },
+            shape,
             false,
+            processes,
+        )
+        .await?;
+        // The same drain with nothing to wait for but the store: the
+        // relay's ceiling on this machine, whatever the broker.
+        let alone = relay_drain(
+            pg,
+            Arc::new(ConfirmsAtOnce),
+            &format!("{name}_alone"),
+            shape,
+            false,
+            processes,
         )
         .await?;
         broker.purge().await?;
@@ -1002,6 +1057,7 @@ async fn throughput(
                 aggregates,
             },
             true,
+            processes,
         )
         .await?;
         broker.purge().await?;
@@ -1031,6 +1087,10 @@ async fn throughput(
             pg_round_trips_total: counted.round_trips,
             relay_failed: drain.failed + counted.failed,
             raw_failed: raw.failed,
+            store_alone_msgs_per_s: per_second(messages, alone.elapsed),
+            relay_cpu: drain.cpu,
+            raw_cpu,
+            store_alone_cpu: alone.cpu,
         });
     }
     Ok(measured)
@@ -1205,6 +1265,44 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 t.batches,
                 t.relay_failed,
                 t.raw_failed,
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## Where the CPU goes\n\n\
+         The same measurements' CPU time per message (microseconds on a CPU, from each \
+         process's threads' scheduler statistics): this process (the raw client, or the relay \
+         with its client), the broker's server and Postgres's. `store alone` is the same relay \
+         drain through a publisher that confirms every message at once: the relay and its \
+         store with no broker, the relay's ceiling on this machine. Client, broker and \
+         Postgres share the machine's cores, so where they keep them busy the relay's rate \
+         next to raw's is bounded by raw's CPU per message over the relay's.\n"
+    );
+    md.push_str(
+        "| broker | batch | aggregates | in flight | store alone msg/s | store alone / raw | raw µs/msg: client + broker | relay µs/msg: relay + broker + PG | store alone µs/msg: relay + PG | raw CPU / relay CPU |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for line in lines {
+        if let Line::Throughput(t) = line {
+            let (raw, relay, alone) = (t.raw_cpu, t.relay_cpu, t.store_alone_cpu);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {:.0} | {:.2} | {:.1} + {:.1} | {:.1} + {:.1} + {:.1} | {:.1} + {:.1} | {:.2} |",
+                t.broker,
+                t.batch,
+                t.aggregates,
+                t.in_flight,
+                t.store_alone_msgs_per_s,
+                t.store_alone_msgs_per_s / t.raw_msgs_per_s.max(f64::EPSILON),
+                raw.own_us,
+                raw.broker_us,
+                relay.own_us,
+                relay.broker_us,
+                relay.postgres_us,
+                alone.own_us,
+                alone.postgres_us,
+                raw.total_us() / relay.total_us().max(f64::EPSILON),
             );
         }
     }
