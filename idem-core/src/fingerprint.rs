@@ -13,7 +13,7 @@ use std::str::FromStr;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::{canonical, canonicalize};
+use crate::canonical::{Form, canonicalize};
 use crate::error::InvalidInput;
 
 /// The SHA-256 of a canonical request.
@@ -64,7 +64,9 @@ impl Fingerprint {
     /// member names included), nests deeper than 128 levels, or has a
     /// non-zero number with an exponent of more than 15 digits.
     pub fn json(json: &str) -> Result<Self, InvalidInput> {
-        Ok(Self::of_bytes(canonical(json)?))
+        let mut hasher = Sha256::new();
+        Form::read(json)?.hash(&mut hasher);
+        Ok(Self(hasher.finalize().into()))
     }
 
     /// The fingerprint of any serialisable value, canonicalised like [`json`](Self::json).
@@ -244,9 +246,13 @@ impl FingerprintBuilder {
     /// # Errors
     ///
     /// [`InvalidInput::Malformed`] if `json` is not valid JSON.
-    pub fn json_body(self, json: &str) -> Result<Self, InvalidInput> {
-        let canonical = canonical(json)?;
-        Ok(self.part("json-body", canonical))
+    pub fn json_body(mut self, json: &str) -> Result<Self, InvalidInput> {
+        let form = Form::read(json)?;
+        // As `part` hashes it, without gathering the form first.
+        self.update(b"json-body");
+        self.hasher.update((form.len() as u64).to_be_bytes());
+        form.hash(&mut self.hasher);
+        Ok(self)
     }
 
     /// The fingerprint of all parts added.
