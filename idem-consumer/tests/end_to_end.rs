@@ -20,6 +20,9 @@
 
 #[path = "end_to_end/brokers.rs"]
 mod brokers;
+/// RabbitMQ's test topology, shared with idem-rabbitmq's own tests.
+#[path = "../../idem-rabbitmq/tests/common/mod.rs"]
+mod rabbit;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -661,6 +664,5 @@ async fn on_jetstream_every_committed_order_event_has_one_effect_through_kills_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_rabbitmq_every_committed_order_event_has_one_effect_through_kills_and_a_cut_off_broker()
 {
-    let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-    every_committed_order_event_has_one_effect(Rabbit::new(&run).await).await;
+    every_committed_order_event_has_one_effect(Rabbit::new().await).await;
 }

@@ -19,72 +19,31 @@ use idem_consumer::{Consumed, Delivery, Source, async_trait};
 use idem_core::store::NewMessage;
 use idem_outbox::Publisher;
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
-use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
-/// An exchange and a queue of the test's own, and a publisher to them.
+/// An exchange and a durable queue of the test's own, and a publisher to
+/// them.
 struct Rabbit {
-    connection: Connection,
-    channel: Channel,
-    exchange: String,
-    queue: String,
+    topology: common::Topology,
     publisher: Arc<RabbitPublisher>,
 }
 
 impl Rabbit {
     async fn new(quorum: bool) -> Self {
-        let connection = Connection::connect(&common::url(), ConnectionProperties::default())
-            .await
-            .expect("connect to RabbitMQ (run through scripts/test)");
-        let channel = connection.create_channel().await.unwrap();
-        let exchange = common::fresh("exchange");
-        let queue = common::fresh("queue");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        let mut arguments = FieldTable::default();
-        if quorum {
-            arguments.insert(
-                "x-queue-type".into(),
-                AMQPValue::LongString("quorum".into()),
-            );
-        }
-        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, arguments)
-            .await
-            .unwrap();
-        let publisher =
-            RabbitPublisher::connect(&common::url(), RabbitOptions::new(&exchange).unwrap())
-                .await
-                .unwrap();
+        let topology = common::Topology::durable(quorum).await;
+        let publisher = RabbitPublisher::connect(
+            &common::url(),
+            RabbitOptions::new(&topology.exchange).unwrap(),
+        )
+        .await
+        .unwrap();
         Self {
-            connection,
-            channel,
-            exchange,
-            queue,
+            topology,
             publisher: Arc::new(publisher),
         }
     }
 
     async fn delete(self) {
-        let _ = self
-            .channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-        let _ = self.connection.close(200, "done".into()).await;
+        self.topology.delete().await;
     }
 }
 
@@ -97,7 +56,7 @@ impl ConsumerBroker for Rabbit {
     }
 
     async fn source(&self, max_deliveries: u32) -> RabbitSource {
-        let options = RabbitSourceOptions::new(&self.queue, max_deliveries).unwrap();
+        let options = RabbitSourceOptions::new(self.topology.queue(), max_deliveries).unwrap();
         RabbitSource::connect(&common::url(), options)
             .await
             .unwrap()
@@ -163,7 +122,7 @@ async fn a_source_of_its_own_connection_reconnects_after_the_broker_cut_it_off()
     let broker = Rabbit::new(true).await;
     let proxy = FaultProxy::start(common::address()).await;
     let (consumer, shop, _) = consumers::consumer(5);
-    let options = RabbitSourceOptions::new(&broker.queue, 5).unwrap();
+    let options = RabbitSourceOptions::new(broker.topology.queue(), 5).unwrap();
     let mut source = RabbitSource::connect(&common::url_via(&proxy.address()), options)
         .await
         .unwrap();

@@ -9,18 +9,17 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
-use idem_conformance::faults::{FaultProxy, authority, url_via};
+use idem_conformance::faults::FaultProxy;
 use idem_conformance::relays::wait_until;
 use idem_consumer::{Source, async_trait};
 use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
 use idem_outbox::Publisher;
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
-use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
 use tokio::time::Instant;
 
+use super::rabbit::{self, Topology};
 use super::{CONSUMER, MAX_DELIVERIES, PATIENCE, PUBLISH_TIMEOUT, env};
 
 /// JetStream's ack wait: the killed consumer's delivery comes again after
@@ -280,54 +279,20 @@ impl Broker for Nats {
 /// through: a topic exchange and a quorum queue bound to it, of the test's
 /// own; the test looks at the queue directly.
 pub(crate) struct Rabbit {
-    connection: lapin::Connection,
-    channel: lapin::Channel,
-    exchange: String,
-    queue: String,
+    topology: Topology,
     proxy: FaultProxy,
     via_proxy: String,
 }
 
 impl Rabbit {
-    pub(crate) async fn new(run: &str) -> Self {
-        let url = env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
-        let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-            .await
-            .expect("connect to IDEM_AMQP_URL");
-        let channel = connection.create_channel().await.unwrap();
-        let (exchange, queue) = (format!("e2e-{run}"), format!("e2e-shipping-{run}"));
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                lapin::ExchangeKind::Topic,
-                // Gone with its queue, should the test fail before it
-                // deletes them.
-                ExchangeDeclareOptions {
-                    auto_delete: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        // A quorum queue counts deliveries, so they survive the consumer;
-        // unused for ten minutes, it deletes itself.
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        arguments.insert("x-expires".into(), AMQPValue::LongLongInt(600_000));
-        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, arguments)
-            .await
-            .unwrap();
-        let proxy = FaultProxy::start(authority(&url)).await;
-        let via_proxy = url_via(&url, &proxy.address());
+    /// On a quorum queue, which counts deliveries, so they survive the
+    /// consumer.
+    pub(crate) async fn new() -> Self {
+        let topology = Topology::durable(true).await;
+        let proxy = FaultProxy::start(rabbit::address()).await;
+        let via_proxy = rabbit::url_via(&proxy.address());
         Self {
-            connection,
-            channel,
-            exchange,
-            queue,
+            topology,
             proxy,
             via_proxy,
         }
@@ -341,7 +306,7 @@ impl Broker for Rabbit {
     const NAME: &'static str = "rabbitmq";
 
     async fn publisher(&self) -> Arc<dyn Publisher> {
-        let options = RabbitOptions::new(&self.exchange)
+        let options = RabbitOptions::new(&self.topology.exchange)
             .unwrap()
             .with_timeout(PUBLISH_TIMEOUT)
             .unwrap();
@@ -355,7 +320,7 @@ impl Broker for Rabbit {
     async fn source(&self) -> RabbitSource {
         // One unacknowledged delivery at a time: a queue with none ready
         // then has nothing left for the consumer.
-        let options = RabbitSourceOptions::new(&self.queue, MAX_DELIVERIES)
+        let options = RabbitSourceOptions::new(self.topology.queue(), MAX_DELIVERIES)
             .unwrap()
             .with_prefetch(1)
             .unwrap();
@@ -379,9 +344,10 @@ impl Broker for Rabbit {
 
     async fn outstanding(&self) -> u64 {
         let queue = self
+            .topology
             .channel
             .queue_declare(
-                self.queue.as_str().into(),
+                self.topology.queue().into(),
                 QueueDeclareOptions {
                     passive: true,
                     ..QueueDeclareOptions::default()
@@ -402,17 +368,6 @@ impl Broker for Rabbit {
     }
 
     async fn delete(&self) {
-        let _ = self
-            .channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-        let _ = self.connection.close(200, "done".into()).await;
+        self.topology.delete().await;
     }
 }

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
@@ -40,10 +40,12 @@ pub fn fresh(kind: &str) -> String {
 }
 
 /// A topic exchange of the test's own and, if bound, a queue on it taking
-/// every routing key. The queue is exclusive to this connection and the
-/// exchange deletes itself with its last binding, so both go with the
-/// connection even if the test fails; [`Topology::delete`] removes them at
-/// once.
+/// every routing key. The queue of [`Topology::new`] is exclusive to this
+/// connection, and the exchange deletes itself with its last binding, so
+/// both go with the connection even if the test fails; the queue of
+/// [`Topology::durable`] outlives it (consumers on other connections), and
+/// deletes itself after ten minutes unused. [`Topology::delete`] removes
+/// them at once.
 pub struct Topology {
     pub connection: Connection,
     pub channel: Channel,
@@ -52,7 +54,8 @@ pub struct Topology {
 }
 
 impl Topology {
-    pub async fn new(bound: bool) -> Self {
+    /// A connection to the broker with a topic exchange of its own.
+    async fn exchange(auto_delete: bool) -> (Connection, Channel, String) {
         let connection = Connection::connect(&url(), ConnectionProperties::default())
             .await
             .expect("connect to RabbitMQ (run through scripts/test)");
@@ -63,13 +66,47 @@ impl Topology {
                 exchange.as_str().into(),
                 ExchangeKind::Topic,
                 ExchangeDeclareOptions {
-                    auto_delete: bound,
+                    auto_delete,
                     ..ExchangeDeclareOptions::default()
                 },
                 FieldTable::default(),
             )
             .await
             .unwrap();
+        (connection, channel, exchange)
+    }
+
+    /// A durable queue (`idem_rabbitmq::bound_queue`), a quorum queue (which
+    /// counts deliveries, so they survive a consumer) or a classic one.
+    pub async fn durable(quorum: bool) -> Self {
+        let (connection, channel, exchange) = Self::exchange(true).await;
+        let queue = fresh("queue");
+        let mut arguments = FieldTable::default();
+        if quorum {
+            arguments.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
+        arguments.insert("x-expires".into(), AMQPValue::LongLongInt(600_000));
+        idem_rabbitmq::bound_queue(&channel, &exchange, &queue, arguments)
+            .await
+            .unwrap();
+        Self {
+            connection,
+            channel,
+            exchange,
+            queue: Some(queue),
+        }
+    }
+
+    /// The bound queue's name.
+    pub fn queue(&self) -> &str {
+        self.queue.as_deref().expect("a bound topology")
+    }
+
+    pub async fn new(bound: bool) -> Self {
+        let (connection, channel, exchange) = Self::exchange(bound).await;
         let queue = if bound {
             let queue = fresh("queue");
             channel
@@ -107,10 +144,9 @@ impl Topology {
 
     /// A consumer of the queue (deliveries acknowledged on receipt).
     pub async fn consumer(&self) -> Consumer {
-        let queue = self.queue.as_deref().expect("a bound topology");
         self.channel
             .basic_consume(
-                queue.into(),
+                self.queue().into(),
                 "".into(),
                 BasicConsumeOptions {
                     no_ack: true,
@@ -122,7 +158,13 @@ impl Topology {
             .unwrap()
     }
 
-    pub async fn delete(self) {
+    pub async fn delete(&self) {
+        if let Some(queue) = &self.queue {
+            let _ = self
+                .channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
         let _ = self
             .channel
             .exchange_delete(
