@@ -453,6 +453,13 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
             .await
     }
 
+    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let released = self.inner.release(owner, ids);
+        self.layer
+            .traced(Operation::Release, None, None, released)
+            .await
+    }
+
     async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let failed = self.inner.mark_failed(failure);
         self.layer
@@ -546,6 +553,13 @@ macro_rules! __forward_store {
                 ids: &[$crate::store::MessageId],
             ) -> ::core::result::Result<u64, $crate::StoreError> {
                 self.$field.mark_sent(owner, ids).await
+            }
+            async fn release(
+                &self,
+                owner: $crate::store::OwnerToken,
+                ids: &[$crate::store::MessageId],
+            ) -> ::core::result::Result<u64, $crate::StoreError> {
+                self.$field.release(owner, ids).await
             }
             async fn mark_failed(
                 &self,

@@ -418,15 +418,25 @@ impl PublishFailure {
 ///   exactly when the business change committed, and sequences follow the
 ///   commit order within an aggregate.
 /// - **Claim.** [`claim`](Self::claim) leases to the batch's `owner`, for
-///   its `lease` by the store's clock, up to its `limit` messages: for each aggregate with nothing
-///   parked and nothing leased to anyone, its lowest pending sequence, if it
-///   is available (`available_at` passed); never two messages of one
-///   aggregate at once. It never skips a message: one that commits late is
-///   claimed when it is the head of its aggregate. A lease that lapsed
-///   counts as none.
+///   its `lease` by the store's clock, up to its `limit` messages: for each
+///   aggregate, its lowest pending message that nobody holds, if it is
+///   available (`available_at` passed) and every open (pending or parked)
+///   message of the aggregate below it is held by that owner. So a claim
+///   takes each aggregate's head, never two messages of one aggregate, and
+///   nothing above a parked message or one another owner holds. It never
+///   skips a message: one that commits late is claimed when it is the head
+///   of its aggregate. A lease that lapsed counts as none.
+/// - **Claim ahead.** The message after those its owner holds is claimed
+///   too, under the earliest of their leases, so an aggregate's leases
+///   lapse together: a relay claims an aggregate's next message while the
+///   broker confirms the last, and publishes it once that one is confirmed.
 /// - **Sent.** [`mark_sent`](Self::mark_sent) marks the given messages sent,
 ///   in one operation, only those `owner` still holds; it answers how many.
 ///   Delivered twice, the second marks nothing more and fails nothing.
+/// - **Release.** [`release`](Self::release) frees the given messages that
+///   `owner` holds, unpublished: no attempt counted, no error kept,
+///   available at once; it answers how many. Delivered twice, the second
+///   frees nothing.
 /// - **Failed.** [`mark_failed`](Self::mark_failed) counts a failed publish
 ///   under its owner's lease, keeps the error, frees the message, and makes
 ///   it available again after `retry_after`; at `max_attempts` failures it is
@@ -448,11 +458,15 @@ pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError>;
 
     /// Leases the available heads of up to `batch.limit` aggregates to
-    /// `batch.owner`.
+    /// `batch.owner`, and the next message of each aggregate it holds.
     async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError>;
 
     /// Marks `ids` sent where `owner` holds them; how many it marked.
     async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError>;
+
+    /// Frees `ids` where `owner` holds them, counting no attempt; how many
+    /// it freed.
+    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError>;
 
     /// Counts `failure` under its owner's lease; the state it leaves
     /// (pending again, or parked).

@@ -122,34 +122,49 @@ impl OutboxStore for Messages {
         let limit = validate_outbox_batch(batch.limit)?;
         let now = self.clock.now();
         let mut state = self.locked();
-        // Each aggregate's head: its lowest sequence not yet sent or dropped.
-        let mut heads: HashMap<&str, &OutboxMessage> = HashMap::new();
+        // Each aggregate's open messages, lowest sequence first.
+        let mut open: HashMap<&str, Vec<&OutboxMessage>> = HashMap::new();
         for message in state.messages.values() {
-            if matches!(message.state(), MessageState::Sent | MessageState::Dropped) {
-                continue;
-            }
-            let aggregate = message.message().aggregate();
-            let head = heads.entry(aggregate).or_insert(message);
-            if message.parts().sequence < head.parts().sequence {
-                *head = message;
+            if matches!(
+                message.state(),
+                MessageState::Pending | MessageState::Parked
+            ) {
+                open.entry(message.message().aggregate())
+                    .or_default()
+                    .push(message);
             }
         }
-        let mut due: Vec<&OutboxMessage> = heads
-            .into_values()
-            .filter(|head| {
-                head.state() == MessageState::Pending
-                    && !leased(head, now)
-                    && head.parts().available_at <= now
-            })
-            .collect();
-        due.sort_by_key(|head| (head.parts().enqueued_at, head.id()));
+        // Past what the owner holds, the first message; claimed if it is
+        // free and due, under the earliest lease of those it passed.
+        let mut due: Vec<(&OutboxMessage, Timestamp)> = Vec::new();
+        for messages in open.values_mut() {
+            messages.sort_by_key(|m| m.parts().sequence);
+            let mut until = now + lease;
+            for message in messages.iter() {
+                if message.state() == MessageState::Pending
+                    && message.is_held_by(owner, now)
+                    && let Some(held) = message.parts().lease_until
+                {
+                    until = until.min(held);
+                    continue;
+                }
+                if message.state() == MessageState::Pending
+                    && !leased(message, now)
+                    && message.parts().available_at <= now
+                {
+                    due.push((message, until));
+                }
+                break;
+            }
+        }
+        due.sort_by_key(|(head, _)| (head.parts().enqueued_at, head.id()));
         let claimed: Vec<OutboxMessage> = due
             .into_iter()
             .take(limit)
-            .map(|head| {
+            .map(|(head, until)| {
                 with_parts(head, |parts| {
                     parts.lease_owner = Some(owner);
-                    parts.lease_until = Some(now + lease);
+                    parts.lease_until = Some(until);
                 })
             })
             .collect();
@@ -179,6 +194,23 @@ impl OutboxStore for Messages {
             }
         }
         Ok(marked)
+    }
+
+    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let mut released = 0;
+        for id in ids {
+            let Some(message) = state.messages.get(id) else {
+                continue;
+            };
+            if message.state() == MessageState::Pending && message.is_held_by(owner, now) {
+                let free = with_parts(message, |parts| parts.lease_until = None);
+                state.messages.insert(*id, free);
+                released += 1;
+            }
+        }
+        Ok(released)
     }
 
     async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {

@@ -13,7 +13,9 @@
 //! - The relay claims a batch in one round trip under a lease, holds no
 //!   database transaction while it publishes, marks what the broker
 //!   confirmed sent in one round trip, and never has two messages of one
-//!   aggregate in flight; a message that keeps failing is retried with
+//!   aggregate in flight: it claims an aggregate's next message while the
+//!   broker confirms the last, and publishes it once that one is
+//!   confirmed (handing it back if that one failed); a message that keeps failing is retried with
 //!   back-off, then parked with its last error, and only its aggregate
 //!   waits. A relay can still publish a message twice (it stopped after the
 //!   broker confirmed and before it marked): the message id lets the broker

@@ -1,6 +1,6 @@
 //! The relay: claims what committed, publishes it, marks it sent.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -74,8 +74,11 @@ impl RelayOptions {
     /// them. The broker still receives one batch at a time. 1 is strictly
     /// one pass after another.
     ///
-    /// A claimed batch waits for the ones ahead of it to be published, so
-    /// the [lease](Self::with_lease) must outlast that many batches'
+    /// The next batch may hold the next message of an aggregate whose
+    /// message is at the broker (claimed ahead, under that message's
+    /// lease): it is published only once that one was confirmed. A claimed
+    /// batch waits for the ones ahead of it to be published, so the
+    /// [lease](Self::with_lease) must outlast that many batches'
     /// publishing.
     ///
     /// ```
@@ -211,6 +214,9 @@ pub struct RelayPass {
     pub failed: usize,
     /// Failed for the last time: parked with their aggregate.
     pub parked: usize,
+    /// Claimed ahead behind a message of their aggregate that then failed:
+    /// handed back unpublished, to follow it once it is sent.
+    pub released: u64,
     /// Confirmed, but no longer this relay's to mark (its lease was taken
     /// over): the next relay publishes them again, and the message id lets
     /// the broker or the consumer drop the copy.
@@ -235,6 +241,8 @@ struct Answered {
     sent: Vec<MessageId>,
     duplicates: usize,
     failures: Vec<(OutboxMessage, String)>,
+    /// Claimed ahead behind a failure of their aggregate: not published.
+    held: Vec<MessageId>,
 }
 
 impl Answered {
@@ -243,6 +251,54 @@ impl Answered {
         self.sent.extend(more.sent);
         self.duplicates += more.duplicates;
         self.failures.extend(more.failures);
+        self.held.extend(more.held);
+    }
+}
+
+/// The aggregates whose message failed in this drain, with that message's
+/// sequence and id: what the relay claimed of them ahead, above it, must
+/// not reach the broker before it.
+#[derive(Debug, Default)]
+struct Behind(HashMap<String, (u64, MessageId)>);
+
+impl Behind {
+    /// Splits a claimed batch into what may be published now and what
+    /// waits behind a failure of its aggregate.
+    fn split(&self, batch: Vec<OutboxMessage>) -> (Vec<OutboxMessage>, Vec<MessageId>) {
+        if self.0.is_empty() {
+            return (batch, Vec::new());
+        }
+        let mut held = Vec::new();
+        let batch = batch
+            .into_iter()
+            .filter(|message| {
+                let failed = self.0.get(message.message().aggregate());
+                let behind = failed.is_some_and(|&(failed, _)| message.parts().sequence > failed);
+                if behind {
+                    held.push(message.id());
+                }
+                !behind
+            })
+            .collect();
+        (batch, held)
+    }
+
+    /// Learns what the broker answered of a batch: its failures, and
+    /// which failed messages it has now confirmed.
+    fn learn(&mut self, answered: &Answered) {
+        for (message, _) in &answered.failures {
+            let (aggregate, sequence) = (message.message().aggregate(), message.parts().sequence);
+            let failed = self
+                .0
+                .entry(aggregate.to_string())
+                .or_insert((sequence, message.id()));
+            if sequence < failed.0 {
+                *failed = (sequence, message.id());
+            }
+        }
+        if !self.0.is_empty() {
+            self.0.retain(|_, (_, id)| !answered.sent.contains(id));
+        }
     }
 }
 
@@ -262,6 +318,7 @@ impl Marked {
         total.duplicates += pass.duplicates;
         total.failed += pass.failed;
         total.parked += pass.parked;
+        total.released += pass.released;
         total.lost += pass.lost;
         #[cfg(feature = "metrics")]
         {
@@ -383,16 +440,19 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     /// With more than one batch in flight, the next batch is claimed while
     /// the broker confirms the last, and the marks of earlier batches run
     /// beside both; the broker sees one batch at a time, in the order they
-    /// were claimed. Order per aggregate holds as in a single pass: a
-    /// message claimed and not yet marked keeps the lease that makes the
-    /// store pass over its aggregate, so the next message of that aggregate
-    /// is claimed only once it was marked sent (or, after a failure, once it
-    /// was itself published again and marked). Confirmed messages that wait
-    /// for a mark are marked together in one round trip. Batches in flight
-    /// pay off when more aggregates have messages due than they hold: once
-    /// a claim made beside batches in flight finds nothing (every due
-    /// aggregate is in flight already), each further claim of the drain
-    /// waits for a mark rather than search in vain.
+    /// were claimed. The claim beside a batch in flight takes the next
+    /// message of each aggregate that batch holds ([claim
+    /// ahead](idem_core::store::OutboxStore#contract)), so even when every
+    /// aggregate with messages due is in flight, the next batch waits at
+    /// the broker's door rather than for a mark. Order per aggregate holds:
+    /// a message claimed ahead is published only after the one before it
+    /// was confirmed, in a later batch; if that one failed, what was claimed
+    /// ahead of it is handed back unpublished
+    /// ([`released`](RelayPass::released)) and follows it once it is sent.
+    /// Confirmed messages that wait for a mark are marked together in one
+    /// round trip. Once a claim made beside batches in flight finds nothing
+    /// (every message due is in flight already), each further claim of the
+    /// drain waits for a mark rather than search in vain.
     ///
     /// When the store fails, nothing more is claimed; what was claimed is
     /// still published and marked, and the first error is returned.
@@ -471,6 +531,7 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         let mut waiting: VecDeque<Vec<OutboxMessage>> = VecDeque::new();
         let mut publishing: Option<Step<'_, Answered>> = None;
         let mut answered = Answered::default();
+        let mut behind = Behind::default();
         let mut marking: Option<Step<'_, Marked>> = None;
         loop {
             if more && !paused && claiming.is_none() && in_flight < self.options.in_flight {
@@ -485,7 +546,8 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
             if publishing.is_none()
                 && let Some(next) = waiting.pop_front()
             {
-                publishing = Some(Box::pin(self.publish(next)));
+                let (batch, held) = behind.split(next);
+                publishing = Some(Box::pin(self.publish(batch, held)));
             }
             if marking.is_none() && answered.batches > 0 {
                 marking = Some(Box::pin(self.mark(owner, std::mem::take(&mut answered))));
@@ -522,6 +584,7 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                 }
                 published = settle(&mut publishing) => {
                     publishing = None;
+                    behind.learn(&published);
                     answered.absorb(published);
                 }
                 marked = settle(&mut marking) => {
@@ -542,17 +605,22 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         }
     }
 
-    /// Publishes one claimed batch and sorts the broker's answers.
-    async fn publish(&self, batch: Vec<OutboxMessage>) -> Answered {
+    /// Publishes one claimed batch (but what it `held` behind a failure)
+    /// and sorts the broker's answers.
+    async fn publish(&self, batch: Vec<OutboxMessage>, held: Vec<MessageId>) -> Answered {
+        let mut answered = Answered {
+            batches: 1,
+            held,
+            ..Answered::default()
+        };
+        if batch.is_empty() {
+            return answered;
+        }
         #[cfg(feature = "metrics")]
         let started = Instant::now();
         let results = self.publisher.publish(&batch).await;
         #[cfg(feature = "metrics")]
         metrics::histogram!(crate::PUBLISH_DURATION).record(started.elapsed().as_secs_f64());
-        let mut answered = Answered {
-            batches: 1,
-            ..Answered::default()
-        };
         for (i, message) in batch.into_iter().enumerate() {
             match results.get(i) {
                 Some(Ok(published)) => {
@@ -569,7 +637,8 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     }
 
     /// Marks what the broker confirmed sent (one round trip), then counts
-    /// each failure; stops at the first store error.
+    /// each failure and hands back what waited behind one (one round trip);
+    /// stops at the first store error.
     async fn mark(&self, owner: OwnerToken, answered: Answered) -> Marked {
         let mut marked = Marked {
             batches: answered.batches,
@@ -615,6 +684,14 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                     marked.error = Some(other);
                     return marked;
                 }
+            }
+        }
+        // After the failures they waited behind: a claim never takes them
+        // again before those are sent.
+        if !answered.held.is_empty() {
+            match self.store.release(owner, &answered.held).await {
+                Ok(released) => marked.pass.released = released,
+                Err(error) => marked.error = Some(error),
             }
         }
         marked

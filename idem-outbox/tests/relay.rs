@@ -487,6 +487,13 @@ impl OutboxStore for Staged {
         }
         self.inner.mark_sent(owner, ids).await
     }
+    async fn release(
+        &self,
+        owner: idem_core::store::OwnerToken,
+        ids: &[idem_core::store::MessageId],
+    ) -> Result<u64, idem_core::StoreError> {
+        self.inner.release(owner, ids).await
+    }
     async fn mark_failed(
         &self,
         failure: &idem_core::store::PublishFailure,
@@ -616,7 +623,7 @@ fn drain_in_pairs(
 }
 
 #[tokio::test]
-async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() {
+async fn batches_in_flight_claim_their_aggregates_next_messages_ahead_and_publish_them_in_order() {
     let (claims, mut claimed) = gate(true);
     let (marks, mut marking) = gate(false);
     let (publishes, mut publishing) = gate(false);
@@ -630,28 +637,22 @@ async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() 
     let draining = drain_in_pairs(&outbox, &publisher, 4);
 
     // The first batch is held at the broker; three more claims fill the
-    // window, and the fourth finds every head in flight.
+    // window, the last with the next messages of the first batch's
+    // aggregates: claimed ahead, nothing marked yet.
     assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(claimed.next().await, named(&[("c", 1), ("d", 1)]));
     assert_eq!(claimed.next().await, named(&[("e", 1), ("f", 1)]));
-    assert_eq!(claimed.next().await, named(&[]));
+    assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
     // The broker confirms the first batch; its mark is held while the
-    // second batch publishes: one batch at the broker at a time, and
-    // nothing claimed while a1 and b1 are confirmed but not marked.
+    // second batch publishes: one batch at the broker at a time, and the
+    // window stays full until a mark.
     publishing.release(1);
     assert_eq!(marking.next().await.len(), 2);
     assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
-    assert!(claimed.quiet(), "claimed while nothing was marked");
-    // Once marked, a2 and b2 are the heads of their aggregates.
-    marking.release(1);
-    assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
-    // The fourth claim found every due aggregate in flight: from then on
-    // each claim waits for a mark. The broker confirms c1 and d1; nothing
-    // is claimed until they are marked, and then c2 and d2 are.
-    publishing.release(1);
-    assert_eq!(marking.next().await.len(), 2);
-    assert!(claimed.quiet(), "claimed ahead of a mark once saturated");
+    assert!(claimed.quiet(), "claimed past a full window");
+    // Once the first batch is marked, the next claim takes c2 and d2 while
+    // c1 and d1 are still at the broker.
     marking.release(1);
     assert_eq!(claimed.next().await, named(&[("c", 2), ("d", 2)]));
 
@@ -659,6 +660,7 @@ async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() 
     publishing.open();
     let drained = draining.await.unwrap().unwrap();
     assert_eq!((drained.published, drained.batches), (12, 6), "{drained:?}");
+    assert_eq!(drained.released, 0);
     assert_eq!(
         publisher
             .most_held
@@ -674,7 +676,7 @@ async fn batches_in_flight_never_claim_an_aggregate_whose_message_is_unmarked() 
 }
 
 #[tokio::test]
-async fn a_failed_publish_with_a_later_batch_in_flight_is_retried_before_its_aggregate_moves_on() {
+async fn a_message_claimed_ahead_of_a_failure_is_released_unpublished_and_follows_the_retry() {
     let (claims, mut claimed) = gate(true);
     let (publishes, mut publishing) = gate(false);
     let outbox = Arc::new(Staged {
@@ -689,16 +691,20 @@ async fn a_failed_publish_with_a_later_batch_in_flight_is_retried_before_its_agg
     assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(claimed.next().await, named(&[("c", 1), ("d", 1)]));
-    assert_eq!(claimed.next().await, named(&[]));
-    // a1 fails while c1 and d1 are in flight: it is claimed again (no
-    // back-off here) before a2, beside b2.
+    assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
+    // a1 fails while a2 waits, claimed ahead: once a1 is counted (no
+    // back-off here) it is claimed again, with c2 ahead of c1 at the
+    // broker; a2 never reaches the broker before it.
     publishing.release(1);
     assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
-    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 2)]));
+    assert_eq!(claimed.next().await, named(&[("a", 1), ("c", 2)]));
+    publishing.release(1);
+    assert_eq!(publishing.next().await, named(&[("b", 2)]));
 
     publishing.open();
     let drained = draining.await.unwrap().unwrap();
     assert_eq!((drained.published, drained.failed), (8, 1), "{drained:?}");
+    assert_eq!(drained.released, 1, "{drained:?}");
     let attempts: Vec<(u64, bool)> = publisher
         .attempts
         .lock()
@@ -711,6 +717,7 @@ async fn a_failed_publish_with_a_later_batch_in_flight_is_retried_before_its_agg
     for (aggregate, sequences) in publisher.published() {
         assert_eq!(sequences, [1, 2], "{aggregate} out of order");
     }
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
 }
 
 #[tokio::test]

@@ -143,14 +143,21 @@ END
 $$;
 
 -- Claims up to p_limit aggregate heads for p_owner, leased for p_lease
--- milliseconds; returns them (in no order).
+-- milliseconds, and the next message of each aggregate p_owner holds;
+-- returns them (in no order).
 --
--- The heads: pending, free, available, with no open message of their
--- aggregate below them (a parked message is always its aggregate's head,
--- and only a head is ever leased, so this also says nothing of the
--- aggregate is parked or leased). The walk goes oldest first down the
--- pending index and stops at the limit; each candidate's test is a probe
--- of the open index by its aggregate and sequence. Statistics taken before
+-- The candidates: pending, free, available, with no open message of their
+-- aggregate below them but those p_owner holds (a parked message is always
+-- its aggregate's head, and only a head or the message after its owner's
+-- run from the head is ever leased, so this also says nothing below is
+-- parked or leased to another owner). A message claimed past the owner's
+-- run takes the earliest lease of that run: an aggregate's leases lapse
+-- together, and a relay taking over finds the whole aggregate free.
+--
+-- The walk goes oldest first down the pending index and stops at the
+-- limit; each candidate's test is a probe of the open index by its
+-- aggregate and sequence, which stops at the first message the owner does
+-- not hold (the head, unless the owner holds it). Statistics taken before
 -- a backlog built up (or none yet, on a new table) would plan otherwise:
 -- the backlog read whole and sorted, or the open index read whole for each
 -- candidate, on every claim, and most when the backlog is biggest. So
@@ -158,14 +165,18 @@ $$;
 -- kept a subquery of its own (OFFSET 0: never flattened into a join whose
 -- inner side may be a whole scan), planned with the candidate's aggregate
 -- and sequence as its index's bounds.
--- `FOR UPDATE OF o SKIP LOCKED` locks each head before the limit counts
--- it, passing over those a racing claim holds, and re-checks a head on its
--- latest version: one a racing claim leased, or a relay sent, since this
--- statement's snapshot drops out. A message below a head never reappears
--- (sent and dropped are final; a new message takes a higher sequence), so
--- what the snapshot saw as the head still is. The update finds the picked
--- rows by their key (an array, not a join the planner may hash over the
--- whole table, sent rows included).
+-- `FOR UPDATE OF o SKIP LOCKED` locks each candidate before the limit
+-- counts it, passing over those a racing claim holds, and re-checks it on
+-- its latest version: one a racing claim leased, or a relay sent, since
+-- this statement's snapshot drops out. What lies below a candidate changes
+-- for good (sent and dropped are final; a new message takes a higher
+-- sequence) or by its owner's own doing (a failure or a release of a
+-- message it holds, after which its relay publishes nothing it claimed
+-- above that message and hands it back), so a claim racing its owner's
+-- failure at worst leases a message that relay will not publish.
+-- The update finds the picked rows by their key (an array, not a join the
+-- planner may hash over the whole table, sent rows included), and reads
+-- each one's inherited lease with one more probe.
 CREATE OR REPLACE FUNCTION idem_outbox_claim(p_owner uuid, p_lease bigint, p_limit bigint)
 RETURNS SETOF idem_outbox
 LANGUAGE plpgsql VOLATILE
@@ -182,12 +193,19 @@ BEGIN
             SELECT 1 FROM idem_outbox AS p
             WHERE p.aggregate = o.aggregate AND p.sequence < o.sequence
               AND p.state IN ('pending', 'parked')
+              AND NOT coalesce(p.state = 'pending' AND p.lease_owner = p_owner
+                               AND p.lease_until > c.now, false)
             OFFSET 0)
         ORDER BY o.enqueued_at, o.id
         LIMIT p_limit
         FOR UPDATE OF o SKIP LOCKED
     )
-    UPDATE idem_outbox AS r SET lease_owner = p_owner, lease_until = c.now + p_lease
+    UPDATE idem_outbox AS r SET lease_owner = p_owner,
+        lease_until = coalesce((
+            SELECT min(p.lease_until) FROM idem_outbox AS p
+            WHERE p.aggregate = r.aggregate AND p.sequence < r.sequence
+              AND p.state IN ('pending', 'parked')
+              AND p.lease_owner = p_owner AND p.lease_until > c.now), c.now + p_lease)
     FROM c WHERE r.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING r.*;
 END

@@ -66,14 +66,16 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///   aggregate's head (its lowest sequence not sent or dropped), so a
 ///   message that commits late is never skipped.
 /// - **Claims.** A claim is one statement: it locks the available heads of
-///   aggregates with nothing parked and nothing leased, oldest first, with
-///   `FOR UPDATE SKIP LOCKED`, and leases them. Racing relays never block
-///   each other and never hold two messages of one aggregate: a head a
-///   claim locks is re-checked on its latest version, and an aggregate's
-///   head changes only when it is sent or dropped, for good. Its cost
-///   follows the batch, not the backlog, whatever the table's statistics:
-///   a walk down the pending messages' index and one probe per head (the
-///   claim function's comment in the migration says how).
+///   aggregates with nothing parked and nothing leased to another relay
+///   (and the message after what the claiming relay holds, under its
+///   lease), oldest first, with `FOR UPDATE SKIP LOCKED`, and leases them.
+///   Racing relays never block each other and never hold two messages of
+///   one aggregate: a message a claim locks is re-checked on its latest
+///   version, and what is below it changes only by its own relay's doing
+///   or for good (sent or dropped). Its cost follows the batch, not the
+///   backlog, whatever the table's statistics: a walk down the pending
+///   messages' index and one probe per message claimed (the claim
+///   function's comment in the migration says how).
 /// - **One round trip.** Every operation is one statement (after the
 ///   connection has prepared it once), for every outcome. Leases, back-off
 ///   and ages are the database server's clock's. For exactly one round trip
@@ -128,6 +130,7 @@ struct Statements {
     enqueue: Arc<str>,
     claim: Arc<str>,
     mark_sent: Arc<str>,
+    release: Arc<str>,
     mark_failed: Arc<str>,
     parked: Arc<str>,
     retry: Arc<str>,
@@ -166,6 +169,13 @@ impl Statements {
             // ids, instead of looking the ids up by key.
             mark_sent: format!(
                 "{clock} UPDATE {t} AS r SET state = 'sent', sent_at = c.now, lease_until = NULL \
+                 FROM c WHERE r.id = ANY($2) AND r.lease_owner = $1 AND r.lease_until > c.now"
+            )
+            .into(),
+            // As mark_sent: a live lease of the owner's is the whole
+            // condition.
+            release: format!(
+                "{clock} UPDATE {t} AS r SET lease_until = NULL \
                  FROM c WHERE r.id = ANY($2) AND r.lease_owner = $1 AND r.lease_until > c.now"
             )
             .into(),
@@ -449,6 +459,28 @@ fn bigint(n: usize) -> i64 {
 }
 
 impl Messages {
+    /// Runs `sql`, an update of the messages among `ids` that `owner`
+    /// holds; how many it changed.
+    async fn owned(
+        &self,
+        sql: &Arc<str>,
+        operation: Operation,
+        owner: OwnerToken,
+        ids: &[MessageId],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<uuid::Uuid> = ids.iter().map(MessageId::as_uuid).collect();
+        let done = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+            .bind(owner.as_uuid())
+            .bind(ids)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| classify(operation, e))?;
+        Ok(done.rows_affected())
+    }
+
     /// Enqueues on `executor` (the pool, or the caller's transaction); the
     /// caller's layer bounds it.
     async fn enqueue_on<'e>(
@@ -539,17 +571,13 @@ impl OutboxStore for Messages {
     }
 
     async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<uuid::Uuid> = ids.iter().map(MessageId::as_uuid).collect();
-        let done = sqlx::query(AssertSqlSafe(self.sql.mark_sent.clone()))
-            .bind(owner.as_uuid())
-            .bind(ids)
-            .execute(&self.pool)
+        self.owned(&self.sql.mark_sent, Operation::MarkSent, owner, ids)
             .await
-            .map_err(|e| classify(Operation::MarkSent, e))?;
-        Ok(done.rows_affected())
+    }
+
+    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        self.owned(&self.sql.release, Operation::Release, owner, ids)
+            .await
     }
 
     async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {

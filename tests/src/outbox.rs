@@ -122,6 +122,113 @@ pub async fn a_claim_holds_at_most_its_limit<S: OutboxStore + ?Sized>(store: Arc
     assert_eq!(all.len(), 5, "a message claimed twice");
 }
 
+/// Claim ahead: the owner of an aggregate's messages claims the next one,
+/// under the earliest of their leases; nobody else claims anything of it.
+pub async fn a_claim_takes_the_next_message_of_an_aggregate_its_owner_holds<
+    S: OutboxStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    for kind in ["placed", "paid", "shipped"] {
+        enqueued(&*store, "order-1", kind).await;
+    }
+    enqueued(&*store, "order-2", "placed").await;
+    let owner = OwnerToken::generate();
+    let heads = claim(&*store, owner).await;
+    assert_eq!(kinds(&heads), ["order-1/placed", "order-2/placed"]);
+    let lease = heads
+        .iter()
+        .find(|m| m.message().aggregate() == "order-1")
+        .and_then(|m| m.parts().lease_until);
+    // Later claims: a lease of their own would end later.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let ahead = claim(&*store, owner).await;
+    assert_eq!(kinds(&ahead), ["order-1/paid"], "not claimed ahead");
+    assert_eq!(ahead[0].parts().lease_owner, Some(owner));
+    assert_eq!(
+        ahead[0].parts().lease_until,
+        lease,
+        "claimed ahead under a lease of its own"
+    );
+    let stranger = claim(&*store, OwnerToken::generate()).await;
+    assert!(stranger.is_empty(), "another owner claimed: {stranger:?}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let further = claim(&*store, owner).await;
+    assert_eq!(kinds(&further), ["order-1/shipped"]);
+    assert_eq!(further[0].parts().lease_until, lease);
+    assert!(claim(&*store, owner).await.is_empty());
+}
+
+/// Claim ahead: never past a message its owner no longer holds, freed by a
+/// failure or lapsed.
+pub async fn a_claim_never_takes_a_message_past_one_its_owner_let_go<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    // A millisecond apart at least, so claims take them in this order.
+    let mut stored = Vec::new();
+    for (aggregate, kind) in [
+        ("order-1", "placed"),
+        ("order-2", "placed"),
+        ("order-1", "paid"),
+        ("order-2", "paid"),
+    ] {
+        stored.push(enqueued(&*store, aggregate, kind).await);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let (freed, lapsed) = (&stored[0], &stored[1]);
+    let owner = OwnerToken::generate();
+    let first = store
+        .claim(&BatchClaim::new(owner, LONG_LEASE, 1))
+        .await
+        .unwrap();
+    assert_eq!(kinds(&first), ["order-1/placed"]);
+    let second = store
+        .claim(&BatchClaim::new(owner, SHORT_LEASE, 1))
+        .await
+        .unwrap();
+    assert_eq!(kinds(&second), ["order-2/placed"]);
+    let hour = Duration::from_secs(3600);
+    store
+        .mark_failed(&PublishFailure::new(owner, freed.id(), "refused").retry_after(hour))
+        .await
+        .unwrap();
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    let again = claim(&*store, owner).await;
+    assert_eq!(
+        kinds(&again),
+        ["order-2/placed"],
+        "claimed past a message its owner let go"
+    );
+    assert_eq!(again[0].id(), lapsed.id());
+}
+
+/// Release: frees only what its owner holds, available at once, counting
+/// no attempt; delivered twice, frees nothing more.
+pub async fn release_frees_only_what_its_owner_holds_counting_nothing<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    let stranger = store
+        .release(OwnerToken::generate(), &[placed.id()])
+        .await
+        .unwrap();
+    assert_eq!(stranger, 0, "another owner released a message");
+    assert!(claim(&*store, OwnerToken::generate()).await.is_empty());
+    assert_eq!(store.release(owner, &[placed.id()]).await.unwrap(), 1);
+    assert_eq!(
+        store.release(owner, &[placed.id()]).await.unwrap(),
+        0,
+        "released twice"
+    );
+    let again = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(again.len(), 1, "a released message is not free: {again:?}");
+    assert_eq!(again[0].id(), placed.id());
+    assert_eq!(again[0].parts().attempts, 0, "a release counted an attempt");
+    assert_eq!(again[0].parts().last_error, None);
+}
+
 /// Claim: a lapsed lease counts as none.
 pub async fn a_lapsed_claim_is_claimed_again<S: OutboxStore + ?Sized>(store: Arc<S>) {
     let placed = enqueued(&*store, "order-1", "placed").await;

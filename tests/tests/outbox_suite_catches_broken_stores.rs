@@ -68,6 +68,46 @@ fn claiming_over_a_live_lease_fails_the_lease_cases() {
 }
 
 #[test]
+fn never_claiming_ahead_fails_the_claim_ahead_case() {
+    assert_caught(
+        OutboxDefect::NoClaimAhead,
+        &["a_claim_takes_the_next_message_of_an_aggregate_its_owner_holds"],
+    );
+}
+
+#[test]
+fn a_lease_of_its_own_ahead_fails_the_claim_ahead_case() {
+    assert_caught(
+        OutboxDefect::FreshLeaseAhead,
+        &["a_claim_takes_the_next_message_of_an_aggregate_its_owner_holds"],
+    );
+}
+
+#[test]
+fn claiming_past_a_message_let_go_fails_the_let_go_case() {
+    assert_caught(
+        OutboxDefect::AheadPastFreed,
+        &["a_claim_never_takes_a_message_past_one_its_owner_let_go"],
+    );
+}
+
+#[test]
+fn releasing_for_any_relay_fails_the_release_case() {
+    assert_caught(
+        OutboxDefect::ReleaseIgnoresOwner,
+        &["release_frees_only_what_its_owner_holds_counting_nothing"],
+    );
+}
+
+#[test]
+fn a_release_counted_as_an_attempt_fails_the_release_case() {
+    assert_caught(
+        OutboxDefect::ReleaseCountsAttempt,
+        &["release_frees_only_what_its_owner_holds_counting_nothing"],
+    );
+}
+
+#[test]
 fn never_taking_over_fails_the_takeover_cases() {
     assert_caught(
         OutboxDefect::NoTakeover,

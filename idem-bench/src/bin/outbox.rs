@@ -15,9 +15,10 @@
 //!    `Relay::relay_once`, then `Relay::drain` until every message is
 //!    marked sent) at batch 1 and batch 100, each with 1 batch in flight
 //!    (claim, publish, mark, one after another) and with `--in-flight`
-//!    batches (`RelayOptions::with_in_flight`: the next batch is claimed and
-//!    earlier ones marked while the broker confirms one; the broker still
-//!    gets one batch at a time). Against the raw baseline, measured in the
+//!    batches (`RelayOptions::with_in_flight`: the next batch is claimed,
+//!    with the next messages of the aggregates at the broker, and earlier
+//!    ones marked while the broker confirms one; the broker still gets one
+//!    batch at a time). Against the raw baseline, measured in the
 //!    same run: the same client publishing as many messages of the same
 //!    shape to the same broker in batches of the same size, awaiting every
 //!    confirm of a batch before the next (lapin in confirm mode, persistent
@@ -26,10 +27,11 @@
 //!    Each stage's time (claim, publish, mark) is added up over the drain
 //!    and reported per batch; with batches in flight the stages overlap, so
 //!    they add up to more than a batch takes. A last measurement at batch
-//!    100 spreads the messages over `--wide-aggregates` (1,000): with as
-//!    many aggregates as a batch holds, each batch takes every aggregate's
-//!    head and the next can be claimed only once it is marked, so batches
-//!    in flight have nothing to overlap; with more, they do.
+//!    100 spreads the messages over `--wide-aggregates` (1,000).
+//!    Each batch-100 measurement is drained once more with Postgres
+//!    `--pg-delay-ms` away (1 ms each way, through a proxy that holds every
+//!    byte that long): round trips that cost time but no CPU, as across a
+//!    network, where overlapping them with the broker's confirms pays.
 //! 2. **Postgres round trips per relay batch** (its claim, its share of the
 //!    marks, one per failure, and the drain's last claim that finds
 //!    nothing), counted on the wire by idem-postgres's counting proxy
@@ -166,17 +168,22 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     aggregates: usize,
     /// Aggregates of a last throughput measurement at batch 100 (skipped
-    /// unless more than `--aggregates`): with more aggregates due than one
-    /// batch holds, the next batch can be claimed while one is at the
-    /// broker; with as many as a batch holds (the default shape), every
-    /// batch takes every aggregate's head, so the next can be claimed only
-    /// once it is marked.
+    /// unless more than `--aggregates`): more aggregates due than one batch
+    /// holds, so the next batch takes other aggregates' heads rather than
+    /// the next messages of those at the broker.
     #[arg(long, default_value_t = 1000)]
     wide_aggregates: usize,
     /// Batches the relay keeps in flight in the second measurement of each
     /// batch size (the first is 1: claim, publish, mark one after another).
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
+    /// Milliseconds each way between the relay and Postgres in one more
+    /// drain of each batch-100 measurement (through a proxy that holds every
+    /// byte that long), as a database across a network would be; 0 skips
+    /// it. Round trips then cost time but no CPU, which is where batches in
+    /// flight (the next claimed while the broker confirms the last) pay.
+    #[arg(long, default_value_t = 1)]
+    pg_delay_ms: u64,
     /// Seconds of enqueueing in the latency measurement.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -250,6 +257,11 @@ struct Throughput {
     raw_cpu: CpuPerUnit,
     /// CPU per message of the drain with no broker, by process.
     store_alone_cpu: CpuPerUnit,
+    /// Milliseconds each way to Postgres of the remote drain (none measured
+    /// when absent).
+    remote_delay_ms: Option<u64>,
+    /// Messages per second of the same drain with Postgres that far away.
+    remote_msgs_per_s: Option<f64>,
 }
 
 /// One latency measurement.
@@ -272,7 +284,7 @@ struct Latency {
 #[derive(Debug, Serialize)]
 #[serde(tag = "bench", rename_all = "snake_case")]
 enum Line {
-    Throughput(Throughput),
+    Throughput(Box<Throughput>),
     Latency(Latency),
 }
 
@@ -461,6 +473,13 @@ impl OutboxStore for TimedStore {
         marked
     }
 
+    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let started = Instant::now();
+        let released = self.inner.release(owner, ids).await;
+        add_elapsed(&self.marking, started);
+        released
+    }
+
     async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
         let started = Instant::now();
         let state = self.inner.mark_failed(failure).await;
@@ -524,19 +543,28 @@ struct Shape {
     aggregates: usize,
 }
 
+/// How the relay's pool reaches Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Straight to the server, for the timing.
+    Direct,
+    /// Through the counting proxy, which counts every round trip (it
+    /// leaves Nagle's algorithm on, which delays a large reply's last
+    /// segment by tens of milliseconds: not for timing).
+    Counted,
+    /// Through the proxy holding every byte this long each way.
+    Away(Duration),
+}
+
 /// Drains an outbox pre-filled as `shape` says through `publisher`, with
 /// its batches in flight (`Relay::drain`) after a first batch alone
-/// (`Relay::relay_once`). With
-/// `counted`, the relay's pool goes through a counting proxy, which counts
-/// every round trip; without, straight to the server, for the timing (the
-/// proxy leaves Nagle's algorithm on, which delays a large reply's last
-/// segment by tens of milliseconds).
+/// (`Relay::relay_once`), its pool reaching Postgres by `route`.
 async fn relay_drain(
     pg: &Pg,
     publisher: Arc<dyn Publisher>,
     name: &str,
     shape: Shape,
-    counted: bool,
+    route: Route,
     broker: &[&str],
 ) -> Result<Drain, BenchError> {
     let Shape {
@@ -549,10 +577,10 @@ async fn relay_drain(
     fill(&filler, messages, aggregates).await?;
     filler.pool().close().await;
 
-    let proxy = if counted {
-        Some(CountingProxy::start(pg.upstream.clone()).await)
-    } else {
-        None
+    let proxy = match route {
+        Route::Direct => None,
+        Route::Counted => Some(CountingProxy::start(pg.upstream.clone()).await),
+        Route::Away(delay) => Some(CountingProxy::start_delayed(pg.upstream.clone(), delay).await),
     };
     let options = match &proxy {
         Some(proxy) => pg
@@ -1029,7 +1057,7 @@ async fn throughput(
             broker.publisher().await?,
             &name,
             shape,
-            false,
+            Route::Direct,
             processes,
         )
         .await?;
@@ -1040,7 +1068,7 @@ async fn throughput(
             Arc::new(ConfirmsAtOnce),
             &format!("{name}_alone"),
             shape,
-            false,
+            Route::Direct,
             processes,
         )
         .await?;
@@ -1056,11 +1084,30 @@ async fn throughput(
                 messages: counted_messages,
                 aggregates,
             },
-            true,
+            Route::Counted,
             processes,
         )
         .await?;
         broker.purge().await?;
+        // Round trips that cost time, not CPU: a database across a network.
+        let remote_delay_ms =
+            (batch == WIDE_BATCH && args.pg_delay_ms > 0).then_some(args.pg_delay_ms);
+        let remote = match remote_delay_ms {
+            Some(ms) => {
+                let away = relay_drain(
+                    pg,
+                    broker.publisher().await?,
+                    &format!("{name}_remote"),
+                    shape,
+                    Route::Away(Duration::from_millis(ms)),
+                    processes,
+                )
+                .await?;
+                broker.purge().await?;
+                Some(per_second(messages, away.elapsed))
+            }
+            None => None,
+        };
         let relay_msgs_per_s = per_second(messages, drain.elapsed);
         let raw_msgs_per_s = per_second(messages, raw.elapsed);
         measured.push(Throughput {
@@ -1091,6 +1138,8 @@ async fn throughput(
             relay_cpu: drain.cpu,
             raw_cpu,
             store_alone_cpu: alone.cpu,
+            remote_delay_ms,
+            remote_msgs_per_s: remote,
         });
     }
     Ok(measured)
@@ -1192,7 +1241,7 @@ async fn measure(pg: &Pg, broker: &Broker, args: &Args) -> Result<Vec<Line>, Ben
             throughput(pg, broker, batch, aggregates, args)
                 .await?
                 .into_iter()
-                .map(Line::Throughput),
+                .map(|t| Line::Throughput(Box::new(t))),
         );
     }
     eprintln!(
@@ -1304,6 +1353,37 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 alone.postgres_us,
                 raw.total_us() / relay.total_us().max(f64::EPSILON),
             );
+        }
+    }
+    if args.pg_delay_ms > 0 {
+        let _ = writeln!(
+            md,
+            "\n## With Postgres {} ms away\n\n\
+             The batch-{} drains again, the relay's pool reaching Postgres through a proxy that \
+             holds every byte {} ms each way, as a database across a network would be: round \
+             trips that cost time but no CPU. relay/raw is against the same raw baseline.\n",
+            args.pg_delay_ms, WIDE_BATCH, args.pg_delay_ms
+        );
+        md.push_str(
+            "| broker | batch | aggregates | in flight | relay msg/s, Postgres away | raw msg/s | relay/raw |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for line in lines {
+            if let Line::Throughput(t) = line
+                && let Some(remote) = t.remote_msgs_per_s
+            {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} |",
+                    t.broker,
+                    t.batch,
+                    t.aggregates,
+                    t.in_flight,
+                    remote,
+                    t.raw_msgs_per_s,
+                    remote / t.raw_msgs_per_s.max(f64::EPSILON),
+                );
+            }
         }
     }
     let _ = writeln!(

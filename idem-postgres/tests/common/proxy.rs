@@ -5,16 +5,20 @@
 //! protocol) from the client. A Sync sent on its own, with no statement
 //! before it, is a ping: sqlx's pool pings each connection as it returns to
 //! the pool, in the background, after the caller has its answer. The proxy
-//! counts statements and pings apart.
+//! counts statements and pings apart. Started with a delay, it also holds
+//! every byte that long each way, as a server that far away would.
 
 #![allow(unreachable_pub, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 #[derive(Default)]
 pub struct Counts {
@@ -35,6 +39,13 @@ impl CountingProxy {
     /// Listens on a free loopback port and forwards to `upstream` (host:port).
     /// Clients must not ask for TLS (`sslmode=disable`).
     pub async fn start(upstream: String) -> Self {
+        Self::start_delayed(upstream, Duration::ZERO).await
+    }
+
+    /// [`start`](Self::start), each byte forwarded `delay` after it came,
+    /// either way, without holding back what follows it (Nagle's algorithm
+    /// off then, as it would be over a real network's latency).
+    pub async fn start_delayed(upstream: String, delay: Duration) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let counts = Arc::new(Counts::default());
@@ -44,17 +55,21 @@ impl CountingProxy {
                 let server = TcpStream::connect(&upstream)
                     .await
                     .expect("connect upstream");
+                if !delay.is_zero() {
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                }
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
                 tokio::spawn(forward(
                     client_read,
-                    server_write,
+                    Sink::new(server_write, delay),
                     Arc::clone(&shared),
                     true,
                 ));
                 tokio::spawn(forward(
                     server_read,
-                    client_write,
+                    Sink::new(client_write, delay),
                     Arc::clone(&shared),
                     false,
                 ));
@@ -72,12 +87,42 @@ impl CountingProxy {
     }
 }
 
-async fn forward(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
-    counts: Arc<Counts>,
-    client: bool,
-) {
+/// Where a direction's bytes go: at once, or through a task that writes
+/// each chunk once its delay has passed.
+enum Sink {
+    Now(OwnedWriteHalf),
+    Later(Duration, mpsc::UnboundedSender<(Instant, Vec<u8>)>),
+}
+
+impl Sink {
+    fn new(mut to: OwnedWriteHalf, delay: Duration) -> Self {
+        if delay.is_zero() {
+            return Self::Now(to);
+        }
+        let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+        tokio::spawn(async move {
+            while let Some((at, chunk)) = due.recv().await {
+                tokio::time::sleep_until(at).await;
+                if to.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Self::Later(delay, chunks)
+    }
+
+    /// Whether the bytes went (or will go).
+    async fn send(&mut self, bytes: &[u8]) -> bool {
+        match self {
+            Self::Now(to) => to.write_all(bytes).await.is_ok(),
+            Self::Later(delay, chunks) => chunks
+                .send((Instant::now() + *delay, bytes.to_vec()))
+                .is_ok(),
+        }
+    }
+}
+
+async fn forward(mut from: OwnedReadHalf, mut to: Sink, counts: Arc<Counts>, client: bool) {
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     // The client's startup message has no type byte: skip it.
@@ -132,7 +177,7 @@ async fn forward(
                 (false, _) => {}
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        if !to.send(&buf[..n]).await {
             break;
         }
     }

@@ -53,6 +53,17 @@ pub enum OutboxDefect {
     /// Reads and writes a claim under two acquisitions of the lock, a
     /// rival's read between them.
     NonAtomicClaim,
+    /// Never claims past what the claiming owner holds.
+    NoClaimAhead,
+    /// Gives a message claimed ahead a lease of its own.
+    FreshLeaseAhead,
+    /// Claims past a message its owner's lease left (freed or lapsed), as
+    /// if the owner still held it.
+    AheadPastFreed,
+    /// Frees whatever relay asks.
+    ReleaseIgnoresOwner,
+    /// Counts a release as a failed attempt.
+    ReleaseCountsAttempt,
 }
 
 #[derive(Default)]
@@ -107,10 +118,21 @@ impl OwnOutbox {
         self.defect == defect
     }
 
-    /// The messages a claim at `now` takes, by index.
-    fn due(&self, messages: &[OutboxMessage], now: Timestamp, limit: usize) -> Vec<usize> {
+    /// The messages a claim by `owner` at `now` takes, by index, each with
+    /// its lease's end (`until`, or the earliest of the owner's leases it
+    /// was claimed past).
+    fn due(
+        &self,
+        messages: &[OutboxMessage],
+        owner: OwnerToken,
+        now: Timestamp,
+        until: Timestamp,
+        limit: usize,
+    ) -> Vec<(usize, Timestamp)> {
         let mut due = Vec::new();
-        let mut seen: Vec<&str> = Vec::new();
+        // Per aggregate seen: the lease a message past the owner's run
+        // takes, or None once its claimable message was found.
+        let mut runs: Vec<(&str, Option<Timestamp>)> = Vec::new();
         let mut order: Vec<usize> = (0..messages.len()).collect();
         order.sort_by_key(|&i| {
             (
@@ -127,11 +149,36 @@ impl OwnOutbox {
             if m.state() == MessageState::Parked && self.is(OutboxDefect::ParkedAggregateFlows) {
                 continue;
             }
-            let first = !seen.contains(&aggregate);
-            seen.push(aggregate);
-            if !first && !self.is(OutboxDefect::WholeAggregate) {
+            let run = match runs.iter().position(|(a, _)| *a == aggregate) {
+                Some(k) => k,
+                None => {
+                    runs.push((aggregate, Some(until)));
+                    runs.len() - 1
+                }
+            };
+            let passing = runs[run].1;
+            if passing.is_none() && !self.is(OutboxDefect::WholeAggregate) {
                 continue;
             }
+            let lease_until = passing.unwrap_or(until);
+            let held = if self.is(OutboxDefect::AheadPastFreed) {
+                m.parts().lease_owner == Some(owner)
+            } else {
+                m.is_held_by(owner, now)
+            };
+            if m.state() == MessageState::Pending && held && !self.is(OutboxDefect::NoClaimAhead) {
+                let earliest = m
+                    .parts()
+                    .lease_until
+                    .map_or(lease_until, |u| u.min(lease_until));
+                runs[run].1 = Some(if self.is(OutboxDefect::FreshLeaseAhead) {
+                    until
+                } else {
+                    earliest
+                });
+                continue;
+            }
+            runs[run].1 = None;
             let leased = m
                 .parts()
                 .lease_until
@@ -140,7 +187,7 @@ impl OwnOutbox {
                 && (!leased || self.is(OutboxDefect::IgnoresLeases))
                 && m.parts().available_at <= now
             {
-                due.push(i);
+                due.push((i, lease_until));
             }
         }
         due.truncate(limit);
@@ -211,13 +258,13 @@ impl OutboxStore for OwnOutbox {
         if self.is(OutboxDefect::NonAtomicClaim) {
             // Decided under one acquisition of the lock, written under
             // another, held between them until a rival claim has read too.
-            let due = self.due(&self.locked().messages, now, limit);
+            let due = self.due(&self.locked().messages, owner, now, now + lease, limit);
             let _reading = self.rivals.meet(&()).await;
-            return Ok(take(&mut self.locked(), &due, owner, now + lease));
+            return Ok(take(&mut self.locked(), &due, owner));
         }
         let mut state = self.locked();
-        let due = self.due(&state.messages, now, limit);
-        Ok(take(&mut state, &due, owner, now + lease))
+        let due = self.due(&state.messages, owner, now, now + lease, limit);
+        Ok(take(&mut state, &due, owner))
     }
 
     async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
@@ -240,6 +287,28 @@ impl OutboxStore for OwnOutbox {
             }
         }
         Ok(marked)
+    }
+
+    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let mut released = 0;
+        for m in state.messages.iter_mut() {
+            let held = m.is_held_by(owner, now)
+                || (self.is(OutboxDefect::ReleaseIgnoresOwner)
+                    && m.parts().lease_until > Some(now));
+            if ids.contains(&m.id()) && m.state() == MessageState::Pending && held {
+                let counted = self.is(OutboxDefect::ReleaseCountsAttempt);
+                *m = edited(m, |p| {
+                    p.lease_until = None;
+                    if counted {
+                        p.attempts += 1;
+                    }
+                });
+                released += 1;
+            }
+        }
+        Ok(released)
     }
 
     async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
@@ -380,14 +449,9 @@ impl OutboxStore for OwnOutbox {
 }
 
 /// Leases the messages at `due` to `owner` until `until`; what it took.
-fn take(
-    state: &mut State,
-    due: &[usize],
-    owner: OwnerToken,
-    until: Timestamp,
-) -> Vec<OutboxMessage> {
+fn take(state: &mut State, due: &[(usize, Timestamp)], owner: OwnerToken) -> Vec<OutboxMessage> {
     due.iter()
-        .filter_map(|&i| {
+        .filter_map(|&(i, until)| {
             let m = state.messages.get_mut(i)?;
             *m = edited(m, |p| {
                 p.lease_owner = Some(owner);
