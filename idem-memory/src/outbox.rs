@@ -72,6 +72,30 @@ impl Messages {
         // A panic elsewhere cannot leave a message half-written: keep using it.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Applies `edit` to each of `ids` that `owner` holds at `now` (only a
+    /// pending message is held); how many.
+    fn edit_held(
+        &self,
+        owner: OwnerToken,
+        ids: &[MessageId],
+        now: Timestamp,
+        edit: impl Fn(&mut MessageParts),
+    ) -> u64 {
+        let mut state = self.locked();
+        let mut edited = 0;
+        for id in ids {
+            let Some(message) = state.messages.get(id) else {
+                continue;
+            };
+            if message.state() == MessageState::Pending && message.is_held_by(owner, now) {
+                let changed = with_parts(message, &edit);
+                state.messages.insert(*id, changed);
+                edited += 1;
+            }
+        }
+        edited
+    }
 }
 
 /// Whether someone holds `message` at `now`.
@@ -176,41 +200,16 @@ impl OutboxStore for Messages {
 
     async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
         let now = self.clock.now();
-        let mut state = self.locked();
-        let mut marked = 0;
-        for id in ids {
-            let Some(message) = state.messages.get(id) else {
-                continue;
-            };
-            let held = message.parts().lease_owner == Some(owner) && leased(message, now);
-            if message.state() == MessageState::Pending && held {
-                let sent = with_parts(message, |parts| {
-                    parts.state = MessageState::Sent;
-                    parts.sent_at = Some(now);
-                    parts.lease_until = None;
-                });
-                state.messages.insert(*id, sent);
-                marked += 1;
-            }
-        }
-        Ok(marked)
+        Ok(self.edit_held(owner, ids, now, |parts| {
+            parts.state = MessageState::Sent;
+            parts.sent_at = Some(now);
+            parts.lease_until = None;
+        }))
     }
 
     async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
         let now = self.clock.now();
-        let mut state = self.locked();
-        let mut released = 0;
-        for id in ids {
-            let Some(message) = state.messages.get(id) else {
-                continue;
-            };
-            if message.state() == MessageState::Pending && message.is_held_by(owner, now) {
-                let free = with_parts(message, |parts| parts.lease_until = None);
-                state.messages.insert(*id, free);
-                released += 1;
-            }
-        }
-        Ok(released)
+        Ok(self.edit_held(owner, ids, now, |parts| parts.lease_until = None))
     }
 
     async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
