@@ -107,7 +107,8 @@ type BenchError = Box<dyn std::error::Error + Send + Sync>;
 /// The relay batch sizes measured, and the raw baseline's.
 const BATCHES: [usize; 2] = [1, 100];
 
-/// The batch of the measurement over `--wide-aggregates`.
+/// The batch of the measurement over `--wide-aggregates`, and of the
+/// drains with Postgres `--pg-delay-ms` away.
 const WIDE_BATCH: usize = 100;
 
 /// Every message's kind: the RabbitMQ routing key, the NATS subject's tail.
