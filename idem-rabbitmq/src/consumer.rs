@@ -20,10 +20,28 @@ use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
 /// The header a quorum queue counts a message's earlier deliveries in.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
-/// How long one reconnection (connection, channel, consume) may take: a
-/// broker that accepts and then says nothing is given up on, with a
-/// retryable error.
-const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one exchange with the broker (a connection, a channel and its
+/// consume, an ack, a requeue, a close) may take: a broker or a network
+/// that accepts and then says nothing is given up on, with a retryable
+/// error, rather than waited for forever.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `work`, or a retryable [`BrokerError`] naming `operation` if it has not
+/// ended within [`TIMEOUT`].
+async fn bounded<T>(
+    operation: &'static str,
+    work: impl Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    tokio::time::timeout(TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(BrokerError::unavailable(
+                BROKER,
+                operation,
+                format!("no answer within {TIMEOUT:?}"),
+            ))
+        })
+}
 
 /// How a [`RabbitSource`] consumes; each setter checks its value.
 ///
@@ -146,6 +164,10 @@ type Counts = Arc<Mutex<HashMap<String, u32>>>;
 ///   unsettled messages again (their acks fail: the inbox makes the copies
 ///   duplicates). One made by [`new`](Self::new) on the caller's
 ///   connection answers the loss with an error.
+/// - No exchange with the broker waits forever: connecting, an ack, a
+///   requeue, a rejection and the close each have 10 s, then answer a
+///   retryable [`BrokerError`] (an ack that timed out may have reached
+///   the broker or not: a redelivery is a duplicate to the inbox).
 ///
 /// ```no_run
 /// use idem_rabbitmq::{RabbitSource, RabbitSourceOptions};
@@ -220,8 +242,12 @@ impl RabbitSource {
     /// [`BrokerError`] when the broker cannot be reached or the queue
     /// cannot be consumed.
     pub async fn connect(url: &str, options: RabbitSourceOptions) -> Result<Self, BrokerError> {
-        let connection = open_connection(url).await?;
-        let link = Link::open(&connection, &options).await?;
+        let (connection, link) = bounded("connect", async {
+            let connection = open_connection(url).await?;
+            let link = Link::open(&connection, &options).await?;
+            Ok((connection, link))
+        })
+        .await?;
         Ok(Self {
             connection,
             link,
@@ -241,7 +267,7 @@ impl RabbitSource {
         connection: Connection,
         options: RabbitSourceOptions,
     ) -> Result<Self, BrokerError> {
-        let link = Link::open(&connection, &options).await?;
+        let link = bounded("setup", Link::open(&connection, &options)).await?;
         Ok(Self {
             connection,
             link,
@@ -258,34 +284,35 @@ impl RabbitSource {
     ///
     /// [`BrokerError`] from the close.
     pub async fn close(self) -> Result<(), BrokerError> {
-        self.connection
-            .close(200, "closed".into())
-            .await
-            .map_err(failed("close"))
+        bounded("close", async {
+            self.connection
+                .close(200, "closed".into())
+                .await
+                .map_err(failed("close"))
+        })
+        .await
     }
 
     /// Consumes again on a new channel, and a new connection to `url` if
-    /// the old one is gone: one attempt, bounded by [`RECONNECT_TIMEOUT`].
+    /// the old one is gone: one attempt, bounded by [`TIMEOUT`].
     ///
     /// # Errors
     ///
     /// A retryable [`BrokerError`] while the broker cannot be reached; a
     /// rejection when it answers and refuses the queue.
     async fn reconnect(&mut self, url: &str) -> Result<(), BrokerError> {
-        match tokio::time::timeout(RECONNECT_TIMEOUT, self.reopen(url)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(Reopen::Refused(mut error))) => {
-                // Not the network's doing: asking again will not help.
-                error.retryable = false;
-                Err(error)
+        let reopen = async {
+            match self.reopen(url).await {
+                Ok(()) => Ok(()),
+                Err(Reopen::Refused(mut error)) => {
+                    // Not the network's doing: asking again will not help.
+                    error.retryable = false;
+                    Err(error)
+                }
+                Err(Reopen::Unreachable(error)) => Err(error),
             }
-            Ok(Err(Reopen::Unreachable(error))) => Err(error),
-            Err(_) => Err(BrokerError::unavailable(
-                BROKER,
-                "connect",
-                format!("no answer to a reconnection within {RECONNECT_TIMEOUT:?}"),
-            )),
-        }
+        };
+        bounded("connect", reopen).await
     }
 
     /// [`reconnect`](Self::reconnect)'s attempt, without its time limit.
@@ -458,11 +485,8 @@ impl Delivery for RabbitDelivery {
     }
 
     async fn ack(&self) -> Result<(), BrokerError> {
-        self.delivery
-            .acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(failed("ack"))?;
+        let ack = self.delivery.acker.ack(BasicAckOptions::default());
+        bounded("ack", async { ack.await.map_err(failed("ack")) }).await?;
         locked(&self.counts).remove(self.inbound.id().as_str());
         Ok(())
     }
@@ -473,14 +497,14 @@ impl Delivery for RabbitDelivery {
             requeue: true,
             multiple: false,
         };
+        let nack = async move { acker.nack(requeue).await.map(drop).map_err(failed("retry")) };
         if delay.is_zero() {
-            acker.nack(requeue).await.map_err(failed("retry"))?;
-            return Ok(());
+            return bounded("retry", nack).await;
         }
         // RabbitMQ has no delayed requeue: hold the delivery, then requeue.
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(error) = acker.nack(requeue).await {
+            if let Err(error) = bounded("retry", nack).await {
                 tracing::warn!(%error, "could not requeue a delivery; the broker redelivers it when the channel closes");
             }
         });
@@ -525,14 +549,11 @@ impl Source for RabbitSource {
                 }
                 Err(reason) => {
                     tracing::warn!(%reason, "rejecting a delivery no consumer can apply");
-                    delivery
-                        .acker
-                        .nack(BasicNackOptions {
-                            requeue: false,
-                            multiple: false,
-                        })
-                        .await
-                        .map_err(failed("reject"))?;
+                    let reject = delivery.acker.nack(BasicNackOptions {
+                        requeue: false,
+                        multiple: false,
+                    });
+                    bounded("reject", async { reject.await.map_err(failed("reject")) }).await?;
                 }
             }
         }

@@ -2,8 +2,8 @@
 //! broker adapter passes: a duplicate delivery acknowledged with no effect,
 //! a consumer killed between its commit and its ack, a poison message
 //! parked and replayed; on a quorum queue, which counts deliveries, and on
-//! a classic queue, which does not; and a source that reconnects after the
-//! broker cut it off.
+//! a classic queue, which does not; a source that reconnects after the
+//! broker cut it off; and calls over a stalled network that give up.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
@@ -163,6 +163,39 @@ async fn a_source_of_its_own_connection_reconnects_after_the_broker_cut_it_off()
     assert_eq!(shop.effects().await, ["before", "after"]);
     let proxy = back.await.unwrap();
     broker.kill(source).await;
+    drop(proxy);
+    broker.delete().await;
+}
+
+/// Past this, a call that should have given up on its own is taken for one
+/// waiting forever: well over the source's 10 s, so a busy machine is no
+/// reason to fail.
+const FOREVER: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_and_closing_over_a_stalled_network_end_in_a_retryable_error() {
+    let broker = Rabbit::new(true).await;
+    let proxy = FaultProxy::start(common::address()).await;
+    let url = common::url_via(&proxy.address());
+    let options = RabbitSourceOptions::new(broker.topology.queue(), 5).unwrap();
+
+    // The proxy accepts and forwards nothing: the handshake never ends.
+    proxy.stall();
+    let connected = tokio::time::timeout(FOREVER, RabbitSource::connect(&url, options.clone()))
+        .await
+        .expect("connecting gives up on its own");
+    let error = connected.expect_err("no broker answered");
+    assert!(error.is_retryable(), "{error}");
+
+    proxy.resume();
+    let source = RabbitSource::connect(&url, options).await.unwrap();
+    // The close is sent and its answer never comes back.
+    proxy.stall();
+    let closed = tokio::time::timeout(FOREVER, source.close())
+        .await
+        .expect("closing gives up on its own");
+    let error = closed.expect_err("no broker answered the close");
+    assert!(error.is_retryable(), "{error}");
     drop(proxy);
     broker.delete().await;
 }
