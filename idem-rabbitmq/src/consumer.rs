@@ -43,6 +43,14 @@ async fn bounded<T>(
         })
 }
 
+/// One lapin call, [`bounded`], its error named `operation`.
+async fn call<T>(
+    operation: &'static str,
+    work: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, BrokerError> {
+    bounded(operation, async { work.await.map_err(failed(operation)) }).await
+}
+
 /// How a [`RabbitSource`] consumes; each setter checks its value.
 ///
 /// ```
@@ -284,13 +292,7 @@ impl RabbitSource {
     ///
     /// [`BrokerError`] from the close.
     pub async fn close(self) -> Result<(), BrokerError> {
-        bounded("close", async {
-            self.connection
-                .close(200, "closed".into())
-                .await
-                .map_err(failed("close"))
-        })
-        .await
+        call("close", self.connection.close(200, "closed".into())).await
     }
 
     /// Consumes again on a new channel, and a new connection to `url` if
@@ -485,8 +487,7 @@ impl Delivery for RabbitDelivery {
     }
 
     async fn ack(&self) -> Result<(), BrokerError> {
-        let ack = self.delivery.acker.ack(BasicAckOptions::default());
-        bounded("ack", async { ack.await.map_err(failed("ack")) }).await?;
+        call("ack", self.delivery.acker.ack(BasicAckOptions::default())).await?;
         locked(&self.counts).remove(self.inbound.id().as_str());
         Ok(())
     }
@@ -497,14 +498,13 @@ impl Delivery for RabbitDelivery {
             requeue: true,
             multiple: false,
         };
-        let nack = async move { acker.nack(requeue).await.map(drop).map_err(failed("retry")) };
         if delay.is_zero() {
-            return bounded("retry", nack).await;
+            return call("retry", acker.nack(requeue)).await.map(drop);
         }
         // RabbitMQ has no delayed requeue: hold the delivery, then requeue.
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(error) = bounded("retry", nack).await {
+            if let Err(error) = call("retry", acker.nack(requeue)).await {
                 tracing::warn!(%error, "could not requeue a delivery; the broker redelivers it when the channel closes");
             }
         });
@@ -553,7 +553,7 @@ impl Source for RabbitSource {
                         requeue: false,
                         multiple: false,
                     });
-                    bounded("reject", async { reject.await.map_err(failed("reject")) }).await?;
+                    call("reject", reject).await?;
                 }
             }
         }
