@@ -74,10 +74,45 @@ impl BrokerError {
     }
 }
 
+/// `work`, or a retryable [`BrokerError`] of `broker` naming `operation`
+/// if it has not ended within `limit`: how an adapter keeps each call to
+/// its broker from waiting forever on a network that accepts and then says
+/// nothing. A call given up on may still have reached the broker (an ack
+/// among them); the inbox makes its redelivery a duplicate.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let never = std::future::pending::<Result<(), idem_consumer::BrokerError>>();
+/// let error = idem_consumer::bounded("nats", "ack", Duration::from_millis(10), never)
+///     .await
+///     .unwrap_err();
+/// assert!(error.is_retryable());
+/// assert_eq!(error.to_string(), "nats ack: no answer within 10ms");
+/// # });
+/// ```
+pub async fn bounded<T>(
+    broker: &'static str,
+    operation: &'static str,
+    limit: Duration,
+    work: impl Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(BrokerError::unavailable(
+            broker,
+            operation,
+            format!("no answer within {limit:?}"),
+        ))
+    })
+}
+
 /// One delivery of a message by a broker, to settle exactly once: an
 /// acknowledgement (the broker forgets it) or a redelivery after a delay.
 /// A delivery never settled (the consumer died) is redelivered by the
 /// broker on its own: after its ack wait, or when the connection closes.
+/// Each call ends on its own, over a stalled network too: [`bounded`]
+/// gives a broker call its time limit.
 #[async_trait]
 pub trait Delivery: Send + Sync {
     /// The message.

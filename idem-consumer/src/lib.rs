@@ -41,7 +41,7 @@ mod delivery;
 mod options;
 
 pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler};
-pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source};
+pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source, bounded};
 pub use options::ConsumerOptions;
 
 /// To implement [`Handler`], [`Delivery`] and [`Source`].

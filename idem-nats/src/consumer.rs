@@ -14,6 +14,25 @@ use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
 /// The header JetStream deduplicates on, and the consumer's message id.
 const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 
+/// How long one exchange with the server (the consumer's setup, an ack, a
+/// NAK, a termination) may take. An ack is only queued on the client's
+/// connection, but that queue stops taking commands while a stalled
+/// network holds what was written: a call is then given up on, with a
+/// retryable error, rather than waited for forever.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One async-nats call given up on after [`TIMEOUT`], its error named
+/// `operation`.
+async fn call<T, E: std::fmt::Display>(
+    operation: &'static str,
+    work: impl Future<Output = Result<T, E>>,
+) -> Result<T, BrokerError> {
+    idem_consumer::bounded(BROKER, operation, TIMEOUT, async {
+        work.await.map_err(|e| broker(operation)(e.to_string()))
+    })
+    .await
+}
+
 /// A JetStream durable pull consumer with explicit acks, as a source of
 /// deliveries for an `idem_consumer::Consumer`.
 ///
@@ -29,6 +48,8 @@ const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// - A message that cannot be an inbound message (an id or subject over
 ///   255 bytes, a version that is not a number) is terminated (`+TERM`)
 ///   with a warning: no handler could apply it.
+/// - Each call to the server (the setup, an ack, a NAK, a termination)
+///   gives up after 10 s with a retryable [`BrokerError`].
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -86,8 +107,24 @@ impl JetStreamSource {
     ///
     /// # Errors
     ///
-    /// [`BrokerError`] when the stream or the consumer cannot be had.
+    /// [`BrokerError`] when the stream or the consumer cannot be had; a
+    /// retryable one when the server gave no answer within 10 s.
     pub async fn attach(
+        context: &Context,
+        stream: &str,
+        config: pull::Config,
+    ) -> Result<Self, BrokerError> {
+        idem_consumer::bounded(
+            BROKER,
+            "setup",
+            TIMEOUT,
+            Self::set_up(context, stream, config),
+        )
+        .await
+    }
+
+    /// [`attach`](Self::attach) without its time limit.
+    async fn set_up(
         context: &Context,
         stream: &str,
         config: pull::Config,
@@ -220,17 +257,11 @@ impl Delivery for JetStreamDelivery {
     }
 
     async fn ack(&self) -> Result<(), BrokerError> {
-        self.message
-            .ack()
-            .await
-            .map_err(|e| broker("ack")(e.to_string()))
+        call("ack", self.message.ack()).await
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
-        self.message
-            .ack_with(AckKind::Nak(Some(delay)))
-            .await
-            .map_err(|e| broker("retry")(e.to_string()))
+        call("retry", self.message.ack_with(AckKind::Nak(Some(delay)))).await
     }
 }
 
@@ -248,10 +279,7 @@ impl Source for JetStreamSource {
                 Ok(inbound) => return Ok(Some(JetStreamDelivery::new(message, inbound))),
                 Err(reason) => {
                     tracing::warn!(%reason, "terminating a JetStream message no consumer can apply");
-                    message
-                        .ack_with(AckKind::Term)
-                        .await
-                        .map_err(|e| broker("terminate")(e.to_string()))?;
+                    call("terminate", message.ack_with(AckKind::Term)).await?;
                 }
             }
         }

@@ -1,13 +1,25 @@
 //! JetStreamSource on the real server, through the consumer scenarios
 //! every broker adapter passes: a duplicate delivery acknowledged with no
 //! effect, a consumer killed between its commit and its ack, a poison
-//! message parked and replayed; and the horizon read from the server.
+//! message parked and replayed; the horizon read from the server; and
+//! settlements over a stalled network that give up.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream;
 use idem_conformance::consumers::{self, ConsumerBroker, MemoryBackend};
+use idem_conformance::faults::FaultProxy;
 use idem_conformance::jetstream::{ACK_WAIT, JetStream, WINDOW};
-use idem_consumer::Source;
+use idem_consumer::{Delivery, Source};
+use idem_nats::JetStreamSource;
+
+/// Longer than any call of a source may take (its limit is 10 s): a call
+/// still waiting then waits forever.
+const FOREVER: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_is_acked_without_effect() {
@@ -51,4 +63,68 @@ async fn the_horizon_is_the_consumers_and_the_streams_figures() {
         "the stream stops before the consumer parks"
     );
     broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settling_over_a_stalled_network_ends_in_a_retryable_error() {
+    let stream = common::TestStream::new().await;
+    stream
+        .context
+        .publish(format!("{}.placed", stream.prefix), "order 1".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let proxy = FaultProxy::start(common::address()).await;
+    // A short command queue: a stalled connection fills it soon.
+    let client = async_nats::ConnectOptions::new()
+        .client_capacity(8)
+        .connect(common::url_via(&proxy.address()))
+        .await
+        .unwrap();
+    let config = JetStreamSource::durable("stalled", 5, Duration::from_secs(30));
+    let mut source = JetStreamSource::attach(&jetstream::new(client.clone()), &stream.name, config)
+        .await
+        .unwrap();
+    let delivery = tokio::time::timeout(FOREVER, source.next())
+        .await
+        .expect("the message is delivered")
+        .unwrap()
+        .expect("the source is open");
+
+    proxy.stall();
+    // The stalled proxy reads nothing more, so once the socket's buffers
+    // are full the connection takes no more commands, for good: publish
+    // until one is not taken. An ack that still found room (the queue
+    // was not quite full yet) is queued and succeeds: fill again.
+    let filler = bytes::Bytes::from(vec![0u8; 512 * 1024]);
+    let mut tries = 0;
+    let error = loop {
+        tries += 1;
+        assert!(tries <= 5, "the connection kept taking commands");
+        while tokio::time::timeout(
+            Duration::from_secs(5),
+            client.publish("idem-test-filler", filler.clone()),
+        )
+        .await
+        .is_ok()
+        {}
+        let acked = tokio::time::timeout(FOREVER, delivery.ack())
+            .await
+            .expect("an ack gives up on its own");
+        if let Err(error) = acked {
+            break error;
+        }
+    };
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(error.operation, "ack");
+
+    let retried = tokio::time::timeout(FOREVER, delivery.retry(Duration::from_secs(1)))
+        .await
+        .expect("a NAK gives up on its own");
+    let error = retried.expect_err("the connection takes nothing");
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(error.operation, "retry");
+    drop(proxy);
+    stream.delete().await;
 }

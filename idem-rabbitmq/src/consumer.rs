@@ -26,21 +26,12 @@ const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 /// error, rather than waited for forever.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `work`, or a retryable [`BrokerError`] naming `operation` if it has not
-/// ended within [`TIMEOUT`].
+/// `work`, given up on after [`TIMEOUT`].
 async fn bounded<T>(
     operation: &'static str,
     work: impl Future<Output = Result<T, BrokerError>>,
 ) -> Result<T, BrokerError> {
-    tokio::time::timeout(TIMEOUT, work)
-        .await
-        .unwrap_or_else(|_| {
-            Err(BrokerError::unavailable(
-                BROKER,
-                operation,
-                format!("no answer within {TIMEOUT:?}"),
-            ))
-        })
+    idem_consumer::bounded(BROKER, operation, TIMEOUT, work).await
 }
 
 /// One lapin call, [`bounded`], its error named `operation`.
