@@ -32,6 +32,11 @@
 //!    `--pg-delay-ms` away (1 ms each way, through a proxy that holds every
 //!    byte that long): round trips that cost time but no CPU, as across a
 //!    network, where overlapping them with the broker's confirms pays.
+//!    Before the relay, the raw publish runs once more with, beside each
+//!    batch (sent as it starts), the least Postgres work any relay does
+//!    for it (`Floor`: one committed statement reading the batch's rows
+//!    and writing one row): floor/raw bounds relay/raw on this machine,
+//!    whatever the store's design.
 //! 2. **Postgres round trips per relay batch** (its claim, its share of the
 //!    marks, one per failure, and the drain's last claim that finds
 //!    nothing), counted on the wire by idem-postgres's counting proxy
@@ -251,6 +256,12 @@ struct Throughput {
     /// publisher that confirms at once: the store's and the relay's own
     /// ceiling, with no broker.
     store_alone_msgs_per_s: f64,
+    /// Messages per second of the raw publish with the [`Floor`]'s
+    /// statement beside each batch: the ceiling of any relay over
+    /// Postgres on this machine (the same for every `in_flight`).
+    floor_msgs_per_s: f64,
+    /// CPU per message of that run, by process.
+    floor_cpu: CpuPerUnit,
     /// CPU per message of the relay's drain, by process (this one, the
     /// broker, Postgres).
     relay_cpu: CpuPerUnit,
@@ -812,16 +823,18 @@ impl Broker {
 
     /// The raw baseline: `messages` published as the relay's publisher
     /// would, in batches of `batch`, every confirm of a batch awaited
-    /// before the next, on a connection of its own.
+    /// before the next, on a connection of its own; with `floor`, its
+    /// statement runs beside each batch.
     async fn raw(
         &self,
         messages: usize,
         aggregates: usize,
         batch: usize,
+        floor: Option<&mut Floor>,
     ) -> Result<RawRun, BenchError> {
         match self {
-            Self::Rabbit(r) => r.raw(messages, aggregates, batch).await,
-            Self::Nats(n) => n.raw(messages, aggregates, batch).await,
+            Self::Rabbit(r) => r.raw(messages, aggregates, batch, floor).await,
+            Self::Nats(n) => n.raw(messages, aggregates, batch, floor).await,
         }
     }
 
@@ -931,6 +944,7 @@ impl Rabbit {
         messages: usize,
         aggregates: usize,
         batch: usize,
+        mut floor: Option<&mut Floor>,
     ) -> Result<RawRun, BenchError> {
         let connection = Connection::connect(&self.url, ConnectionProperties::default()).await?;
         let channel = connection.create_channel().await?;
@@ -941,26 +955,30 @@ impl Rabbit {
         let mut failed = 0;
         let started = Instant::now();
         for first in (0..messages).step_by(batch) {
-            for i in first..(first + batch).min(messages) {
-                let confirm = channel
-                    .basic_publish(
-                        self.exchange.as_str().into(),
-                        KIND.into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            immediate: false,
-                        },
-                        &payload(i),
-                        Self::properties(i, aggregates)?,
-                    )
-                    .await?;
-                confirms.push(confirm);
-            }
-            for confirm in confirms.drain(..) {
-                if !matches!(confirm.await?, Confirmation::Ack(None)) {
-                    failed += 1;
+            let publish = async {
+                for i in first..(first + batch).min(messages) {
+                    let confirm = channel
+                        .basic_publish(
+                            self.exchange.as_str().into(),
+                            KIND.into(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                immediate: false,
+                            },
+                            &payload(i),
+                            Self::properties(i, aggregates)?,
+                        )
+                        .await?;
+                    confirms.push(confirm);
                 }
-            }
+                for confirm in confirms.drain(..) {
+                    if !matches!(confirm.await?, Confirmation::Ack(None)) {
+                        failed += 1;
+                    }
+                }
+                Ok::<_, BenchError>(())
+            };
+            beside(publish, floor.as_deref_mut()).await?;
             if started.elapsed() > PATIENCE {
                 return Err("the raw RabbitMQ baseline ran out of time".into());
             }
@@ -977,6 +995,7 @@ impl Nats {
         messages: usize,
         aggregates: usize,
         batch: usize,
+        mut floor: Option<&mut Floor>,
     ) -> Result<RawRun, BenchError> {
         let context = jetstream::new(async_nats::connect(self.url.as_str()).await?);
         let subject = JetStreamOptions::new(&self.prefix)?.subject(KIND)?;
@@ -984,29 +1003,33 @@ impl Nats {
         let mut failed = 0;
         let started = Instant::now();
         for first in (0..messages).step_by(batch) {
-            for i in first..(first + batch).min(messages) {
-                // The headers `JetStreamPublisher` sets.
-                let mut headers = HeaderMap::new();
-                headers.insert(
-                    idem_nats::AGGREGATE_HEADER,
-                    aggregate(i, aggregates).as_str(),
-                );
-                headers.insert(
-                    idem_nats::SEQUENCE_HEADER,
-                    (i / aggregates + 1).to_string().as_str(),
-                );
-                let message = PublishMessage::build()
-                    .payload(Bytes::from(payload(i)))
-                    .headers(headers)
-                    .message_id(MessageId::generate().to_string());
-                acks.push(context.send_publish(subject.clone(), message).await?);
-            }
-            for ack in acks.drain(..) {
-                match ack.await {
-                    Ok(ack) if !ack.duplicate => {}
-                    _ => failed += 1,
+            let publish = async {
+                for i in first..(first + batch).min(messages) {
+                    // The headers `JetStreamPublisher` sets.
+                    let mut headers = HeaderMap::new();
+                    headers.insert(
+                        idem_nats::AGGREGATE_HEADER,
+                        aggregate(i, aggregates).as_str(),
+                    );
+                    headers.insert(
+                        idem_nats::SEQUENCE_HEADER,
+                        (i / aggregates + 1).to_string().as_str(),
+                    );
+                    let message = PublishMessage::build()
+                        .payload(Bytes::from(payload(i)))
+                        .headers(headers)
+                        .message_id(MessageId::generate().to_string());
+                    acks.push(context.send_publish(subject.clone(), message).await?);
                 }
-            }
+                for ack in acks.drain(..) {
+                    match ack.await {
+                        Ok(ack) if !ack.duplicate => {}
+                        _ => failed += 1,
+                    }
+                }
+                Ok::<_, BenchError>(())
+            };
+            beside(publish, floor.as_deref_mut()).await?;
             if started.elapsed() > PATIENCE {
                 return Err("the raw JetStream baseline ran out of time".into());
             }
@@ -1015,6 +1038,92 @@ impl Nats {
             elapsed: started.elapsed(),
             failed,
         })
+    }
+}
+
+/// The least Postgres work of any relay over Postgres, per batch: one
+/// statement, committed, that reads the batch's rows (payloads and
+/// headers, from an outbox filled as the relay's, in its claim's index
+/// order) and writes one row (a cursor). No relay does less: it reads each
+/// message once and must record, durably, that the batch went out. So the
+/// raw publish with this statement beside each batch (sent as the batch
+/// starts, as a perfect pipeline would) bounds relay/raw on this machine
+/// whatever the store's design.
+struct Floor {
+    pool: PgPool,
+    statement: String,
+    batch: i64,
+    /// The last row read: its enqueue time and id.
+    after: (i64, uuid::Uuid),
+}
+
+impl Floor {
+    /// On `table`, an outbox already filled; creates its cursor table.
+    async fn new(pg: &Pg, table: &str, batch: usize) -> Result<Self, BenchError> {
+        let pool = pg.pool(1).await?;
+        let cursor = format!("{table}_floor_cursor");
+        // Validated identifiers (the run's schema, the bench's own names).
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {cursor} (id int PRIMARY KEY, position bigint NOT NULL)"
+        )))
+        .execute(&pool)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!("INSERT INTO {cursor} VALUES (1, 0)")))
+            .execute(&pool)
+            .await?;
+        // The cheapest plan: statistics of the filled table.
+        sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
+            .execute(&pool)
+            .await?;
+        let statement = format!(
+            "WITH batch AS (SELECT * FROM {table} \
+                 WHERE state = 'pending' AND (enqueued_at, id) > ($1, $2) \
+                 ORDER BY enqueued_at, id LIMIT $3), \
+             moved AS (UPDATE {cursor} SET position = position + 1 WHERE id = 1 \
+                 RETURNING position) \
+             SELECT batch.*, moved.position FROM batch CROSS JOIN moved"
+        );
+        Ok(Self {
+            pool,
+            statement,
+            batch: i64::try_from(batch)?,
+            after: (i64::MIN, uuid::Uuid::nil()),
+        })
+    }
+
+    /// The next batch's statement.
+    async fn step(&mut self) -> Result<(), BenchError> {
+        use sqlx::Row as _;
+        let rows = sqlx::query(AssertSqlSafe(self.statement.as_str()))
+            .bind(self.after.0)
+            .bind(self.after.1)
+            .bind(self.batch)
+            .fetch_all(&self.pool)
+            .await?;
+        if let Some(last) = rows.last() {
+            self.after = (last.try_get("enqueued_at")?, last.try_get("id")?);
+        }
+        for row in &rows {
+            let payload: &[u8] = row.try_get("payload")?;
+            std::hint::black_box(payload);
+        }
+        Ok(())
+    }
+}
+
+/// One batch's `publish`, with `floor`'s statement for it at the same
+/// time (sent as the batch starts): the most a relay with one batch at the
+/// broker could overlap.
+async fn beside(
+    publish: impl Future<Output = Result<(), BenchError>>,
+    floor: Option<&mut Floor>,
+) -> Result<(), BenchError> {
+    match floor {
+        Some(floor) => {
+            let (published, stepped) = tokio::join!(publish, floor.step());
+            published.and(stepped)
+        }
+        None => publish.await,
     }
 }
 
@@ -1036,8 +1145,23 @@ async fn throughput(
     let processes = broker.processes();
     broker.purge().await?;
     let cpu_before = CpuSample::now(processes);
-    let raw = broker.raw(messages, aggregates, batch).await?;
+    let raw = broker.raw(messages, aggregates, batch, None).await?;
     let raw_cpu = CpuSample::now(processes).per_unit_since(&cpu_before, messages);
+    broker.purge().await?;
+    let floor_name = format!("floor_{}_b{batch}_a{aggregates}", broker.name());
+    fill(
+        &pg.fresh_outbox(&floor_name, 1).await?,
+        messages,
+        aggregates,
+    )
+    .await?;
+    let mut floor = Floor::new(pg, &format!("{}.{floor_name}", pg.schema), batch).await?;
+    let cpu_before = CpuSample::now(processes);
+    let floored = broker
+        .raw(messages, aggregates, batch, Some(&mut floor))
+        .await?;
+    let floor_cpu = CpuSample::now(processes).per_unit_since(&cpu_before, messages);
+    floor.pool.close().await;
     broker.purge().await?;
     let mut windows = vec![1, args.in_flight];
     windows.dedup();
@@ -1136,6 +1260,8 @@ async fn throughput(
             relay_failed: drain.failed + counted.failed,
             raw_failed: raw.failed,
             store_alone_msgs_per_s: per_second(messages, alone.elapsed),
+            floor_msgs_per_s: per_second(messages, floored.elapsed),
+            floor_cpu,
             relay_cpu: drain.cpu,
             raw_cpu,
             store_alone_cpu: alone.cpu,
@@ -1353,6 +1479,52 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 alone.own_us,
                 alone.postgres_us,
                 raw.total_us() / relay.total_us().max(f64::EPSILON),
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## The floor of any relay over Postgres\n\n\
+         The raw publish again, with, beside each batch (sent as it starts), the least Postgres \
+         work any relay does for it: one committed statement that reads the batch's rows from \
+         an outbox filled as the relay's (in its claim's index order, payloads and headers) \
+         and writes one row (a cursor). floor/raw bounds relay/raw on this machine, whatever \
+         the store's design.\n"
+    );
+    md.push_str(
+        "| broker | batch | aggregates | raw msg/s | floor msg/s | floor/raw | relay/raw, best | floor µs/msg: client + broker + PG |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for line in lines {
+        if let Line::Throughput(t) = line
+            && t.in_flight == 1
+        {
+            let best = lines
+                .iter()
+                .filter_map(|l| match l {
+                    Line::Throughput(o)
+                        if o.broker == t.broker
+                            && o.batch == t.batch
+                            && o.aggregates == t.aggregates =>
+                    {
+                        Some(o.ratio)
+                    }
+                    _ => None,
+                })
+                .fold(0.0, f64::max);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} + {:.1} + {:.1} |",
+                t.broker,
+                t.batch,
+                t.aggregates,
+                t.raw_msgs_per_s,
+                t.floor_msgs_per_s,
+                t.floor_msgs_per_s / t.raw_msgs_per_s.max(f64::EPSILON),
+                best,
+                t.floor_cpu.own_us,
+                t.floor_cpu.broker_us,
+                t.floor_cpu.postgres_us,
             );
         }
     }
