@@ -32,11 +32,12 @@
 //!    `--pg-delay-ms` away (1 ms each way, through a proxy that holds every
 //!    byte that long): round trips that cost time but no CPU, as across a
 //!    network, where overlapping them with the broker's confirms pays.
-//!    Before the relay, the raw publish runs once more with, beside each
+//!    Before the relay, the raw publish runs again with, beside each
 //!    batch (sent as it starts), the least Postgres work any relay does
 //!    for it (`Floor`: one committed statement reading the batch's rows
 //!    and writing one row): floor/raw bounds relay/raw on this machine,
-//!    whatever the store's design.
+//!    whatever the store's design. Raw and floor run 5 times each,
+//!    alternating, and each reports its median run.
 //! 2. **Postgres round trips per relay batch** (its claim, its share of the
 //!    marks, one per failure, and the drain's last claim that finds
 //!    nothing), counted on the wire by idem-postgres's counting proxy
@@ -118,6 +119,11 @@ const WIDE_BATCH: usize = 100;
 
 /// Every message's kind: the RabbitMQ routing key, the NATS subject's tail.
 const KIND: &str = "order.placed";
+
+/// Raw runs, and floor runs, per throughput measurement, alternating; the
+/// median of each is reported. A raw JetStream run of 5,000 messages lasts
+/// under 100 ms, so a single one is mostly the machine's noise.
+const RAW_ROUNDS: usize = 5;
 
 /// Messages (at most) of the drain through the counting proxy.
 const COUNTED_MESSAGES: usize = 1000;
@@ -214,7 +220,8 @@ struct Throughput {
     /// Messages per second through the relay, from its first claim to the
     /// last message marked sent.
     relay_msgs_per_s: f64,
-    /// Messages per second through the client alone, confirms awaited.
+    /// Messages per second through the client alone, confirms awaited
+    /// (the median of [`RAW_ROUNDS`] runs).
     raw_msgs_per_s: f64,
     /// relay / raw.
     ratio: f64,
@@ -250,15 +257,16 @@ struct Throughput {
     pg_round_trips_total: u64,
     /// Publishes the relay counted failed or parked.
     relay_failed: u64,
-    /// Publishes of the raw baseline not acknowledged.
+    /// Publishes of the raw baseline not acknowledged, over its rounds.
     raw_failed: u64,
     /// Messages per second through the same relay and store with a
     /// publisher that confirms at once: the store's and the relay's own
     /// ceiling, with no broker.
     store_alone_msgs_per_s: f64,
     /// Messages per second of the raw publish with the [`Floor`]'s
-    /// statement beside each batch: the ceiling of any relay over
-    /// Postgres on this machine (the same for every `in_flight`).
+    /// statement beside each batch (the median of [`RAW_ROUNDS`] runs,
+    /// alternating with raw's): the ceiling of any relay over Postgres on
+    /// this machine (the same for every `in_flight`).
     floor_msgs_per_s: f64,
     /// CPU per message of that run, by process.
     floor_cpu: CpuPerUnit,
@@ -1091,6 +1099,11 @@ impl Floor {
         })
     }
 
+    /// Reads from the first row again.
+    fn rewind(&mut self) {
+        self.after = (i64::MIN, uuid::Uuid::nil());
+    }
+
     /// The next batch's statement.
     async fn step(&mut self) -> Result<(), BenchError> {
         use sqlx::Row as _;
@@ -1127,6 +1140,38 @@ async fn beside(
     }
 }
 
+/// One raw run (with `floor`'s statement beside each batch, if any), its
+/// CPU per message, the broker purged after.
+async fn raw_round(
+    broker: &Broker,
+    messages: usize,
+    aggregates: usize,
+    batch: usize,
+    floor: Option<&mut Floor>,
+) -> Result<(RawRun, CpuPerUnit), BenchError> {
+    let processes = broker.processes();
+    let before = CpuSample::now(processes);
+    let run = broker.raw(messages, aggregates, batch, floor).await?;
+    let cpu = CpuSample::now(processes).per_unit_since(&before, messages);
+    broker.purge().await?;
+    Ok((run, cpu))
+}
+
+/// The round of median time, with every round's failures.
+fn median(mut rounds: Vec<(RawRun, CpuPerUnit)>) -> Result<(RawRun, CpuPerUnit), BenchError> {
+    let failed = rounds.iter().map(|(run, _)| run.failed).sum();
+    rounds.sort_by_key(|(run, _)| run.elapsed);
+    let middle = rounds.len() / 2;
+    let (run, cpu) = rounds.into_iter().nth(middle).ok_or("no raw round ran")?;
+    Ok((
+        RawRun {
+            elapsed: run.elapsed,
+            failed,
+        },
+        cpu,
+    ))
+}
+
 /// Messages per second.
 fn per_second(messages: usize, elapsed: Duration) -> f64 {
     messages as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
@@ -1144,10 +1189,6 @@ async fn throughput(
     let messages = args.messages;
     let processes = broker.processes();
     broker.purge().await?;
-    let cpu_before = CpuSample::now(processes);
-    let raw = broker.raw(messages, aggregates, batch, None).await?;
-    let raw_cpu = CpuSample::now(processes).per_unit_since(&cpu_before, messages);
-    broker.purge().await?;
     let floor_name = format!("floor_{}_b{batch}_a{aggregates}", broker.name());
     fill(
         &pg.fresh_outbox(&floor_name, 1).await?,
@@ -1156,12 +1197,15 @@ async fn throughput(
     )
     .await?;
     let mut floor = Floor::new(pg, &format!("{}.{floor_name}", pg.schema), batch).await?;
-    let cpu_before = CpuSample::now(processes);
-    let floored = broker
-        .raw(messages, aggregates, batch, Some(&mut floor))
-        .await?;
-    let floor_cpu = CpuSample::now(processes).per_unit_since(&cpu_before, messages);
+    let (mut raws, mut floors) = (Vec::new(), Vec::new());
+    for _ in 0..RAW_ROUNDS {
+        raws.push(raw_round(broker, messages, aggregates, batch, None).await?);
+        floor.rewind();
+        floors.push(raw_round(broker, messages, aggregates, batch, Some(&mut floor)).await?);
+    }
     floor.pool.close().await;
+    let (raw, raw_cpu) = median(raws)?;
+    let (floored, floor_cpu) = median(floors)?;
     broker.purge().await?;
     let mut windows = vec![1, args.in_flight];
     windows.dedup();
@@ -1396,7 +1440,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          and drained by one relay (one publisher, one broker connection) with 1 or {} batches in \
          flight (`RelayOptions::with_in_flight`: the next batch is claimed and earlier ones \
          marked while the broker confirms one; the broker gets one batch at a time either way); \
-         raw, measured once per batch size in the same run: the same client publishing as many \
+         raw, measured per batch size in the same run (the median of {} runs): the same client publishing as many \
          messages of the same shape to the same broker in batches of the same size, awaiting \
          every confirm (RabbitMQ) or PubAck (JetStream) of a batch before the next. relay/raw is \
          relay msg/s over raw msg/s, each from its first message to its last confirm (relay: \
@@ -1413,6 +1457,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         args.wide_aggregates,
         WIDE_BATCH,
         args.in_flight,
+        RAW_ROUNDS,
         COUNTED_MESSAGES
     );
     md.push_str(
@@ -1489,7 +1534,8 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          work any relay does for it: one committed statement that reads the batch's rows from \
          an outbox filled as the relay's (in its claim's index order, payloads and headers) \
          and writes one row (a cursor). floor/raw bounds relay/raw on this machine, whatever \
-         the store's design.\n"
+         the store's design. Floor and raw are each the median of {} runs, alternating.\n",
+        RAW_ROUNDS
     );
     md.push_str(
         "| broker | batch | aggregates | raw msg/s | floor msg/s | floor/raw | relay/raw, best | floor µs/msg: client + broker + PG |\n\
