@@ -2,7 +2,7 @@
 //! every broker adapter passes: a duplicate delivery acknowledged with no
 //! effect, a consumer killed between its commit and its ack, a poison
 //! message parked and replayed; the horizon read from the server; and
-//! settlements over a stalled network that give up.
+//! an attach and settlements over a stalled network that give up.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
@@ -125,6 +125,33 @@ async fn settling_over_a_stalled_network_ends_in_a_retryable_error() {
     let error = retried.expect_err("the connection takes nothing");
     assert!(error.is_retryable(), "{error}");
     assert_eq!(error.operation, "retry");
+    drop(proxy);
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attaching_over_a_stalled_network_ends_in_a_retryable_error() {
+    let stream = common::TestStream::new().await;
+    let proxy = FaultProxy::start(common::address()).await;
+    let client = async_nats::connect(common::url_via(&proxy.address()))
+        .await
+        .unwrap();
+    // The context's own requests would wait longer than the test: only the
+    // source's limit can end the attach.
+    let patient = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(100_000))
+        .build(client);
+    proxy.stall();
+    let config = JetStreamSource::durable("stalled", 5, Duration::from_secs(30));
+    let attached = tokio::time::timeout(
+        FOREVER,
+        JetStreamSource::attach(&patient, &stream.name, config),
+    )
+    .await
+    .expect("attaching gives up on its own");
+    let error = attached.expect_err("the server's answers never came");
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(error.operation, "setup");
     drop(proxy);
     stream.delete().await;
 }
