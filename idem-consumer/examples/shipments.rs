@@ -130,9 +130,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nats_url =
         std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
         .max_connections(4)
-        .test_before_acquire(false)
         .connect(&pg_url)
         .await?;
 

@@ -170,6 +170,18 @@ pub enum ConsumerError {
     Broker(#[from] BrokerError),
 }
 
+fn log_handled(handled: Result<Result<(), ConsumerError>, tokio::task::JoinError>) {
+    match handled {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "a delivery failed; the broker delivers it again");
+        }
+        Err(error) => {
+            tracing::error!(%error, "a delivery's task ended abnormally; the broker delivers it again");
+        }
+    }
+}
+
 /// How one attempt at a message ended, before the delivery is settled.
 enum Attempt {
     Done(Consumed),
@@ -214,7 +226,13 @@ enum Attempt {
 /// `deliveries` and `outcome`; with the `metrics` feature the consumer
 /// counts outcomes ([`MESSAGES`](crate::MESSAGES)) and measures the lag
 /// ([`LAG`](crate::LAG)).
+///
+/// A `Consumer` is a cheap handle: clones share one consumer.
 pub struct Consumer<H> {
+    parts: Arc<Parts<H>>,
+}
+
+struct Parts<H> {
     name: Tenant,
     idem: Idempotency,
     parking: Arc<dyn ParkingStore>,
@@ -222,13 +240,21 @@ pub struct Consumer<H> {
     options: ConsumerOptions,
 }
 
+impl<H> Clone for Consumer<H> {
+    fn clone(&self) -> Self {
+        Self {
+            parts: Arc::clone(&self.parts),
+        }
+    }
+}
+
 impl<H> fmt::Debug for Consumer<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Consumer")
-            .field("name", &self.name)
-            .field("inbox", &self.idem)
-            .field("parking", &self.parking)
-            .field("options", &self.options)
+            .field("name", &self.parts.name)
+            .field("inbox", &self.parts.idem)
+            .field("parking", &self.parts.parking)
+            .field("options", &self.parts.options)
             .finish_non_exhaustive()
     }
 }
@@ -269,17 +295,19 @@ impl<H: Handler> Consumer<H> {
             .with_lease(options.lease)?
             .with_retention(options.retention)?;
         Ok(Self {
-            name,
-            idem,
-            parking,
-            handler,
-            options,
+            parts: Arc::new(Parts {
+                name,
+                idem,
+                parking,
+                handler,
+                options,
+            }),
         })
     }
 
     /// The consumer's name.
     pub fn name(&self) -> &Tenant {
-        &self.name
+        &self.parts.name
     }
 
     /// The longest a broker with `horizon` may take, from a message's
@@ -292,7 +320,7 @@ impl<H: Handler> Consumer<H> {
     /// unbounded, or fewer than the consumer's (it would stop before the
     /// consumer parks).
     pub fn horizon(&self, horizon: &RedeliveryHorizon) -> Result<Duration, ConsumerError> {
-        let parks_at = self.options.max_deliveries;
+        let parks_at = self.parts.options.max_deliveries;
         let Some(max) = horizon.max_deliveries else {
             return Err(ConsumerError::Misconfigured {
                 figure: "max deliveries",
@@ -316,8 +344,7 @@ impl<H: Handler> Consumer<H> {
         // Between two deliveries: the broker's ack wait (a consumer that
         // died), the consumer's own delay, or the broker's back-off,
         // whichever is longest.
-        let mut total = Duration::ZERO;
-        for delivery in 1..max {
+        let gap = |delivery: u32| {
             let index = usize::try_from(delivery - 1).unwrap_or(usize::MAX);
             let backoff = horizon
                 .backoff
@@ -325,11 +352,22 @@ impl<H: Handler> Consumer<H> {
                 .or(horizon.backoff.last())
                 .copied()
                 .unwrap_or_default();
-            let gap = horizon
+            horizon
                 .ack_wait
-                .max(self.options.delay_after(delivery))
-                .max(backoff);
-            total = total.saturating_add(gap);
+                .max(self.parts.options.delay_after(delivery))
+                .max(backoff)
+        };
+        // Past the broker's listed delays and the consumer's doublings
+        // (at most 32), every gap is the last one: summed at once, so a
+        // limit of billions of deliveries costs no more than one of forty.
+        let listed = u32::try_from(horizon.backoff.len()).unwrap_or(u32::MAX);
+        let varying = max.min(listed.saturating_add(33));
+        let mut total = Duration::ZERO;
+        for delivery in 1..varying {
+            total = total.saturating_add(gap(delivery));
+        }
+        if varying < max {
+            total = total.saturating_add(gap(varying).saturating_mul(max - varying));
         }
         Ok(total.saturating_add(horizon.ack_wait))
     }
@@ -342,7 +380,7 @@ impl<H: Handler> Consumer<H> {
     /// shorter than the redelivery horizon or the duplicate window, or the
     /// broker's deliveries as [`horizon`](Self::horizon) says.
     pub fn check(&self, horizon: &RedeliveryHorizon) -> Result<(), ConsumerError> {
-        let retention = self.options.retention;
+        let retention = self.parts.options.retention;
         let longest = self.horizon(horizon)?;
         if retention < longest {
             return Err(ConsumerError::Misconfigured {
@@ -370,10 +408,20 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// Checks the horizon of `source`, then consumes its deliveries one at
-    /// a time until it closes or `shutdown` completes (a delivery being
-    /// handled is finished first). A retryable broker error receiving (a
-    /// lost connection, a timeout) is logged and asked again after the
-    /// consumer's back-off, doubling while it lasts.
+    /// a time until it closes or `shutdown` completes. A retryable broker
+    /// error receiving (a lost connection, a timeout) is logged and asked
+    /// again after the consumer's back-off, doubling while it lasts.
+    ///
+    /// # Cancellation
+    ///
+    /// Each delivery is handled in a task of its own, so that it commits
+    /// whole or rolls back whole and is then settled, whatever becomes of
+    /// `run`: dropping `run`'s future (or aborting its task) stops the
+    /// receiving, never a delivery between its statements. When `shutdown`
+    /// completes, `run` stops receiving and waits for the delivery being
+    /// handled, up to [`ConsumerOptions::shutdown_grace`]. A process that
+    /// dies mid-delivery leaves its transaction to roll back and its
+    /// delivery to the broker, which delivers it again.
     ///
     /// # Errors
     ///
@@ -400,7 +448,7 @@ impl<H: Handler> Consumer<H> {
                 Ok(next) => next,
                 Err(error) if error.is_retryable() => {
                     failures = failures.saturating_add(1);
-                    let after = self.options.delay_after(failures);
+                    let after = self.parts.options.delay_after(failures);
                     tracing::warn!(%error, ?after, "the source could not receive; asking again");
                     tokio::select! {
                         biased;
@@ -414,13 +462,43 @@ impl<H: Handler> Consumer<H> {
             let Some(delivery) = next else {
                 return Ok(());
             };
-            if let Err(error) = self.consume(&delivery).await {
-                tracing::warn!(%error, "a delivery failed; the broker delivers it again");
-            }
+            let consumer = self.clone();
+            let mut handling =
+                tokio::spawn(async move { consumer.consume(&delivery).await.map(drop) });
+            let handled = tokio::select! {
+                biased;
+                handled = &mut handling => handled,
+                () = &mut shutdown => {
+                    self.finish(handling).await;
+                    return Ok(());
+                }
+            };
+            log_handled(handled);
+        }
+    }
+
+    /// At shutdown: waits for the delivery being handled, within the grace.
+    async fn finish(&self, handling: tokio::task::JoinHandle<Result<(), ConsumerError>>) {
+        let grace = self.parts.options.shutdown_grace;
+        match tokio::time::timeout(grace, handling).await {
+            Ok(handled) => log_handled(handled),
+            Err(_) => tracing::warn!(
+                ?grace,
+                "a delivery was still being handled at the end of the shutdown grace; \
+                 it finishes in its task, or the broker delivers it again"
+            ),
         }
     }
 
     /// Consumes one delivery and settles it.
+    ///
+    /// Dropped mid-way (as a process dies), its transaction rolls back, its
+    /// inbox claim is released (see
+    /// [`Idempotency::run_in`](idem_core::Idempotency::run_in)) and the
+    /// delivery stays unsettled, so the broker delivers it again; what
+    /// committed never lacks its settlement's effect (a redelivery of it is
+    /// a duplicate). [`run`](Self::run) runs each delivery in a task of its
+    /// own, so dropping `run` never cuts one.
     ///
     /// # Errors
     ///
@@ -433,7 +511,7 @@ impl<H: Handler> Consumer<H> {
         let message = delivery.message();
         let span = tracing::info_span!(
             "idem.consume",
-            consumer = %self.name,
+            consumer = %self.parts.name,
             message_hash = %message.id().redacted(),
             kind = message.kind(),
             deliveries = delivery.deliveries(),
@@ -443,7 +521,7 @@ impl<H: Handler> Consumer<H> {
         match &result {
             Ok(consumed) => {
                 span.record("outcome", consumed.as_str());
-                crate::record(&self.name, consumed, delivery.published_at());
+                crate::record(&self.parts.name, consumed, delivery.published_at());
             }
             Err(_) => {
                 span.record("outcome", "error");
@@ -462,13 +540,13 @@ impl<H: Handler> Consumer<H> {
                 return Ok(Consumed::InProgress { after });
             }
             Attempt::Unavailable(error) => {
-                let after = self.options.delay_after(deliveries);
+                let after = self.parts.options.delay_after(deliveries);
                 delivery.retry(after).await?;
                 let reason = error.to_string();
                 return Ok(Consumed::Retried { after, reason });
             }
-            Attempt::Failed(reason) if deliveries < self.options.max_deliveries => {
-                let after = self.options.delay_after(deliveries);
+            Attempt::Failed(reason) if deliveries < self.parts.options.max_deliveries => {
+                let after = self.parts.options.delay_after(deliveries);
                 delivery.retry(after).await?;
                 return Ok(Consumed::Retried { after, reason });
             }
@@ -491,20 +569,21 @@ impl<H: Handler> Consumer<H> {
         deliveries: u32,
     ) -> Result<(), StoreError> {
         let parked = NewParked {
-            consumer: self.name.clone(),
+            consumer: self.parts.name.clone(),
             message: message.clone(),
             reason: reason.to_string(),
             deliveries,
         };
-        self.parking.park(&parked).await.map(drop)
+        self.parts.parking.park(&parked).await.map(drop)
     }
 
     /// One attempt: the inbox claim, the handler and the commit.
     async fn attempt(&self, message: &InboundMessage) -> Attempt {
-        let scope = Scope::new(self.name.clone(), message.id().clone());
+        let scope = Scope::new(self.parts.name.clone(), message.id().clone());
         let fingerprint = Fingerprint::of_bytes(message.payload());
-        let handler = &self.handler;
+        let handler = &self.parts.handler;
         let run = self
+            .parts
             .idem
             .run_in(scope, fingerprint, handler.begin(), |_ctx, tx| async move {
                 let (tx, handled) = handler.handle(message, tx).await?;
@@ -532,7 +611,7 @@ impl<H: Handler> Consumer<H> {
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
                 Attempt::Failed(error.to_string())
             }
-            Err(RunError::LostLease) => Attempt::Busy(self.options.first_backoff),
+            Err(RunError::LostLease) => Attempt::Busy(self.parts.options.first_backoff),
             Err(RunError::Store(error)) => match error {
                 // The handler's own writes refused at commit: the message's fault.
                 StoreError::Rejected { .. } => Attempt::Failed(error.to_string()),
@@ -553,11 +632,12 @@ impl<H: Handler> Consumer<H> {
             return;
         };
         let waiting = self
+            .parts
             .parking
             .parked(
-                &ParkedQuery::new(self.name.clone())
+                &ParkedQuery::new(self.parts.name.clone())
                     .of_aggregate(aggregate)
-                    .limit(self.options.release_batch),
+                    .limit(self.parts.options.release_batch),
             )
             .await;
         let waiting = match waiting {
@@ -590,9 +670,9 @@ impl<H: Handler> Consumer<H> {
         aggregate: Option<&str>,
         limit: usize,
     ) -> Result<Vec<ParkedMessage>, StoreError> {
-        let mut query = ParkedQuery::new(self.name.clone()).limit(limit);
+        let mut query = ParkedQuery::new(self.parts.name.clone()).limit(limit);
         query.aggregate = aggregate.map(str::to_string);
-        self.parking.parked(&query).await
+        self.parts.parking.parked(&query).await
     }
 
     /// Replays a parked message through the handler, as a delivery would:
@@ -604,7 +684,7 @@ impl<H: Handler> Consumer<H> {
     ///
     /// A store failure (the message stays parked).
     pub async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Consumed>, ConsumerError> {
-        let Some(entry) = self.parking.get(&self.name, id).await? else {
+        let Some(entry) = self.parts.parking.get(&self.parts.name, id).await? else {
             return Ok(None);
         };
         let consumed = self.replay_entry(&entry).await?;
@@ -621,9 +701,10 @@ impl<H: Handler> Consumer<H> {
         let message = &entry.parked.message;
         let consumed = match self.attempt(message).await {
             Attempt::Done(consumed) => {
-                self.parking
+                self.parts
+                    .parking
                     .resolve(
-                        &Scope::new(self.name.clone(), message.id().clone()),
+                        &Scope::new(self.parts.name.clone(), message.id().clone()),
                         &Resolution::Replayed,
                     )
                     .await?;
@@ -647,8 +728,9 @@ impl<H: Handler> Consumer<H> {
     /// The parking store's.
     pub async fn drop_parked(&self, id: &IdempotencyKey, reason: &str) -> Result<bool, StoreError> {
         let dropped = Resolution::Dropped(reason.to_string());
-        self.parking
-            .resolve(&Scope::new(self.name.clone(), id.clone()), &dropped)
+        self.parts
+            .parking
+            .resolve(&Scope::new(self.parts.name.clone(), id.clone()), &dropped)
             .await
     }
 }

@@ -29,6 +29,7 @@ pub struct ConsumerOptions {
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
     pub(crate) release_batch: usize,
+    pub(crate) shutdown_grace: Duration,
 }
 
 impl Default for ConsumerOptions {
@@ -40,6 +41,7 @@ impl Default for ConsumerOptions {
             lease: ClaimRequest::DEFAULT_LEASE,
             retention: Self::DEFAULT_RETENTION,
             release_batch: 100,
+            shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }
@@ -51,6 +53,9 @@ impl ConsumerOptions {
     /// The default retention of an inbox record: 7 days, well past any
     /// broker's redelivery of a message the consumer keeps up with.
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// The default wait at shutdown for deliveries being handled: 30 s.
+    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
     /// The delivery at which a message that still fails is parked (default
     /// [`DEFAULT_MAX_DELIVERIES`](Self::DEFAULT_MAX_DELIVERIES), at least
@@ -85,6 +90,18 @@ impl ConsumerOptions {
     #[must_use]
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// How long [`Consumer::run`](crate::Consumer::run) waits, once its
+    /// shutdown completes, for the deliveries it has begun to commit and
+    /// settle (default [`DEFAULT_SHUTDOWN_GRACE`](Self::DEFAULT_SHUTDOWN_GRACE)).
+    /// Past it, `run` returns and what is left finishes in its task while
+    /// the runtime lives; the broker delivers again whatever it never
+    /// settled.
+    #[must_use]
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 

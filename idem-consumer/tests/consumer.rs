@@ -253,6 +253,28 @@ async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
     );
 }
 
+/// A consumer that parks only after billions of deliveries: its horizon
+/// is summed at once (every gap past the doublings is the longest), not
+/// delivery by delivery, which held `run` for minutes before.
+#[test]
+fn the_horizon_of_a_huge_delivery_limit_is_computed_at_once() {
+    let (consumer, _, _) = consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(u32::MAX)
+            .backoff(Duration::from_secs(1), Duration::from_secs(60)),
+    );
+    let broker = RedeliveryHorizon::new("test", Duration::from_secs(30))
+        .with_max_deliveries(u32::MAX)
+        .with_backoff(vec![Duration::from_secs(5)]);
+    let started = std::time::Instant::now();
+    let horizon = consumer.horizon(&broker).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Gaps of 30 s (the ack wait) until the doubling delay passes it (at
+    // the 6th delivery: 32 s), then 32 s, then 60 s from the 7th on.
+    let gaps: u64 = 30 * 5 + 32 + 60 * (u64::from(u32::MAX) - 1 - 6);
+    assert_eq!(horizon, Duration::from_secs(gaps + 30));
+}
+
 #[tokio::test]
 async fn retention_shorter_than_the_brokers_horizon_is_misconfigured() {
     let day = Duration::from_secs(24 * 3600);
@@ -430,4 +452,110 @@ fn outcomes_are_counted_by_consumer_and_outcome() {
             (Some("duplicate".to_string()), DebugValue::Counter(1)),
         ]
     );
+}
+
+/// Runs `consumer` over `broker` in a task of its own until `shutdown`.
+fn run_in_task(
+    consumer: &Consumer<Shop>,
+    broker: &Broker,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<(), ConsumerError>> {
+    let mut source = TestSource {
+        broker: broker.clone(),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(4),
+    };
+    let consumer = consumer.clone();
+    tokio::spawn(async move { consumer.run(&mut source, shutdown).await })
+}
+
+/// Waits until the broker has seen `count` settlements.
+async fn settled(broker: &Broker, count: usize) -> Vec<Settled> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let settled = broker.settled();
+        if settled.len() >= count {
+            return settled;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "settled: {settled:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The task running the consumer is aborted while a delivery is inside
+/// its handler: the delivery still commits whole and is acknowledged once,
+/// and the broker has nothing to deliver again.
+#[tokio::test]
+async fn aborting_runs_task_mid_delivery_lets_the_delivery_commit_and_settle() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    broker.redeliver_unsettled();
+    let (entered, go) = shop.hold_next();
+    broker.publish(plain("m-1", "one"));
+    let running = run_in_task(&consumer, &broker, std::future::pending());
+    entered.notified().await;
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    go.notify_one();
+    assert_eq!(settled(&broker, 1).await, [Settled::Acked("m-1".into())]);
+    assert_eq!(shop.effects().await, ["one"]);
+    assert!(broker.deliver().is_none(), "nothing left to deliver again");
+}
+
+/// At shutdown, `run` waits for the delivery being handled to commit and
+/// be acknowledged before it returns.
+#[tokio::test]
+async fn shutdown_waits_for_the_delivery_being_handled() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    let (entered, go) = shop.hold_next();
+    broker.publish(plain("m-1", "one"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = run_in_task(&consumer, &broker, async move {
+        let _ = stopped.await;
+    });
+    entered.notified().await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !running.is_finished(),
+        "run returned with a delivery inside its handler"
+    );
+    go.notify_one();
+    running.await.unwrap().unwrap();
+    assert_eq!(broker.settled(), [Settled::Acked("m-1".into())]);
+    assert_eq!(shop.effects().await, ["one"]);
+}
+
+/// A delivery that outlasts the shutdown grace does not keep `run` from
+/// returning; it still finishes in its task.
+#[tokio::test]
+async fn shutdown_returns_after_its_grace_and_the_delivery_finishes_in_its_task() {
+    let (consumer, shop, _) = consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(4)
+            .shutdown_grace(Duration::from_millis(100)),
+    );
+    let broker = Broker::default();
+    let (entered, go) = shop.hold_next();
+    broker.publish(plain("m-1", "one"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = run_in_task(&consumer, &broker, async move {
+        let _ = stopped.await;
+    });
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the delivery reached its handler");
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("run returned after its grace")
+        .unwrap()
+        .unwrap();
+    assert!(broker.settled().is_empty(), "the delivery is still held");
+    go.notify_one();
+    assert_eq!(settled(&broker, 1).await, [Settled::Acked("m-1".into())]);
+    assert_eq!(shop.effects().await, ["one"]);
 }

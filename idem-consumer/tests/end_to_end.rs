@@ -444,9 +444,8 @@ async fn shipping_service(
 async fn every_committed_order_event_has_one_effect<B: Broker>(broker: B) {
     let broker = Arc::new(broker);
     let name = B::NAME;
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
         .max_connections(8)
-        .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(10))
         .connect(&env(
             "IDEM_POSTGRES_URL",

@@ -261,6 +261,12 @@ impl Resolution {
 ///   `limit` resolved entries resolved longer than `older_than` ago, never a
 ///   parked one.
 /// - **Count.** [`count`](Self::count) counts a consumer's parked entries.
+///
+/// # Cancellation
+///
+/// Each operation is one write that lands whole or not at all: a dropped
+/// call leaves the entry as it was or as the call made it, and parking
+/// again (as a redelivery does) is safe whichever it was.
 #[async_trait]
 pub trait ParkingStore: Send + Sync + fmt::Debug + 'static {
     /// Parks a message (again).

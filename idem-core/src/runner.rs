@@ -306,6 +306,17 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// and a response too large for the store is stored as its fallback
     /// (see [`with_too_large_response`](Self::with_too_large_response)).
     ///
+    /// # Cancellation
+    ///
+    /// Dropping the future (a timeout, an aborted task, a client gone)
+    /// stops the handler where it is. The key stays claimed until its lease
+    /// ends, since the handler's work may have happened; a retry is then
+    /// told [`RunError::InProgress`] and, after the lease, takes the key
+    /// over with the last checkpoint. Dropped during the completion, the
+    /// record is completed or still in flight, never anything else. To run
+    /// a handler to its end whatever its caller does, spawn the run (as
+    /// `idem-http` does).
+    ///
     /// # Errors
     ///
     /// The refusals above; [`RunError::NotStarted`] and [`RunError::Failed`]
@@ -392,6 +403,17 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// # }).unwrap();
     /// ```
     ///
+    /// # Cancellation
+    ///
+    /// Dropping the future before the commit has answered rolls the
+    /// transaction back (the driver's drop) and releases the claim in a
+    /// background task, fenced by the lease: if the commit had reached the
+    /// store, its record stays completed (the store's lock or condition
+    /// orders the release after it); if not, the key is free for the next
+    /// delivery at once. Nothing is ever half written: the handler's
+    /// writes and the completion commit together or not at all. Without a
+    /// Tokio runtime to release in, the claim expires with its lease.
+    ///
     /// # Errors
     ///
     /// As [`run`](Self::run); the errors of `begin` and of the commit as
@@ -445,10 +467,15 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
                 Claimed::Run(ctx) => ctx,
                 Claimed::Replay(response) => return Ok(RunOutcome::Replayed(response)),
             };
+            // A transactional run dropped before its commit ended wrote
+            // nothing (or its commit's outcome is unknown): its claim is
+            // released in the background, fenced, so a landed commit keeps
+            // its record and a lost one frees the key at once.
+            let mut abandoned = transactional.then(|| ReleaseOnDrop(Some(ctx.clone())));
             // Boxed: the handler's future and the completion after it are
             // kilobytes, which a replay never needs and which every future
             // holding this one would otherwise carry (and copy) inline.
-            Box::pin(async move {
+            let finished = Box::pin(async move {
                 let tx = match begin {
                     None => None,
                     Some(begin) => match begin.await {
@@ -493,7 +520,11 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
                 }
                 Ok(RunOutcome::Executed(value))
             })
-            .await
+            .await;
+            if let Some(guard) = abandoned.as_mut() {
+                guard.disarm();
+            }
+            finished
         }
         .instrument(span.clone())
         .await;
@@ -581,6 +612,37 @@ fn too_large_problem(response: &StoredResponse, max: usize) -> StoredResponse {
     });
     StoredResponse::new(response.status(), body.to_string())
         .with_header("content-type", "application/problem+json")
+}
+
+/// Releases a transactional run's claim if the run is dropped before it
+/// ends (see `execute`).
+struct ReleaseOnDrop<S: IdempotencyStore + ?Sized>(Option<RunContext<S>>);
+
+impl<S: IdempotencyStore + ?Sized> ReleaseOnDrop<S> {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<S: IdempotencyStore + ?Sized> Drop for ReleaseOnDrop<S> {
+    fn drop(&mut self) {
+        let Some(ctx) = self.0.take() else {
+            return;
+        };
+        // Without a runtime (one shutting down) the claim expires with its
+        // lease instead.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let lease = ctx.lease();
+        runtime.spawn(async move {
+            if let Err(error) = ctx.store.release(&lease).await
+                && !error.is_lost_lease()
+            {
+                tracing::warn!(%error, "could not release an abandoned run's claim; it expires with its lease");
+            }
+        });
+    }
 }
 
 enum Claimed<S: ?Sized> {

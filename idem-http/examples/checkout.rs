@@ -38,8 +38,7 @@ async fn checkout(
 
 async fn store() -> Result<(&'static str, Arc<dyn IdempotencyStore>), Box<dyn std::error::Error>> {
     if let Ok(url) = std::env::var("IDEM_POSTGRES_URL") {
-        let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
-            .test_before_acquire(false)
+        let pool = idem_postgres::guarded(idem_postgres::sqlx::postgres::PgPoolOptions::new())
             .acquire_timeout(Duration::from_secs(5))
             .connect(&url)
             .await?;

@@ -795,9 +795,8 @@ async fn memory(max: Option<usize>) -> Arc<dyn IdempotencyStore> {
 }
 
 async fn postgres(max: Option<usize>) -> Arc<dyn IdempotencyStore> {
-    let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(idem_postgres::sqlx::postgres::PgPoolOptions::new())
         .max_connections(8)
-        .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(5))
         .connect(&env("IDEM_POSTGRES_URL"))
         .await
@@ -899,9 +898,8 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
     use idem_postgres::sqlx::{self, AssertSqlSafe};
     use idem_postgres::{PgTransaction, PostgresStore};
 
-    let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(idem_postgres::sqlx::postgres::PgPoolOptions::new())
         .max_connections(8)
-        .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(5))
         .connect(&env("IDEM_POSTGRES_URL"))
         .await

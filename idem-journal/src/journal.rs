@@ -281,6 +281,16 @@ impl<S: JournalStore + ?Sized> Journal<S> {
     /// - waiting for review: searched again while its search period runs,
     ///   else returned as it is.
     ///
+    /// # Cancellation
+    ///
+    /// Each store write is one operation that lands whole or not at all.
+    /// Dropped mid-way (an executor that crashes or is cut off), the
+    /// operation stays held until its lease lapses (another executor is
+    /// told [`JournalError::Busy`] meanwhile), then the next executor takes
+    /// it over. A send is recorded before it is made, so a dropped send is
+    /// made again with the same key (within the window) or found, never
+    /// forgotten: one effect either way.
+    ///
     /// # Errors
     ///
     /// [`JournalError::NotFound`]; [`JournalError::Busy`] if another

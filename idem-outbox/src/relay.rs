@@ -457,6 +457,16 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     /// When the store fails, nothing more is claimed; what was claimed is
     /// still published and marked, and the first error is returned.
     ///
+    /// # Cancellation
+    ///
+    /// Dropped mid-way (a relay that crashes or is cut off), what the drain
+    /// claimed stays leased to it until its lease lapses, then any relay
+    /// claims it again, in order: nothing is lost or published out of
+    /// order. A message the broker confirmed before the drop may be
+    /// published again (the same message id: JetStream's duplicate window
+    /// keeps one copy, a consumer's inbox drops the other). A mark that was
+    /// sent lands or not, fenced by the lease.
+    ///
     /// ```
     /// use std::sync::Arc;
     /// use idem_core::store::{NewMessage, OutboxMessage, OutboxStore};

@@ -54,10 +54,9 @@ const COLUMNS: [&str; 15] = [
 /// connection has prepared it once), for every outcome: `record`,
 /// `acquire`, `mark_sent` and `finish` each call one PL/pgSQL function that
 /// [`migrate`](Self::migrate) installs. Leases, the key window and every
-/// time in a record are the database server's clock's. For exactly one
-/// round trip per operation, build the pool with
-/// `test_before_acquire(false)`: otherwise sqlx pings the connection before
-/// every use.
+/// time in a record are the database server's clock's. Build the pool with
+/// [`guarded`](crate::guarded) (no ping before every use, and no connection
+/// back in service inside a transaction block it was left in).
 ///
 /// Every operation goes through the store's
 /// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
@@ -72,8 +71,7 @@ const COLUMNS: [&str; 15] = [
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = PgPoolOptions::new()
-///     .test_before_acquire(false)
+/// let pool = idem_postgres::guarded(PgPoolOptions::new())
 ///     .connect("postgres://localhost/app")
 ///     .await?;
 /// let journal = PostgresJournal::new(pool);

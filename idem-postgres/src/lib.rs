@@ -4,7 +4,9 @@
 //! the same database as the business data, so the effect and the record of
 //! it can commit together.
 //!
-//! - [`PostgresStore::new`] takes your `sqlx::PgPool`; [`PostgresStore::migrate`]
+//! - [`PostgresStore::new`] takes your `sqlx::PgPool`, best built with
+//!   [`guarded`] (a connection a dropped future left inside a transaction
+//!   block is rolled back before anyone borrows it); [`PostgresStore::migrate`]
 //!   creates the table and the claim function ([`PostgresStore::migration_sql`]
 //!   gives the same SQL to your own migration tool).
 //! - Every claim is one round trip for every outcome: a call of a PL/pgSQL
@@ -44,7 +46,7 @@
 //! use idem_postgres::{sqlx::postgres::PgPoolOptions, PostgresStore};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let pool = PgPoolOptions::new().test_before_acquire(false).connect("postgres://localhost/app").await?;
+//! let pool = idem_postgres::guarded(PgPoolOptions::new()).connect("postgres://localhost/app").await?;
 //! let store = PostgresStore::new(pool);
 //! store.migrate().await?;
 //! let idem = Idempotency::new(Arc::new(store));
@@ -67,6 +69,7 @@ mod options;
 mod outbox;
 mod parking;
 mod part;
+mod pool;
 mod store;
 mod transaction;
 mod versions;
@@ -80,6 +83,7 @@ pub use options::{
 };
 pub use outbox::{OutboxListener, PostgresOutbox};
 pub use parking::PostgresParking;
+pub use pool::{guarded, release_check};
 pub use store::PostgresStore;
 pub use transaction::PgTransaction;
 pub use versions::VersionedTable;

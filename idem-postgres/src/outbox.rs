@@ -78,8 +78,9 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///   function's comment in the migration says how).
 /// - **One round trip.** Every operation is one statement (after the
 ///   connection has prepared it once), for every outcome. Leases, back-off
-///   and ages are the database server's clock's. For exactly one round trip
-///   per operation, build the pool with `test_before_acquire(false)`.
+///   and ages are the database server's clock's. Build the pool with
+///   [`guarded`](crate::guarded) (no ping before every use, and no
+///   connection back in service inside a transaction block).
 /// - **Purges.** [`purge_sent`](OutboxStore::purge_sent) deletes one
 ///   bounded batch of sent and dropped messages (`SKIP LOCKED`, so racing
 ///   purges share the work). The counter rows stay, one small row per
@@ -100,8 +101,7 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = PgPoolOptions::new()
-///     .test_before_acquire(false)
+/// let pool = idem_postgres::guarded(PgPoolOptions::new())
 ///     .connect("postgres://localhost/app")
 ///     .await?;
 /// let outbox = PostgresOutbox::new(pool);
@@ -307,6 +307,13 @@ impl PostgresOutbox {
     ///     .await?;
     /// # let _ = outcome; Ok(()) }
     /// ```
+    ///
+    /// # Cancellation
+    ///
+    /// Dropped (or timed out), the statement may still run inside your
+    /// transaction: drop the transaction, which rolls the business change
+    /// and its message back together. Never commit after an enqueue that
+    /// did not answer.
     ///
     /// # Errors
     ///

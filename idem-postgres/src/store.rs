@@ -28,9 +28,11 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 ///
 /// Leases and retention are judged by the database server's clock. Every
 /// operation is one statement and one round trip (after the connection has
-/// prepared it once). For exactly one round trip per operation, build the
-/// pool with `test_before_acquire(false)`: otherwise sqlx pings the
-/// connection before every use.
+/// prepared it once). Build the pool with [`guarded`](crate::guarded): no
+/// connection then goes back into service inside a transaction block a
+/// dropped future left it in, and sqlx does not ping the connection before
+/// every use (`test_before_acquire(false)`), so an operation is exactly
+/// one round trip.
 ///
 /// Every operation goes through the store's
 /// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
@@ -44,8 +46,7 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = PgPoolOptions::new()
-///     .test_before_acquire(false)
+/// let pool = idem_postgres::guarded(PgPoolOptions::new())
 ///     .connect("postgres://localhost/app")
 ///     .await?;
 /// let store = PostgresStore::with_options(pool, PostgresOptions::default().table("billing.idempotency"))?;
@@ -216,7 +217,9 @@ impl PostgresStore {
             let tx = fenced
                 .layer
                 .call(Operation::Transaction, None, async {
-                    pool.begin()
+                    // Whole, in a task of its own: a timeout here must not cut
+                    // BEGIN off mid-flight (see `pool::begin_whole`).
+                    crate::pool::begin_whole(&pool)
                         .await
                         .map_err(|e| classify(Operation::Transaction, e))
                 })

@@ -15,11 +15,15 @@ const MAX_IDENTIFIER: usize = 63;
 /// an event only when the row holds its predecessor
 /// ([`VersionStore`]): `UPDATE <table> SET <version> = $v WHERE <id> = $a
 /// AND <version> = $v - 1` inside your transaction, one round trip when it
-/// applies. On zero rows a second statement reads the version (a new
-/// statement, so the latest committed one under READ COMMITTED) and tells
-/// a duplicate or stale event from a gap. The row stays locked until your
-/// transaction ends, so racing handlers of one aggregate are serialised by
-/// the update itself.
+/// applies. On zero rows a second statement reads the version with a row
+/// lock (`FOR NO KEY UPDATE`: it waits for a transaction writing the row
+/// and reads what that one committed) and tells a duplicate or stale event
+/// from a gap. Read as the event's predecessor, the version was committed
+/// after the update looked at the row (the predecessor's handler
+/// committing just then): the update runs again under the lock, so
+/// [`VersionCheck::Apply`] always means the version moved in your
+/// transaction. The row stays locked until your transaction ends, so
+/// racing handlers of one aggregate are serialised.
 ///
 /// A row that does not exist is at version 0: event 1 of a new aggregate
 /// is [`VersionCheck::Apply`] and your handler inserts the row at version
@@ -94,7 +98,7 @@ impl VersionedTable {
             advance: format!(
                 "UPDATE {table} SET {v} = $2 WHERE {id} = $1::{id_type} AND {v} = $2 - 1"
             ),
-            read: format!("SELECT {v} FROM {table} WHERE {id} = $1::{id_type}"),
+            read: format!("SELECT {v} FROM {table} WHERE {id} = $1::{id_type} FOR NO KEY UPDATE"),
         })
     }
 }
@@ -116,13 +120,7 @@ impl VersionStore<PgConnection> for VersionedTable {
                     field: "version",
                     reason: "must be 1 to 2^63 - 1",
                 })?;
-        let moved = sqlx::query(AssertSqlSafe(self.advance.clone()))
-            .bind(aggregate)
-            .bind(event)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| classify(OP, e))?;
-        if moved.rows_affected() > 0 {
+        if self.moved(conn, aggregate, event).await? {
             return Ok(VersionCheck::Apply);
         }
         let current: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.read.clone()))
@@ -130,7 +128,41 @@ impl VersionStore<PgConnection> for VersionedTable {
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| classify(OP, e))?;
-        let current = u64::try_from(current.unwrap_or(0)).unwrap_or(0);
-        Ok(VersionCheck::of(version, current))
+        let Some(current) = current else {
+            // No row: version 0, and the handler inserts version 1.
+            return Ok(VersionCheck::of(version, 0));
+        };
+        let check = VersionCheck::of(version, u64::try_from(current).unwrap_or(0));
+        if check != VersionCheck::Apply {
+            return Ok(check);
+        }
+        // The predecessor committed after the update looked at the row; the
+        // row is locked now, so the update sees it.
+        if self.moved(conn, aggregate, event).await? {
+            return Ok(VersionCheck::Apply);
+        }
+        Err(StoreError::backend(
+            "postgres",
+            OP,
+            "the version row changed under its row lock",
+        ))
+    }
+}
+
+impl VersionedTable {
+    /// The conditional update; whether it moved the row.
+    async fn moved(
+        &self,
+        conn: &mut PgConnection,
+        aggregate: &str,
+        event: i64,
+    ) -> Result<bool, StoreError> {
+        let moved = sqlx::query(AssertSqlSafe(self.advance.clone()))
+            .bind(aggregate)
+            .bind(event)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| classify(Operation::Advance, e))?;
+        Ok(moved.rows_affected() > 0)
     }
 }

@@ -183,10 +183,9 @@ fn run(command: &mut Command) {
 /// server does not answer. The pool does not ping before use, as the README
 /// recommends: a connection broken by the fault fails its next statement.
 async fn store_with(options: PgConnectOptions) -> Arc<PostgresStore> {
-    let pool = PgPoolOptions::new()
+    let pool = idem_postgres::guarded(PgPoolOptions::new())
         .max_connections(8)
         .acquire_timeout(OPERATION_TIMEOUT)
-        .test_before_acquire(false)
         .connect_with(options)
         .await
         .expect("connect");

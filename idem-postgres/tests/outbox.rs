@@ -616,9 +616,8 @@ async fn the_purge_never_deletes_an_unsent_message() {
 async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
     let (options, upstream) = common::server();
     let proxy = CountingProxy::start(upstream).await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
         .max_connections(1)
-        .test_before_acquire(false)
         .connect_with(common::via_proxy(options, proxy.port))
         .await
         .unwrap();

@@ -142,6 +142,88 @@ async fn racing_handlers_of_one_event_apply_it_once() {
     );
 }
 
+/// The race two pullers of one stream make: event 3's update looks at the
+/// row while event 2's transaction, which moved it to 2, is committing.
+/// The update skips the row (the version it sees is 1) and moves nothing;
+/// by the time the version is read, 2 has committed. A trigger holds the
+/// checking statement between the two until the predecessor has
+/// committed, so the race happens every time. The event must apply with
+/// its version moved in its own transaction, never be answered `Apply`
+/// over a version still at 2.
+#[tokio::test]
+async fn an_event_whose_predecessor_commits_while_it_is_checked_moves_the_version() {
+    let pool = common::pool().await;
+    let (table, versioned) = orders(&pool, 1).await;
+    let gate: i64 = rand_key();
+    // Every UPDATE statement of the table, even one that moves no row,
+    // waits on the test's advisory lock in a session that asks for it.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE FUNCTION {table}_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF current_setting('idem_test.hold', true) = 'on' THEN PERFORM pg_advisory_xact_lock({gate}); END IF; \
+           RETURN NULL; END $$; \
+         CREATE TRIGGER {table}_hold AFTER UPDATE ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {table}_hold()"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(gate)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let mut predecessor = pool.begin().await.unwrap();
+    assert_eq!(
+        versioned
+            .advance(&mut *predecessor, "order-1", 2)
+            .await
+            .unwrap(),
+        VersionCheck::Apply
+    );
+    let checked = tokio::spawn({
+        let (pool, table, versioned) = (pool.clone(), table.clone(), versioned.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SELECT set_config('idem_test.hold', 'on', true)")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let check = versioned.advance(&mut *tx, "order-1", 3).await.unwrap();
+            let seen: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT version FROM {table} WHERE id = 'order-1'"
+            )))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+            (check, seen)
+        }
+    });
+    // Event 3's update has looked at the row (and moved nothing): its
+    // statement trigger waits on the gate.
+    wait_for_lock_waiter(&pool, &table).await;
+    predecessor.commit().await.unwrap();
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(gate)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let (check, seen) = checked.await.unwrap();
+    assert_eq!(
+        (check, seen),
+        (VersionCheck::Apply, 3),
+        "applied means the version moved inside the event's transaction"
+    );
+    assert_eq!(version_of(&pool, &table, "order-1").await, Some(3));
+}
+
+/// An advisory lock key of this test's own.
+fn rand_key() -> i64 {
+    let bytes = uuid::Uuid::new_v4().as_u64_pair().0;
+    i64::from_ne_bytes(bytes.to_ne_bytes())
+}
+
 #[tokio::test]
 async fn an_id_of_another_type_is_cast() {
     let pool = common::pool().await;

@@ -117,9 +117,8 @@ async fn every_journal_operation_and_outcome_is_one_statement_round_trip() {
 
     let (options, upstream) = common::server();
     let proxy = CountingProxy::start(upstream).await;
-    let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(idem_postgres::sqlx::postgres::PgPoolOptions::new())
         .max_connections(1)
-        .test_before_acquire(false)
         .connect_with(common::via_proxy(options, proxy.port))
         .await
         .unwrap();

@@ -28,10 +28,9 @@ const BOUNDS: StallBounds = StallBounds::new("postgres", LIMIT);
 /// store's limit is what fires under a stall.
 async fn proxied_store() -> (FaultProxy, PostgresStore) {
     let (proxy, options) = common::through_proxy().await;
-    let pool = PgPoolOptions::new()
+    let pool = idem_postgres::guarded(PgPoolOptions::new())
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(30))
-        .test_before_acquire(false)
         .connect_with(options)
         .await
         .expect("connect through the proxy");

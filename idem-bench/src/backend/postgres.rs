@@ -19,9 +19,8 @@ use super::{
 /// Connects to `IDEM_POSTGRES_URL`; with `setup`, runs the migration.
 pub(super) async fn connect(settings: &Settings<'_>) -> Result<Parts<Raw, Counter>, BenchError> {
     let url = env("IDEM_POSTGRES_URL")?;
-    let pool = PgPoolOptions::new()
+    let pool = idem_postgres::guarded(PgPoolOptions::new())
         .max_connections(u32::try_from(settings.concurrency.max(1)).unwrap_or(u32::MAX))
-        .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(10))
         .connect(&url)
         .await?;

@@ -265,9 +265,8 @@ async fn main() -> Result<(), Fail> {
         std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let amqp_url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
         .max_connections(4)
-        .test_before_acquire(false)
         .connect(&pg_url)
         .await?;
     println!(

@@ -87,9 +87,8 @@ async fn store(backend: Backend) -> Result<Arc<dyn IdempotencyStore>, BenchError
     Ok(match backend {
         Backend::Memory => Arc::new(idem_memory::MemoryStore::new()),
         Backend::Postgres => {
-            let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+            let pool = idem_postgres::guarded(idem_postgres::sqlx::postgres::PgPoolOptions::new())
                 .max_connections(16)
-                .test_before_acquire(false)
                 .acquire_timeout(Duration::from_secs(10))
                 .connect(&env("IDEM_POSTGRES_URL")?)
                 .await?;

@@ -382,9 +382,8 @@ impl Pg {
 /// A pool of `max` connections that does not ping before each use, so one
 /// store operation is one round trip.
 async fn pool(options: PgConnectOptions, max: u32) -> Result<PgPool, BenchError> {
-    Ok(PgPoolOptions::new()
+    Ok(idem_postgres::guarded(PgPoolOptions::new())
         .max_connections(max)
-        .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await?)

@@ -1,7 +1,13 @@
 //! An in-process broker, for the consumer's rules on the memory stores
 //! (the shop is the conformance crate's).
 
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    dead_code,
+    unused_imports,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -17,6 +23,18 @@ pub struct TestDelivery {
     message: InboundMessage,
     deliveries: u32,
     broker: Broker,
+    settled: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for TestDelivery {
+    /// A delivery dropped unsettled goes back to the queue, as a broker
+    /// requeues what a closed channel held, if the broker was told so.
+    fn drop(&mut self) {
+        let unsettled = !self.settled.load(std::sync::atomic::Ordering::SeqCst);
+        if unsettled && self.broker.queue.lock().unwrap().redeliver_unsettled {
+            self.broker.again(self.message.clone(), self.deliveries);
+        }
+    }
 }
 
 /// What the broker saw of a delivery's settlement.
@@ -33,6 +51,8 @@ struct Queue {
     /// Ids whose next ack is lost (the consumer dies before it reaches the broker).
     lose_ack: Vec<String>,
     closed: bool,
+    /// Deliveries dropped unsettled are delivered again.
+    redeliver_unsettled: bool,
 }
 
 /// An in-process broker: a queue, redelivery on retry or on a lost ack.
@@ -55,7 +75,13 @@ impl Broker {
             message,
             deliveries,
             broker: self.clone(),
+            settled: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// From now on a delivery dropped unsettled is delivered again.
+    pub fn redeliver_unsettled(&self) {
+        self.queue.lock().unwrap().redeliver_unsettled = true;
     }
 
     /// The next ack of `id` never reaches the broker, which delivers it again.
@@ -97,6 +123,8 @@ impl Delivery for TestDelivery {
     }
 
     async fn ack(&self) -> Result<(), BrokerError> {
+        self.settled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let id = self.message.id().as_str().to_string();
         let lost = {
             let mut queue = self.broker.queue.lock().unwrap();
@@ -120,6 +148,8 @@ impl Delivery for TestDelivery {
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
+        self.settled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let id = self.message.id().as_str().to_string();
         self.broker
             .queue

@@ -25,10 +25,9 @@ pub fn url() -> String {
 /// missing, and does not ping before each use (so one operation is one
 /// round trip).
 fn pool_options(max: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
+    idem_postgres::guarded(PgPoolOptions::new())
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(5))
-        .test_before_acquire(false)
 }
 
 /// A pool of `max` connections to `url` (see [`pool_options`]).

@@ -28,7 +28,14 @@ pub struct Counts {
     pub statements: AtomicU64,
     /// Round trips that carried nothing but a Sync.
     pub pings: AtomicU64,
+    /// Release checks of a guarded pool (`idem_postgres::guarded`): a
+    /// simple query of its probe, in the background as a connection
+    /// returns to the pool, like the ping.
+    pub checks: AtomicU64,
 }
+
+/// What the guard's probe carries: it is told apart from statements.
+const PROBE_MARK: &[u8] = b"idem: released inside a transaction block?";
 
 pub struct CountingProxy {
     pub port: u16,
@@ -152,6 +159,11 @@ async fn forward(mut from: OwnedReadHalf, mut to: Sink, counts: Arc<Counts>, cli
             if pending.len() < header + len {
                 break;
             }
+            let probe = client
+                && kind == b'Q'
+                && pending[header + 4..header + len]
+                    .windows(PROBE_MARK.len())
+                    .any(|w| w == PROBE_MARK);
             pending.drain(..header + len);
             if startup {
                 startup = false;
@@ -169,6 +181,9 @@ async fn forward(mut from: OwnedReadHalf, mut to: Sink, counts: Arc<Counts>, cli
                     };
                     counter.fetch_add(1, Ordering::SeqCst);
                     since_sync = false;
+                }
+                (true, b'Q') if probe => {
+                    counts.checks.fetch_add(1, Ordering::SeqCst);
                 }
                 (true, b'Q') => {
                     counts.statements.fetch_add(1, Ordering::SeqCst);
