@@ -504,20 +504,37 @@ async fn aborting_runs_task_mid_delivery_lets_the_delivery_commit_and_settle() {
     assert!(broker.deliver().is_none(), "nothing left to deliver again");
 }
 
+/// Runs `consumer` in a task and stops it (its shutdown completes) while a
+/// delivery is inside its handler, held there until the gate returned is
+/// opened.
+async fn stopped_while_handling(
+    consumer: &Consumer<Shop>,
+    shop: &Shop,
+    broker: &Broker,
+) -> (
+    tokio::task::JoinHandle<Result<(), ConsumerError>>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (entered, go) = shop.hold_next();
+    broker.publish(plain("m-1", "one"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = run_in_task(consumer, broker, async move {
+        let _ = stopped.await;
+    });
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the delivery reached its handler");
+    stop.send(()).unwrap();
+    (running, go)
+}
+
 /// At shutdown, `run` waits for the delivery being handled to commit and
 /// be acknowledged before it returns.
 #[tokio::test]
 async fn shutdown_waits_for_the_delivery_being_handled() {
     let (consumer, shop, _) = consumer();
     let broker = Broker::default();
-    let (entered, go) = shop.hold_next();
-    broker.publish(plain("m-1", "one"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = run_in_task(&consumer, &broker, async move {
-        let _ = stopped.await;
-    });
-    entered.notified().await;
-    stop.send(()).unwrap();
+    let (running, go) = stopped_while_handling(&consumer, &shop, &broker).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         !running.is_finished(),
@@ -539,16 +556,7 @@ async fn shutdown_returns_after_its_grace_and_the_delivery_finishes_in_its_task(
             .shutdown_grace(Duration::from_millis(100)),
     );
     let broker = Broker::default();
-    let (entered, go) = shop.hold_next();
-    broker.publish(plain("m-1", "one"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = run_in_task(&consumer, &broker, async move {
-        let _ = stopped.await;
-    });
-    tokio::time::timeout(Duration::from_secs(30), entered.notified())
-        .await
-        .expect("the delivery reached its handler");
-    stop.send(()).unwrap();
+    let (running, go) = stopped_while_handling(&consumer, &shop, &broker).await;
     tokio::time::timeout(Duration::from_secs(30), running)
         .await
         .expect("run returned after its grace")

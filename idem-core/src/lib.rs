@@ -44,37 +44,24 @@
 //! # }).unwrap();
 //! ```
 
-mod backend;
 mod canonical;
-mod claim;
-mod clock;
-mod codec;
-mod decision;
-mod error;
-#[cfg(feature = "moka")]
-mod expiry;
-mod fingerprint;
+mod inbound;
 mod journal;
-mod layer;
-mod options;
 mod outbox;
-mod outcome;
 mod parking;
-mod record;
-mod runner;
-mod scope;
-mod serialize;
-mod sweeper;
+mod plumbing;
 
-pub use clock::ManualClock;
-pub use error::{BoxError, InvalidInput, Operation, StoreError};
-pub use fingerprint::{Fingerprint, FingerprintBuilder, canonical_json};
-pub use options::StoreOptions;
-pub use outcome::{HandlerError, IntoVerdict, ResultExt, RunError, RunOutcome, Storable, Verdict};
-pub use record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
-pub use runner::{Idempotency, NoTransaction, RunContext};
-pub use scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant, redacted};
-pub use sweeper::Sweeper;
+pub use inbound::fingerprint::{Fingerprint, FingerprintBuilder, canonical_json};
+pub use inbound::outcome::{
+    HandlerError, IntoVerdict, ResultExt, RunError, RunOutcome, Storable, Verdict,
+};
+pub use inbound::record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
+pub use inbound::runner::{Idempotency, NoTransaction, RunContext};
+pub use inbound::sweeper::Sweeper;
+pub use plumbing::clock::ManualClock;
+pub use plumbing::error::{BoxError, InvalidInput, Operation, StoreError};
+pub use plumbing::options::StoreOptions;
+pub use plumbing::scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant, redacted};
 
 /// Re-exported so store crates and their users agree on one version.
 pub use async_trait::async_trait;

@@ -51,17 +51,14 @@
 //! assert_eq!(idem_core::observability::CLAIMS, "idem_claims_total");
 //! ```
 
+use crate::plumbing::error::{Operation, StoreError};
+use crate::plumbing::scope::{IdempotencyKey, Scope};
 use std::fmt;
 use std::future::Future;
 #[cfg(feature = "metrics")]
 use std::time::Instant;
-
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
-
-use crate::error::{Operation, StoreError};
-use crate::outcome::{RunError, RunOutcome};
-use crate::scope::{IdempotencyKey, Scope};
 
 /// The span of one run.
 pub const RUN_SPAN: &str = "idem.run";
@@ -166,21 +163,6 @@ pub(crate) fn run_span(store: &'static str, scope: &Scope, transactional: bool) 
         attempt = Empty,
         outcome = Empty,
     )
-}
-
-/// Records a finished run's outcome on its span.
-pub(crate) fn finish_run<T>(span: &Span, result: &Result<RunOutcome<T>, RunError>) {
-    let outcome = match result {
-        Ok(RunOutcome::Executed(_)) => "executed",
-        Ok(RunOutcome::Replayed(_)) => "replayed",
-        Err(RunError::InProgress { .. }) => "in_progress",
-        Err(RunError::Mismatch) => "mismatch",
-        Err(RunError::LostLease) => "lost_lease",
-        Err(RunError::NotStarted(_)) => "not_started",
-        Err(RunError::Failed(_)) => "failed",
-        Err(RunError::Store(_)) => "error",
-    };
-    span.record("outcome", outcome);
 }
 
 /// One store operation: its span, its duration and its counters. `attempt`

@@ -11,35 +11,40 @@ pub use crate::__forward_parking_store as forward_parking_store;
 /// Implements [`IdempotencyStore`] for a type by forwarding every operation
 /// to a field that is a store; see [`Layered`].
 pub use crate::__forward_store as forward_store;
-pub use crate::backend::{
-    Capabilities, ClockSource, Durability, Eviction, IdempotencyStore, Transaction,
-    TransactionSharing,
-};
-pub use crate::claim::{
+pub use crate::inbound::claim::{
     ClaimOutcome, ClaimRequest, MAX_LEASE, MAX_RETENTION, MIN_DURATION, validate_lease,
     validate_retention,
 };
-pub use crate::clock::{Clock, SystemClock, Timestamp};
-pub use crate::codec::{
+pub use crate::inbound::codec::{
     check_response_size, checkpoint_json, decode_checkpoint, decode_response,
     decode_response_parts, encode_headers, millis, retry_after, retry_after_millis, storage_key,
     storage_key_escaped,
 };
-pub use crate::decision::{Decision, decide};
+pub use crate::inbound::decision::{Decision, decide};
+pub use crate::inbound::record::{Lease, Record, RecordState};
+pub use crate::inbound::store::{IdempotencyStore, Transaction};
+pub use crate::journal::operation::{
+    Holder, JournalParts, JournalRecord, MAX_LIST, NewOperation, OperationId, OperationKey,
+    OperationState,
+};
+pub use crate::journal::store::{Acquired, Finish, JournalStore, ListQuery, validate_list_limit};
+pub use crate::outbox::message::{
+    MessageId, MessageParts, MessageState, NewMessage, OutboxMessage,
+};
+pub use crate::outbox::store::{BatchClaim, OutboxStats, OutboxStore, PublishFailure};
+pub use crate::parking::message::InboundMessage;
+pub use crate::parking::store::{
+    NewParked, ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution,
+    validate_parking_batch,
+};
+pub use crate::parking::versions::{VersionCheck, VersionStore};
+pub use crate::plumbing::capabilities::{
+    Capabilities, ClockSource, Durability, Eviction, TransactionSharing,
+};
+pub use crate::plumbing::clock::{Clock, SystemClock, Timestamp};
 #[cfg(feature = "moka")]
-pub use crate::expiry::ExpireAfter;
-pub use crate::journal::{
-    Acquired, Finish, Holder, JournalParts, JournalRecord, JournalStore, ListQuery, MAX_LIST,
-    NewOperation, OperationId, OperationKey, OperationState, validate_list_limit,
-};
-pub use crate::layer::{Layered, OperationLayer};
-pub use crate::options::validate_name;
-pub use crate::outbox::{
-    BatchClaim, MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, MessageId, MessageParts, MessageState,
-    NewMessage, OutboxMessage, OutboxStats, OutboxStore, PublishFailure, validate_outbox_batch,
-};
-pub use crate::parking::{
-    InboundMessage, NewParked, ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution,
-    VersionCheck, VersionStore, validate_parking_batch,
-};
-pub use crate::record::{Lease, OwnerToken, Record, RecordState};
+pub use crate::plumbing::expiry::ExpireAfter;
+pub use crate::plumbing::fencing::OwnerToken;
+pub use crate::plumbing::layer::{Layered, OperationLayer};
+pub use crate::plumbing::limits::{MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, validate_outbox_batch};
+pub use crate::plumbing::options::validate_name;

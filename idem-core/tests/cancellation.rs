@@ -5,14 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Transaction};
-use idem_core::{
-    Checkpoint, Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoreError, StoredResponse,
-    async_trait,
-};
+use common::Ledger;
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore};
+use idem_core::{Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoredResponse};
 use idem_memory::MemoryStore;
 use tokio::sync::Notify;
 
@@ -23,40 +23,6 @@ const LEASE: Duration = Duration::from_secs(600);
 
 fn scope() -> Scope {
     Scope::parse("cancellation", &uuid::Uuid::new_v4().to_string()).unwrap()
-}
-
-/// A transaction that completes the record in the store at commit, then,
-/// if told to, never answers (a commit whose reply is lost in flight).
-struct Ledger {
-    store: MemoryStore,
-    completion: Option<(Lease, StoredResponse)>,
-    hang_after_commit: bool,
-}
-
-#[async_trait]
-impl Transaction for Ledger {
-    async fn complete(
-        &mut self,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.completion = Some((lease.clone(), response.clone()));
-        Ok(())
-    }
-
-    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn commit(self) -> Result<(), StoreError> {
-        if let Some((lease, response)) = &self.completion {
-            self.store.complete(lease, response).await?;
-        }
-        if self.hang_after_commit {
-            std::future::pending::<()>().await;
-        }
-        Ok(())
-    }
 }
 
 fn runner(store: &MemoryStore) -> Idempotency {
@@ -93,13 +59,7 @@ async fn a_transactional_run_dropped_inside_its_handler_frees_its_key_at_once() 
     let running = tokio::spawn({
         let (store, scope, entered) = (store.clone(), scope.clone(), Arc::clone(&entered));
         async move {
-            let begin = async move {
-                Ok(Ledger {
-                    store,
-                    completion: None,
-                    hang_after_commit: false,
-                })
-            };
+            let begin = async move { Ok(Ledger::new(store)) };
             idem.run_in(
                 scope,
                 Fingerprint::of_bytes(b"order"),
@@ -131,9 +91,8 @@ async fn a_transactional_run_dropped_after_its_commit_landed_keeps_its_record() 
         let store = store.clone();
         async move {
             Ok(Ledger {
-                store,
-                completion: None,
                 hang_after_commit: true,
+                ..Ledger::new(store)
             })
         }
     };

@@ -5,13 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Transaction};
-use idem_core::{
-    Checkpoint, Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoreError, StoredResponse,
-};
+use common::Ledger;
+use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore};
+use idem_core::{Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoredResponse};
 use idem_memory::{MemoryOptions, MemoryStore};
 
 fn scope() -> Scope {
@@ -58,36 +59,6 @@ async fn a_live_handler_keeps_its_key_past_its_lease_until_its_max_run_time() {
     assert!(matches!(outcome, Err(RunError::LostLease)), "{outcome:?}");
 }
 
-/// A transaction that completes into the memory store when it commits.
-struct Ledger {
-    store: MemoryStore,
-    completion: Option<(Lease, StoredResponse)>,
-}
-
-#[idem_core::async_trait]
-impl Transaction for Ledger {
-    async fn complete(
-        &mut self,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        idem_core::store::check_response_size(response, 1024)?;
-        self.completion = Some((lease.clone(), response.clone()));
-        Ok(())
-    }
-
-    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn commit(self) -> Result<(), StoreError> {
-        match self.completion {
-            Some((lease, response)) => self.store.complete(&lease, &response).await,
-            None => Ok(()),
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_response_too_large_to_store_completes_with_its_fallback_in_both_runners() {
     let store =
@@ -129,8 +100,8 @@ async fn a_response_too_large_to_store_completes_with_its_fallback_in_both_runne
     let (scope, fp) = (scope_in_tx(), Fingerprint::of_bytes(b"big"));
     let begin = || async {
         Ok(Ledger {
-            store: store.clone(),
-            completion: None,
+            limit: Some(1024),
+            ..Ledger::new(store.clone())
         })
     };
     let first = idem

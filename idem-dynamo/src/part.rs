@@ -189,7 +189,33 @@ pub(crate) async fn create_table(
         }
         Ok(_) => {}
     }
-    crate::store::wait_until_active(client, table).await
+    wait_until_active(client, table).await
+}
+
+/// Waits until `table` is active, for a minute at most.
+pub(crate) async fn wait_until_active(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), idem_core::StoreError> {
+    for _ in 0..600 {
+        let described = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| crate::error::classify(idem_core::Operation::Setup, e))?;
+        if described.table().and_then(|t| t.table_status())
+            == Some(&aws_sdk_dynamodb::types::TableStatus::Active)
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Err(idem_core::StoreError::unavailable(
+        crate::error::STORE,
+        idem_core::Operation::Setup,
+        "the table did not become active within a minute",
+    ))
 }
 
 /// Up to `limit` items of `index` of `table` matching the key `condition`

@@ -1,24 +1,22 @@
 //! `DynamoStore`: construction, the table, and the trait implementation.
 
-use std::future::Future;
-use std::time::Duration;
-
-use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     BillingMode, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-    TableStatus, TimeToLiveSpecification,
+    TimeToLiveSpecification,
 };
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Record, Timestamp,
     validate_lease,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
+use std::future::Future;
+use std::time::Duration;
 
 use crate::codec::{self, attr, key, n};
 use crate::commands::{self, PAST_RETENTION, RELEASE_CONDITION, fence_values};
-use crate::error::{STORE, build_failure, classify, corrupt, fenced, is_condition_failure};
+use crate::error::{build_failure, classify, corrupt, fenced, is_condition_failure};
 use crate::options::DynamoOptions;
 use crate::part::{attribute_definition, key_element};
 use crate::transaction::DynamoTransaction;
@@ -105,7 +103,7 @@ impl DynamoStore {
                 _ => Err(classify(OP, error)),
             };
         }
-        wait_until_active(self.client(), self.table()).await?;
+        crate::part::wait_until_active(self.client(), self.table()).await?;
         self.client()
             .update_time_to_live()
             .table_name(self.table())
@@ -121,27 +119,6 @@ impl DynamoStore {
             .map_err(|e| classify(OP, e))?;
         Ok(())
     }
-}
-
-/// Waits until `table` is active, for a minute at most.
-pub(crate) async fn wait_until_active(client: &Client, table: &str) -> Result<(), StoreError> {
-    for _ in 0..600 {
-        let described = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| classify(Operation::Setup, e))?;
-        if described.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(StoreError::unavailable(
-        STORE,
-        Operation::Setup,
-        "the table did not become active within a minute",
-    ))
 }
 
 #[async_trait]
@@ -324,6 +301,7 @@ impl IdempotencyStore for Records {
 
 #[cfg(test)]
 mod tests {
+    use aws_sdk_dynamodb::Client;
     use aws_sdk_dynamodb::config::{Credentials, Region};
     use idem_core::{InvalidInput, StoreOptions};
 

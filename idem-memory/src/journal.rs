@@ -13,7 +13,7 @@ use idem_core::{Operation, StoreError, async_trait};
 use moka::ops::compute::Op;
 use moka::sync::Cache;
 
-use crate::STORE;
+use crate::part::STORE;
 
 /// An in-process journal store: tests, examples and single-process
 /// services. Operations live in this process only, and the caller's
@@ -58,7 +58,7 @@ impl fmt::Debug for Operations {
     }
 }
 
-clocked_part!(MemoryJournal => operations: Operations, "journal store");
+crate::part::clocked_part!(MemoryJournal => operations: Operations, "journal store");
 
 impl Operations {
     fn on(clock: Arc<dyn Clock>) -> Self {
@@ -204,6 +204,6 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::capabilities(usize::MAX)
+        crate::part::capabilities(usize::MAX)
     }
 }

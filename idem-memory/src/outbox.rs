@@ -58,7 +58,7 @@ impl fmt::Debug for Messages {
     }
 }
 
-clocked_part!(MemoryOutbox => messages: Messages, "outbox");
+crate::part::clocked_part!(MemoryOutbox => messages: Messages, "outbox");
 
 impl Messages {
     fn on(clock: Arc<dyn Clock>) -> Self {
@@ -327,6 +327,6 @@ impl OutboxStore for Messages {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::capabilities(usize::MAX)
+        crate::part::capabilities(usize::MAX)
     }
 }

@@ -13,7 +13,7 @@ use idem_core::store::{
 };
 use idem_core::{IdempotencyKey, Scope, StoreError, Tenant, async_trait};
 
-use crate::STORE;
+use crate::part::STORE;
 
 /// An in-process parking store: tests, examples and single-process
 /// consumers. The caller's [`Clock`] stamps entries. Every operation holds

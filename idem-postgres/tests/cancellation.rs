@@ -1,11 +1,14 @@
 //! Cancellation: a BEGIN cut off mid-flight never leaves the next borrower
 //! of its connection inside its transaction, and tasks aborted at random
-//! points of a run, a version check, an enqueue and a relay pass, over a
-//! pool of one or two connections, never corrupt what the next one
-//! commits.
+//! points of a run, a version check, a consumer's delivery, an enqueue, a
+//! relay pass and a parking, over a pool of one or two connections, never
+//! corrupt what the next one commits.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
+/// The consumer's in-process broker, from its own tests.
+#[path = "../../idem-consumer/tests/common/mod.rs"]
+mod broker;
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -14,7 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use broker::{Broker, TestSource, event};
 use idem_conformance::support::fresh_tenant;
+use idem_consumer::{Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon};
+use idem_core::HandlerError;
 use idem_core::store::{
     IdempotencyStore, InboundMessage, NewMessage, NewParked, OutboxMessage, OutboxStore,
     ParkedQuery, ParkingStore, VersionCheck, VersionStore,
@@ -23,7 +29,9 @@ use idem_core::{
     Fingerprint, Idempotency, RunError, RunOutcome, Scope, StoreError, StoredResponse, Verdict,
     async_trait,
 };
+use idem_memory::MemoryParking;
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions};
+use idem_postgres::PgTransaction;
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, AssertSqlSafe, Connection, PgConnection, PgPool, Row};
 use idem_postgres::{
@@ -345,6 +353,50 @@ async fn apply(
     .await
 }
 
+/// A migrated inbox, and a table of its own (`<prefix>_<random>`) whose
+/// rows carry an aggregate's version, with the effects table beside it.
+async fn versioned_tables(pool: &PgPool, prefix: &str) -> (PostgresStore, String, VersionedTable) {
+    let store = PostgresStore::new(pool.clone());
+    store.migrate().await.unwrap();
+    let table = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (id text PRIMARY KEY, version bigint NOT NULL); \
+         CREATE TABLE {table}_effects (aggregate text NOT NULL, version bigint NOT NULL)"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let versions = VersionedTable::new(&table, "id", "version").unwrap();
+    (store, table, versions)
+}
+
+/// Every aggregate of `table` is at `versions`, and each of its versions
+/// has exactly one effect.
+async fn each_version_applied_once(pool: &PgPool, table: &str, aggregates: u64, versions: u64) {
+    let at: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, version FROM {table} ORDER BY id"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(at.len() as u64, aggregates, "{at:?}");
+    assert!(
+        at.iter().all(|(_, v)| *v == versions as i64),
+        "every aggregate at its last version: {at:?}"
+    );
+    let effects: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT aggregate, version, count(*) FROM {table}_effects GROUP BY 1, 2 ORDER BY 1, 2"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(effects.len() as u64, aggregates * versions, "{effects:?}");
+    assert!(
+        effects.iter().all(|(_, _, n)| *n == 1),
+        "applied twice: {effects:?}"
+    );
+}
+
 /// Versions 1 to 6 of four aggregates, every event delivered at once in
 /// waves (so an aggregate's versions race each other, as two pullers of
 /// one stream make them), tasks aborted at random, over a pool of one,
@@ -358,17 +410,7 @@ async fn version_checked_deliveries_aborted_at_random_apply_each_version_once_in
     const VERSIONS: u64 = 6;
     for max in [1, 2] {
         let (pool, inside) = watched_pool(max, server_options()).await;
-        let store = PostgresStore::new(pool.clone());
-        store.migrate().await.unwrap();
-        let table = format!("vc_{}", uuid::Uuid::new_v4().simple());
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE {table} (id text PRIMARY KEY, version bigint NOT NULL); \
-             CREATE TABLE {table}_effects (aggregate text NOT NULL, version bigint NOT NULL)"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        let versions = VersionedTable::new(&table, "id", "version").unwrap();
+        let (store, table, versions) = versioned_tables(&pool, "vc").await;
         let idem: Idempotency =
             Idempotency::new(Arc::new(store.clone()) as Arc<dyn IdempotencyStore>)
                 .with_lease(Duration::from_millis(500))
@@ -412,22 +454,7 @@ async fn version_checked_deliveries_aborted_at_random_apply_each_version_once_in
             pending = left;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let at: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, version FROM {table} ORDER BY id"
-        )))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        assert_eq!(at.len(), AGGREGATES);
-        assert!(at.iter().all(|(_, v)| *v == VERSIONS as i64), "{at:?}");
-        let effects: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT aggregate, version, count(*) FROM {table}_effects GROUP BY 1, 2 ORDER BY 1, 2"
-        )))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        assert_eq!(effects.len(), AGGREGATES * VERSIONS as usize, "{effects:?}");
-        assert!(effects.iter().all(|(_, _, n)| *n == 1), "{effects:?}");
+        each_version_applied_once(&pool, &table, AGGREGATES as u64, VERSIONS).await;
         assert_eq!(
             inside.load(Ordering::SeqCst),
             0,
@@ -666,6 +693,161 @@ async fn parkings_aborted_at_random_leave_one_entry_per_message_with_its_last_re
             .all(|entry| entry.parked.reason == "last" && entry.parked.deliveries == 2),
         "{listed:?}"
     );
+    assert_eq!(
+        inside.load(Ordering::SeqCst),
+        0,
+        "handed out inside a block"
+    );
+}
+
+// ---------------------------------------------------------------- consumers
+
+/// The consumer's test: its aggregates and versions.
+const CONSUMED_AGGREGATES: u64 = 8;
+const CONSUMED_VERSIONS: u64 = 8;
+
+/// Applies an order event on its predecessor: its version step and one
+/// effect row, in the inbox's transaction.
+struct Orders {
+    inbox: PostgresStore,
+    versions: VersionedTable,
+    table: String,
+}
+
+#[async_trait]
+impl Handler for Orders {
+    type Tx = PgTransaction;
+
+    async fn begin(&self) -> Result<PgTransaction, StoreError> {
+        self.inbox.begin().await
+    }
+
+    async fn handle(
+        &self,
+        message: &InboundMessage,
+        mut tx: PgTransaction,
+    ) -> Result<(PgTransaction, Handled), HandlerError> {
+        let (Some(order), Some(version)) = (message.aggregate(), message.version()) else {
+            return Err("an event without its version".into());
+        };
+        let check = self.versions.advance(&mut *tx, order, version).await?;
+        if check == VersionCheck::Apply {
+            if version == 1 {
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {} (id, version) VALUES ($1, 1)",
+                    self.table
+                )))
+                .bind(order)
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {}_effects (aggregate, version) VALUES ($1, $2)",
+                self.table
+            )))
+            .bind(order)
+            .bind(i64::try_from(version)?)
+            .execute(&mut *tx)
+            .await?;
+            // A statement that takes a moment, for aborts to land inside.
+            sqlx::query("SELECT pg_sleep(0.001)")
+                .execute(&mut *tx)
+                .await?;
+        }
+        Ok((tx, check.into()))
+    }
+}
+
+/// The in-process broker as a consumer's source, redelivering without limit.
+fn source(broker: &Broker) -> TestSource {
+    TestSource {
+        broker: broker.clone(),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1))
+            .with_max_deliveries(u32::MAX),
+    }
+}
+
+/// Two consumers of one queue: one runs `Consumer::run` in a task aborted
+/// every 20–200 ms and started again; the other consumes deliveries one
+/// by one, each in a task aborted at a random point (a process dying
+/// mid-delivery; the broker delivers again what was never settled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_aborted_at_random_apply_every_version_once_in_order() {
+    let (pool, inside) = watched_pool(2, server_options()).await;
+    let (inbox, table, versions) = versioned_tables(&pool, "cc").await;
+    let handler = Orders {
+        inbox: inbox.clone(),
+        versions,
+        table: table.clone(),
+    };
+    let options = ConsumerOptions::default()
+        .max_deliveries(u32::MAX)
+        .backoff(Duration::from_millis(1), Duration::from_millis(20))
+        .lease(Duration::from_secs(2));
+    let consumer = Consumer::with_options(
+        &table,
+        Arc::new(inbox),
+        Arc::new(MemoryParking::new()),
+        handler,
+        options,
+    )
+    .unwrap();
+    let broker = Broker::default();
+    broker.redeliver_unsettled();
+    for version in 1..=CONSUMED_VERSIONS {
+        for aggregate in 0..CONSUMED_AGGREGATES {
+            let id = format!("order-{aggregate}@{version}");
+            broker.publish(event(&id, &format!("order-{aggregate}"), version));
+        }
+    }
+
+    let applied = || async {
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table}_effects"
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + DEADLINE;
+    let mut runs_aborted = 0;
+    let deliveries_aborted = Arc::new(AtomicU64::new(0));
+    let one_by_one = tokio::spawn({
+        let (consumer, broker) = (consumer.clone(), broker.clone());
+        let aborted = Arc::clone(&deliveries_aborted);
+        async move {
+            loop {
+                let Some(delivery) = broker.deliver() else {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                };
+                let consumer = consumer.clone();
+                let task = tokio::spawn(async move { consumer.consume(&delivery).await });
+                if below(3) == 0 {
+                    tokio::time::sleep(Duration::from_micros(below(5_000))).await;
+                    task.abort();
+                    aborted.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = task.await;
+            }
+        }
+    });
+    while applied().await < i64::try_from(CONSUMED_AGGREGATES * CONSUMED_VERSIONS).unwrap() {
+        assert!(Instant::now() < deadline, "not every event applied in time");
+        let running = tokio::spawn({
+            let (consumer, mut source) = (consumer.clone(), source(&broker));
+            async move { consumer.run(&mut source, std::future::pending()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20 + below(180))).await;
+        running.abort();
+        let _ = running.await;
+        runs_aborted += 1;
+    }
+    one_by_one.abort();
+    let _ = one_by_one.await;
+    assert!(runs_aborted > 0 && deliveries_aborted.load(Ordering::SeqCst) > 0);
+
+    each_version_applied_once(&pool, &table, CONSUMED_AGGREGATES, CONSUMED_VERSIONS).await;
     assert_eq!(
         inside.load(Ordering::SeqCst),
         0,

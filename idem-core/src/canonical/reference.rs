@@ -3,12 +3,11 @@
 //! `canonical_differential` compares the writer in use against: the same
 //! bytes, or the same error, for every text.
 
+use crate::plumbing::error::InvalidInput;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::ops::Range;
-
-use crate::error::InvalidInput;
 
 /// Nesting deeper than this is refused, so no input can exhaust the stack.
 const MAX_DEPTH: usize = 128;
