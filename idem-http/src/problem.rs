@@ -78,6 +78,16 @@ impl Problem {
     }
 }
 
+/// The status's reason phrase as RFC 9110 names it: the `http` crate
+/// still has RFC 7231's names for the two it renamed.
+fn reason_phrase(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "Content Too Large",
+        StatusCode::UNPROCESSABLE_ENTITY => "Unprocessable Content",
+        other => other.canonical_reason().unwrap_or("Error"),
+    }
+}
+
 /// A problem response: `kind` of `status`, with `detail`; `documentation`
 /// is the configured link, if any.
 pub(crate) fn problem(
@@ -88,10 +98,7 @@ pub(crate) fn problem(
 ) -> Response<Full<Bytes>> {
     let (kind, title) = match documentation {
         Some(link) => (format!("{link}#{}", kind.fragment()), kind.title()),
-        None => (
-            "about:blank".to_string(),
-            status.canonical_reason().unwrap_or("Error"),
-        ),
+        None => ("about:blank".to_string(), reason_phrase(status)),
     };
     let body = serde_json::json!({
         "type": kind,

@@ -594,8 +594,21 @@ async fn problems_default_to_about_blank_titled_with_the_status_phrase(
     let reused = post_order(&client, &base, &tenant, "phrase", r#"{"qty":2}"#).await;
     let json = problem_json(reused).await;
     assert_eq!(json["type"], "about:blank");
-    assert_eq!(json["title"], "Unprocessable Entity");
+    assert_eq!(json["title"], "Unprocessable Content", "RFC 9110's phrase");
     assert_eq!(json["status"], 422);
+    let huge = client
+        .post(format!("{base}/orders"))
+        .header("x-tenant", &tenant)
+        .header("idempotency-key", quoted("phrase-huge"))
+        .body("x".repeat(32 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let json = problem_json(huge).await;
+    assert_eq!(json["type"], "about:blank");
+    assert_eq!(json["title"], "Content Too Large", "RFC 9110's phrase");
+    assert_eq!(json["status"], 413);
 }
 
 /// Sends `request` on a connection of its own and reads until the server

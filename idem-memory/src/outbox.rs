@@ -260,6 +260,7 @@ impl OutboxStore for Messages {
     }
 
     async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        let now = self.clock.now();
         let mut state = self.locked();
         let Some(message) = state.messages.get(&id) else {
             return Ok(false);
@@ -274,9 +275,14 @@ impl OutboxStore for Messages {
             parts.state = MessageState::Dropped;
             parts.last_error = Some(reason.to_string());
             parts.lease_until = None;
+            parts.sent_at = Some(now);
         });
         state.messages.insert(id, dropped);
         Ok(true)
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
+        Ok(self.locked().messages.get(&id).cloned())
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
@@ -287,12 +293,8 @@ impl OutboxStore for Messages {
             .messages
             .values()
             .filter(|m| {
-                let finished = match m.state() {
-                    MessageState::Sent => m.parts().sent_at.unwrap_or(m.parts().enqueued_at),
-                    MessageState::Dropped => m.parts().enqueued_at,
-                    _ => return false,
-                };
-                finished <= cutoff
+                matches!(m.state(), MessageState::Sent | MessageState::Dropped)
+                    && m.parts().sent_at.unwrap_or(m.parts().enqueued_at) <= cutoff
             })
             .map(OutboxMessage::id)
             .take(limit)

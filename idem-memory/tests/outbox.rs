@@ -1,3 +1,13 @@
 //! The public outbox suite on the in-process outbox store.
 
 idem_conformance::outbox_suite!(async { idem_memory::MemoryOutbox::new() });
+
+/// The same suite with the store's clock hours ahead of the process's: the
+/// store judges every lease, back-off and age by its own clock alone.
+mod on_a_clock_far_from_the_process {
+    use idem_conformance::support::{SKEW, SkewedClock};
+
+    idem_conformance::outbox_suite!(async {
+        idem_memory::MemoryOutbox::with_clock(SkewedClock::ahead(SKEW))
+    });
+}

@@ -49,7 +49,8 @@ pub use idem_core::async_trait;
 
 /// Gauge: messages waiting to be published.
 pub const PENDING: &str = "idem_outbox_pending";
-/// Gauge, seconds: how long the oldest unsent message has waited.
+/// Gauge, seconds: how long the oldest pending message has waited (sent
+/// and parked messages do not count).
 pub const OLDEST_PENDING: &str = "idem_outbox_oldest_pending_seconds";
 /// Counter: messages the broker confirmed and the relay marked sent.
 pub const PUBLISHED: &str = "idem_outbox_published_total";

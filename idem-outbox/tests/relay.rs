@@ -513,6 +513,12 @@ impl OutboxStore for Staged {
     ) -> Result<bool, idem_core::StoreError> {
         self.inner.drop_message(id, reason).await
     }
+    async fn message(
+        &self,
+        id: idem_core::store::MessageId,
+    ) -> Result<Option<idem_core::store::OutboxMessage>, idem_core::StoreError> {
+        self.inner.message(id).await
+    }
     async fn purge_sent(
         &self,
         older_than: Duration,

@@ -68,8 +68,9 @@ CREATE INDEX IF NOT EXISTS idem_outbox_parked_idx ON idem_outbox (enqueued_at, i
 -- Both states in one index, as an earlier version had it.
 DROP INDEX IF EXISTS idem_outbox_waiting_idx;
 
--- A purge finds finished messages by when they finished (a dropped message
--- keeps no sent_at, and counts from its enqueue).
+-- A purge finds finished messages by when they finished: sent_at, the send
+-- or the drop (a message an earlier version dropped keeps no sent_at, and
+-- counts from its enqueue).
 CREATE INDEX IF NOT EXISTS idem_outbox_finished_idx ON idem_outbox ((coalesce(sent_at, enqueued_at)))
     WHERE state IN ('sent', 'dropped');
 

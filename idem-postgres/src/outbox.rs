@@ -135,6 +135,7 @@ struct Statements {
     parked: Arc<str>,
     retry: Arc<str>,
     drop_message: Arc<str>,
+    message: Arc<str>,
     purge: Arc<str>,
     stats: Arc<str>,
 }
@@ -201,11 +202,14 @@ impl Statements {
                  FROM c WHERE r.id = $1 AND r.state = 'parked'"
             )
             .into(),
+            // The drop's time in sent_at: a purge ages it from there.
             drop_message: format!(
-                "UPDATE {t} AS r SET state = 'dropped', last_error = $2, lease_until = NULL \
-                 WHERE r.id = $1 AND r.state IN ('pending', 'parked')"
+                "{clock} UPDATE {t} AS r SET state = 'dropped', last_error = $2, \
+                 lease_until = NULL, sent_at = c.now \
+                 FROM c WHERE r.id = $1 AND r.state IN ('pending', 'parked')"
             )
             .into(),
+            message: format!("SELECT {row} FROM {t} AS r WHERE r.id = $1").into(),
             // A bounded batch, walking the finished index; SKIP LOCKED lets
             // racing purges share the work.
             purge: format!(
@@ -633,6 +637,16 @@ impl OutboxStore for Messages {
             .await
             .map_err(|e| classify(Operation::Drop, e))?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
+        const OP: Operation = Operation::Get;
+        let row = sqlx::query(AssertSqlSafe(self.sql.message.clone()))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        row.map(|row| stored(&row, OP)).transpose()
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {

@@ -382,6 +382,10 @@ impl OutboxStore for Counted {
         self.inner.drop_message(id, reason).await
     }
 
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
+        self.inner.message(id).await
+    }
+
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         self.inner.purge_sent(older_than, limit).await
     }
@@ -703,6 +707,18 @@ async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
         cost!(
             "drop_message: not open",
             outbox.drop_message(b.id(), "r").await.unwrap()
+        );
+        let read = cost!("message", outbox.message(b.id()).await.unwrap());
+        assert_eq!(read.map(|m| m.state()), Some(MessageState::Dropped));
+        cost!(
+            "message: missing",
+            assert!(
+                outbox
+                    .message(MessageId::generate())
+                    .await
+                    .unwrap()
+                    .is_none()
+            )
         );
         // The sent and dropped messages of this lap (and the last's last).
         let purged = cost!(

@@ -8,8 +8,8 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState, Timestamp,
 };
 use idem_core::{
-    Checkpoint, HandlerError, Idempotency, RunContext, RunError, RunOutcome, Scope, StoredResponse,
-    Tenant,
+    Checkpoint, HandlerError, Idempotency, RunContext, RunError, RunOutcome, Scope, StoreError,
+    StoredResponse, Tenant,
 };
 
 use crate::support::*;
@@ -684,6 +684,72 @@ pub async fn own_claim_delivered_after_its_lease_expired_is_not_a_takeover<
     assert_eq!(next.attempt(), 2, "another caller's claim is the takeover");
 }
 
+/// The owner's claim delivered again answers the lease as the record holds
+/// it now, not as the first claim was answered: after a renewal, its
+/// moved expiry; after a checkpoint, that checkpoint.
+pub async fn own_claim_delivered_again_answers_the_lease_as_it_stands_now<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let ClaimOutcome::Claimed { lease: first, .. } = store.claim(&request).await.unwrap() else {
+        panic!("the first delivery of a claim was not claimed");
+    };
+    let renewed = store.renew(&first, LONG_LEASE * 2).await.unwrap();
+    assert_ne!(renewed.expires_at(), first.expires_at());
+    let point = Checkpoint::new("charged", &"ch_1").unwrap();
+    store.checkpoint(&renewed, &point).await.unwrap();
+    match store.claim(&request).await.unwrap() {
+        ClaimOutcome::Claimed { lease, checkpoint } => {
+            assert_eq!(lease.owner(), first.owner());
+            assert_eq!(lease.attempt(), 1);
+            assert_eq!(
+                lease.expires_at(),
+                renewed.expires_at(),
+                "answered with the first claim's expiry, not the renewed one"
+            );
+            assert_eq!(
+                checkpoint.as_ref(),
+                Some(&point),
+                "answered without its checkpoint"
+            );
+        }
+        other => panic!("the owner's claim delivered again got {other:?}"),
+    }
+}
+
+/// The owner's claim delivered after its lease expired, nobody having taken
+/// over, writes nothing: the checkpoint the owner wrote survives it on the
+/// record.
+pub async fn own_claim_delivered_after_its_lease_expired_keeps_the_checkpoint<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = short(&scope, "a");
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+        panic!("the first delivery of a claim was not claimed");
+    };
+    let point = Checkpoint::new("charged", &"ch_2").unwrap();
+    store.checkpoint(&lease, &point).await.unwrap();
+    let before = store.get(&scope).await.unwrap().expect("record");
+    wait_for_the_store_clock(&*store, &scope, lease.expires_at()).await;
+    let again = store.claim(&request).await.unwrap();
+    assert!(
+        matches!(&again, ClaimOutcome::Claimed { lease, .. } if lease.attempt() == 1),
+        "the owner's claim delivered after its lease expired got {again:?}"
+    );
+    let after = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(after.checkpoint(), Some(&point), "the checkpoint was lost");
+    assert_eq!(
+        after, before,
+        "the owner's claim delivered again wrote the record"
+    );
+}
+
 /// A takeover delivered twice is one takeover: the same attempt and the
 /// checkpoint it carried.
 pub async fn takeover_delivered_twice_gets_the_same_attempt_and_checkpoint<
@@ -732,6 +798,26 @@ pub async fn completion_delivered_twice_succeeds_and_stores_once<S: IdempotencyS
     assert_eq!(
         claim(&*store, &request).await,
         ClaimOutcome::Completed(response("done"))
+    );
+}
+
+/// A completion delivered again does not restart the retention: the
+/// record stays retained until the moment the first completion set.
+pub async fn completion_delivered_twice_keeps_the_first_retention<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let request = long(&scope, "a");
+    let lease = claim_and_complete(&*store, &request, &response("done")).await;
+    let first = store.get(&scope).await.unwrap().expect("record");
+    // Far enough apart that a store restarting the retention would move it.
+    let_the_store_clock_pass(&*store, &scope, Duration::from_millis(20)).await;
+    store.complete(&lease, &response("done")).await.unwrap();
+    let again = store.get(&scope).await.unwrap().expect("record");
+    assert_eq!(
+        again.retained_until(),
+        first.retained_until(),
+        "a completion delivered again restarted the retention"
     );
 }
 
@@ -946,6 +1032,34 @@ pub async fn claims_and_takeovers_retain_the_record_from_their_own_moment<
     assert_retained_from("a takeover", &record, around, retention);
 }
 
+/// A takeover whose lease is longer than the retention retains the record
+/// for its lease from the takeover, as a claim does, so its record never
+/// ends before its lease.
+pub async fn a_takeover_retains_for_its_lease_where_longer_than_the_retention<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let retention = Duration::from_secs(10);
+    let scope = fresh_scope();
+    let first = short(&scope, "a").with_retention(retention).unwrap();
+    let (lease, _) = must_claim(&*store, &first).await;
+    wait_for_the_store_clock(&*store, &scope, lease.expires_at()).await;
+    // LONG_LEASE outlasts the retention.
+    let takeover = long(&scope, "a").with_retention(retention).unwrap();
+    let before = store.now(&scope).await.unwrap();
+    let (taken, _) = must_claim(&*store, &takeover).await;
+    let after = store.now(&scope).await.unwrap();
+    assert_eq!(taken.attempt(), 2);
+    let record = store.get(&scope).await.unwrap().expect("record");
+    assert_retained_from(
+        "a takeover with a longer lease",
+        &record,
+        (before, after),
+        LONG_LEASE,
+    );
+}
+
 /// A sweep keeps a record within retention even when its lease expired: its
 /// attempt count and checkpoint belong to the owner that takes it over.
 pub async fn purge_keeps_an_in_flight_record_whose_lease_expired<S: IdempotencyStore + ?Sized>(
@@ -1152,6 +1266,23 @@ pub async fn delete_leaves_every_other_scope_alone<S: IdempotencyStore + ?Sized>
     }
 }
 
+/// `delete` matches the key exactly, byte for byte: `Key-1` is not `key-1`.
+pub async fn delete_matches_the_key_exactly<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
+    let tenant = fresh_tenant();
+    let upper = Scope::new(tenant.clone(), key("Key-1"));
+    let lower = Scope::new(tenant, key("key-1"));
+    for scope in [&upper, &lower] {
+        claim_and_complete(&*store, &long(scope, "a"), &response("kept")).await;
+    }
+    assert!(store.delete(&upper).await.unwrap());
+    assert!(store.get(&upper).await.unwrap().is_none());
+    assert_eq!(
+        claim(&*store, &long(&lower, "a")).await,
+        ClaimOutcome::Completed(response("kept")),
+        "deleting Key-1 deleted key-1"
+    );
+}
+
 /// `now` reads the clock that judges the store's records: a record just
 /// completed is retained for its retention from about that reading, and
 /// once a record counts as absent the clock reads past its retention.
@@ -1275,6 +1406,97 @@ pub async fn concurrent_takeovers_of_an_expired_lease_have_one_winner<
             )),
             "round {round}: {outcomes:?}"
         );
+    }
+}
+
+/// Racing claims of a key whose record is past its retention, though still
+/// stored (a lazy server's), have one winner: the record counts as absent,
+/// and the claim that replaces it is as atomic as a fresh one.
+pub async fn concurrent_claims_of_a_record_past_retention_have_one_winner<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let tenant = fresh_tenant();
+    let mut scopes = Vec::new();
+    for round in 0..MIN_RACE_ROUNDS {
+        let scope = Scope::new(tenant.clone(), key(&format!("expired-{round}")));
+        claim_and_complete(&*store, &brief(long(&scope, "a")), &response("old")).await;
+        scopes.push(scope);
+    }
+    for scope in &scopes {
+        wait_until_absent(&*store, scope).await;
+    }
+    for (round, scope) in scopes.iter().enumerate() {
+        let request = long(scope, "a");
+        let outcomes = concurrently(&store, RACERS, |store| {
+            let request = request.clone().with_new_owner();
+            async move { store.claim(&request).await }
+        })
+        .await;
+        let winners = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(ClaimOutcome::Claimed { .. })))
+            .count();
+        assert_eq!(winners, 1, "round {round}: {outcomes:?}");
+        assert!(
+            outcomes.iter().all(|o| matches!(
+                o,
+                Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::InProgress { .. })
+            )),
+            "round {round}: {outcomes:?}"
+        );
+    }
+}
+
+/// A completion racing a takeover of its expired lease never overwrites
+/// the new owner's record: the fence check and the write are one step, so
+/// either the completion lands first (the takeover then replays it) or the
+/// takeover does (the completion is then `LostLease`), never both.
+pub async fn a_completion_racing_a_takeover_never_overwrites_the_new_owner<
+    S: IdempotencyStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let tenant = fresh_tenant();
+    let mut expired = Vec::new();
+    for round in 0..MIN_RACE_ROUNDS {
+        let scope = Scope::new(tenant.clone(), key(&format!("racing-{round}")));
+        let (lease, _) = must_claim(&*store, &short(&scope, "a")).await;
+        expired.push((scope, lease));
+    }
+    for (scope, lease) in &expired {
+        wait_for_the_store_clock(&*store, scope, lease.expires_at()).await;
+    }
+    for (round, (scope, lease)) in expired.into_iter().enumerate() {
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let completing = tokio::spawn({
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            async move {
+                barrier.wait().await;
+                store.complete(&lease, &response("stale")).await
+            }
+        });
+        let taking_over = tokio::spawn({
+            let (store, barrier, scope) = (Arc::clone(&store), Arc::clone(&barrier), scope.clone());
+            async move {
+                barrier.wait().await;
+                store.claim(&long(&scope, "a")).await
+            }
+        });
+        let completed = completing.await.expect("completion");
+        let taken = taking_over.await.expect("takeover").expect("claim");
+        match (&completed, &taken) {
+            (Err(StoreError::LostLease), ClaimOutcome::Claimed { lease, .. }) => {
+                let record = store.get(&scope).await.unwrap().expect("record");
+                assert!(record.is_in_flight(), "round {round}: {record:?}");
+                assert_eq!(record.owner(), lease.owner(), "round {round}");
+            }
+            (Ok(()), ClaimOutcome::Completed(replayed)) => {
+                assert_eq!(replayed, &response("stale"), "round {round}");
+            }
+            other => panic!("round {round}: the completion and the takeover both won: {other:?}"),
+        }
     }
 }
 
@@ -1686,4 +1908,19 @@ pub async fn runner_auto_renewal_holds_the_key_past_the_lease<S: IdempotencyStor
         })
         .await;
     assert_eq!(outcome.unwrap(), RunOutcome::Executed(response("long job")));
+}
+
+// ---- Two instances -------------------------------------------------------
+
+/// `Capabilities::store` is the same for every instance of a store: two
+/// built alike report one name, as spans and metrics label them.
+pub async fn every_instance_of_a_store_reports_one_name<S: IdempotencyStore + ?Sized>(
+    first: Arc<S>,
+    second: Arc<S>,
+) {
+    assert_eq!(
+        first.capabilities().store,
+        second.capabilities().store,
+        "two instances of one store report two names"
+    );
 }

@@ -162,6 +162,33 @@ pub async fn acquire_leases_an_open_operation_to_one_owner<S: JournalStore + ?Si
     assert_eq!(stored(&*store, &key).await.parts().lease_owner, Some(first));
 }
 
+/// Lease: `Busy` carries the time left on the holder's lease, not the
+/// whole lease: after part of it has passed, the wait is shorter.
+pub async fn busy_carries_the_time_left_on_the_holders_lease<S: JournalStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let lease = Duration::from_secs(6);
+    let passed = Duration::from_millis(1500);
+    let key = fresh_key();
+    recorded(&*store, &key).await;
+    held(&*store, &key, OwnerToken::generate(), lease).await;
+    tokio::time::sleep(passed).await;
+    match store
+        .acquire(key.held_by(OwnerToken::generate()), lease)
+        .await
+    {
+        Ok(Acquired::Busy { retry_after, .. }) => {
+            // Half a second of slack for the store's clock's granularity.
+            assert!(
+                retry_after > Duration::ZERO
+                    && retry_after <= lease - passed + Duration::from_millis(500),
+                "{retry_after:?} after {passed:?} of a {lease:?} lease"
+            );
+        }
+        other => panic!("a second owner must be busy, got {other:?}"),
+    }
+}
+
 /// Lease: a lapsed lease is taken over.
 pub async fn a_lapsed_lease_is_taken_over<S: JournalStore + ?Sized>(store: Arc<S>) {
     let key = fresh_key();
@@ -335,6 +362,57 @@ pub async fn mark_sent_delivered_twice_counts_once<S: JournalStore + ?Sized>(sto
     assert_eq!(again.parts().sends, 1);
     assert_eq!(again.parts().first_sent_at, first.parts().first_sent_at);
     assert_eq!(stored(&*store, &key).await.parts().sends, 1);
+}
+
+/// Sends: a `sends` that is neither the stored count (a new send) nor one
+/// below it (that send delivered again) is a stale executor's view:
+/// `LostLease`, counting nothing.
+pub async fn mark_sent_of_another_count_is_lost_and_counts_nothing<S: JournalStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let key = fresh_key();
+    recorded(&*store, &key).await;
+    let owner = OwnerToken::generate();
+    held(&*store, &key, owner, LONG_LEASE).await;
+    assert_eq!(
+        store
+            .mark_sent(key.held_by(owner), 0)
+            .await
+            .unwrap()
+            .parts()
+            .sends,
+        1
+    );
+    for stale in [2, 3, 7] {
+        assert_lost(
+            &format!("a send after {stale} when 1 is stored"),
+            store.mark_sent(key.held_by(owner), stale).await,
+        );
+    }
+    assert_eq!(
+        stored(&*store, &key).await.parts().sends,
+        1,
+        "a stale send counted"
+    );
+    assert_eq!(
+        store
+            .mark_sent(key.held_by(owner), 0)
+            .await
+            .unwrap()
+            .parts()
+            .sends,
+        1,
+        "the send delivered again"
+    );
+    assert_eq!(
+        store
+            .mark_sent(key.held_by(owner), 1)
+            .await
+            .unwrap()
+            .parts()
+            .sends,
+        2
+    );
 }
 
 /// Fencing: a finish writes only under the owner's live lease.
@@ -584,6 +662,61 @@ pub async fn times_are_the_stores_clock<S: JournalStore + ?Sized>(store: Arc<S>)
     assert!(
         now <= record.parts().created_at + DEADLINE,
         "{now:?} far after the record"
+    );
+}
+
+/// Time: a record's `updated_at` never moves back, whatever the write:
+/// read after each of a record, an acquisition, two sends around another
+/// acquisition, and a finish, it only grows.
+pub async fn updated_at_never_moves_back<S: JournalStore + ?Sized>(store: Arc<S>) {
+    let key = fresh_key();
+    let mut seen = vec![recorded(&*store, &key).await.parts().updated_at];
+    let owner = OwnerToken::generate();
+    seen.push(
+        held(&*store, &key, owner, LONG_LEASE)
+            .await
+            .0
+            .parts()
+            .updated_at,
+    );
+    seen.push(
+        store
+            .mark_sent(key.held_by(owner), 0)
+            .await
+            .unwrap()
+            .parts()
+            .updated_at,
+    );
+    // Later by more than a clock tick, so a write that stamps an older
+    // time shows.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    seen.push(
+        held(&*store, &key, owner, LONG_LEASE)
+            .await
+            .0
+            .parts()
+            .updated_at,
+    );
+    seen.push(
+        store
+            .mark_sent(key.held_by(owner), 1)
+            .await
+            .unwrap()
+            .parts()
+            .updated_at,
+    );
+    seen.push(
+        store
+            .finish(key.held_by(owner), &settled("ok"))
+            .await
+            .unwrap()
+            .parts()
+            .updated_at,
+    );
+    seen.push(stored(&*store, &key).await.parts().updated_at);
+    assert!(
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        "updated_at moved back: {seen:?}"
     );
 }
 

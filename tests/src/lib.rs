@@ -53,6 +53,9 @@ pub struct ReadmeDoctests;
 /// A case boxed for a store type `S`.
 pub type CaseFn<S> = fn(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// A case of two instances of one store, boxed for a store type `S`.
+pub type PairCaseFn<S> = fn(Arc<S>, Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// Runs one case on a fresh multi-threaded runtime; what each generated test calls.
 #[doc(hidden)]
 pub fn __run_case<S, Make, Case, CaseFut>(make: Make, case: Case)
@@ -73,6 +76,29 @@ where
     });
 }
 
+/// Runs one case of two instances, each built by its own evaluation of the
+/// store's expression, on a fresh multi-threaded runtime.
+#[doc(hidden)]
+pub fn __run_pair_case<S, First, Second, Case, CaseFut>(first: First, second: Second, case: Case)
+where
+    S: Send + Sync + 'static,
+    First: Future<Output = S>,
+    Second: Future<Output = S>,
+    Case: FnOnce(Arc<S>, Arc<S>) -> CaseFut,
+    CaseFut: Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let first = Arc::new(first.await);
+        let second = Arc::new(second.await);
+        case(first, second).await;
+    });
+}
+
 /// Expands to one `#[test]` per conformance case, each building its store
 /// with the given `async` expression.
 ///
@@ -85,6 +111,7 @@ where
 macro_rules! conformance_suite {
     ($make:expr $(,)?) => {
         $crate::__conformance_cases! { tests($make) }
+        $crate::__conformance_pair_cases! { pair_tests($make) }
     };
 }
 
@@ -99,6 +126,23 @@ macro_rules! __expand_cases {
                 $crate::__run_case($make, $crate::$module::$case);
             }
         )*
+    };
+    ($module:ident pair_tests($make:expr) [$($case:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__run_pair_case($make, $make, $crate::$module::$case);
+            }
+        )*
+    };
+    ($module:ident pair_list() [$($case:ident),* $(,)?]) => {
+        vec![$(
+            (stringify!($case), {
+                let case: $crate::PairCaseFn<S> =
+                    |first, second| Box::pin($crate::$module::$case(first, second));
+                case
+            })
+        ),*]
     };
     ($module:ident list() [$($case:ident),* $(,)?]) => {
         vec![$(
@@ -150,8 +194,11 @@ macro_rules! __conformance_cases {
             claim_delivered_twice_gets_the_same_lease,
             claim_delivered_again_later_writes_nothing,
             own_claim_delivered_after_its_lease_expired_is_not_a_takeover,
+            own_claim_delivered_again_answers_the_lease_as_it_stands_now,
+            own_claim_delivered_after_its_lease_expired_keeps_the_checkpoint,
             takeover_delivered_twice_gets_the_same_attempt_and_checkpoint,
             completion_delivered_twice_succeeds_and_stores_once,
+            completion_delivered_twice_keeps_the_first_retention,
             renewal_and_checkpoint_delivered_twice_succeed,
             renewal_and_checkpoint_delivered_after_the_expiry_moved_apply_again,
             release_delivered_twice_succeeds,
@@ -159,6 +206,7 @@ macro_rules! __conformance_cases {
             completion_restarts_retention,
             completion_retains_for_the_retention_from_completion_alone,
             claims_and_takeovers_retain_the_record_from_their_own_moment,
+            a_takeover_retains_for_its_lease_where_longer_than_the_retention,
             purge_keeps_an_in_flight_record_whose_lease_expired,
             tenants_never_share_a_record,
             separator_laden_scopes_never_collide,
@@ -167,10 +215,13 @@ macro_rules! __conformance_cases {
             deleted_in_flight_record_fences_out_its_owner,
             delete_reports_whether_a_live_record_was_there,
             delete_leaves_every_other_scope_alone,
+            delete_matches_the_key_exactly,
             now_reads_the_clock_that_judges_retention,
             store_name_is_one_short_lowercase_word,
             concurrent_claims_of_one_key_have_one_winner,
             concurrent_takeovers_of_an_expired_lease_have_one_winner,
+            concurrent_claims_of_a_record_past_retention_have_one_winner,
+            a_completion_racing_a_takeover_never_overwrites_the_new_owner,
             concurrent_retries_of_a_completed_key_all_replay,
             replay_is_byte_exact_for_binary_bodies_and_headers,
             empty_response_round_trips,
@@ -186,6 +237,29 @@ macro_rules! __conformance_cases {
             runner_auto_renewal_holds_the_key_past_the_lease,
         ]}
     };
+}
+
+/// The cases of two instances of one store, expanded as tests or as a
+/// list of values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_pair_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__expand_cases! {cases $mode $args [
+            every_instance_of_a_store_reports_one_name,
+        ]}
+    };
+}
+
+/// Every case of two instances of one store, with its name, boxed for
+/// the store type `S`.
+///
+/// ```
+/// let cases = idem_conformance::all_pair_cases::<idem_memory::MemoryStore>();
+/// assert!(!cases.is_empty());
+/// ```
+pub fn all_pair_cases<S: IdempotencyStore + ?Sized>() -> Vec<(&'static str, PairCaseFn<S>)> {
+    __conformance_pair_cases!(pair_list())
 }
 
 /// Every case with its name, boxed for the store type `S`.
@@ -215,12 +289,24 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
-    failing_of(all_cases::<S>(), make).await
+    let mut failed = failing_of(all_cases::<S>(), &make).await;
+    let limit = support::DEADLINE * 3;
+    let mut running = Vec::new();
+    for (name, case) in all_pair_cases::<S>() {
+        let work = case(Arc::new(make().await), Arc::new(make().await));
+        running.push((name, tokio::spawn(tokio::time::timeout(limit, work))));
+    }
+    for (name, handle) in running {
+        if !matches!(handle.await, Ok(Ok(()))) {
+            failed.push(name);
+        }
+    }
+    failed
 }
 
 /// Runs `cases` concurrently, each on a fresh store from `make` and within
 /// a time limit; the names of those that failed.
-async fn failing_of<S, F, Fut>(cases: Vec<(&'static str, CaseFn<S>)>, make: F) -> Vec<&'static str>
+async fn failing_of<S, F, Fut>(cases: Vec<(&'static str, CaseFn<S>)>, make: &F) -> Vec<&'static str>
 where
     S: Send + Sync + 'static,
     F: Fn() -> Fut,
@@ -268,6 +354,7 @@ macro_rules! __journal_cases {
             namespaces_never_share_an_operation,
             acquire_of_an_absent_operation_is_absent,
             acquire_leases_an_open_operation_to_one_owner,
+            busy_carries_the_time_left_on_the_holders_lease,
             a_lapsed_lease_is_taken_over,
             the_holder_acquiring_again_keeps_it_with_its_lease_moved,
             a_settled_operation_is_never_leased_again,
@@ -276,6 +363,7 @@ macro_rules! __journal_cases {
             mark_sent_without_the_lease_is_lost_and_counts_nothing,
             mark_sent_counts_a_send_and_the_first_starts_the_window,
             mark_sent_delivered_twice_counts_once,
+            mark_sent_of_another_count_is_lost_and_counts_nothing,
             finish_without_the_lease_is_lost_and_writes_nothing,
             a_taken_over_owner_cannot_finish_or_send,
             finish_writes_the_outcome_and_releases_the_lease,
@@ -286,6 +374,7 @@ macro_rules! __journal_cases {
             list_gives_only_what_is_older_than_asked,
             list_limit_out_of_range_is_invalid_input,
             times_are_the_stores_clock,
+            updated_at_never_moves_back,
             journal_store_name_is_one_short_lowercase_word,
         ]}
     };
@@ -317,7 +406,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
-    failing_of(all_journal_cases::<S>(), make).await
+    failing_of(all_journal_cases::<S>(), &make).await
 }
 
 /// Expands to one `#[test]` per case of the outbox store's contract
@@ -364,6 +453,16 @@ macro_rules! __outbox_cases {
             stats_count_the_backlog_and_age_its_oldest,
             limits_out_of_range_are_invalid_input,
             concurrent_claims_never_share_an_aggregate,
+            dropping_a_sent_message_changes_nothing,
+            a_retried_message_keeps_its_place_in_its_aggregate,
+            a_retried_message_keeps_its_last_error_and_is_due_at_once,
+            a_release_keeps_the_last_failure_and_frees_at_once,
+            a_dropped_message_is_purged_aged_from_its_drop,
+            an_aggregates_sequence_keeps_counting_after_a_purge,
+            stats_age_only_the_pending_backlog,
+            a_lease_under_a_second_holds_for_its_length,
+            a_lapsed_owner_marks_nothing_even_unclaimed,
+            a_claim_takes_the_oldest_heads_first,
         ]}
     };
 }
@@ -394,7 +493,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
-    failing_of(all_outbox_cases::<S>(), make).await
+    failing_of(all_outbox_cases::<S>(), &make).await
 }
 
 /// Expands to one `#[test]` per case of the parking store's contract
@@ -422,6 +521,7 @@ macro_rules! __parking_cases {
         $crate::__expand_cases! {parking $mode $args [
             park_keeps_the_message_its_reason_and_deliveries,
             parking_a_message_again_keeps_one_entry_with_the_new_reason,
+            parking_a_message_again_moves_it_after_those_parked_since,
             get_reads_an_entry_in_any_state_and_nothing_else,
             list_gives_the_consumers_parked_entries_oldest_first,
             list_of_an_aggregate_orders_it_by_version,
@@ -460,5 +560,5 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
-    failing_of(all_parking_cases::<S>(), make).await
+    failing_of(all_parking_cases::<S>(), &make).await
 }

@@ -3,7 +3,7 @@
 //! needs a store of its own (an empty table, a fresh process store).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_core::StoreError;
 use idem_core::store::{
@@ -464,9 +464,126 @@ pub async fn a_dropped_message_keeps_its_reason_and_frees_its_aggregate<S: Outbo
     let next = claim(&*store, OwnerToken::generate()).await;
     assert_eq!(kinds(&next), ["order-1/paid"]);
     assert!(store.parked(10).await.unwrap().is_empty());
+    let dropped = store
+        .message(poison.id())
+        .await
+        .unwrap()
+        .expect("a dropped message is stored until purged");
+    assert_eq!(dropped.state(), MessageState::Dropped);
+    assert_eq!(
+        dropped.parts().last_error.as_deref(),
+        Some("replaced by a fix"),
+        "the reason of the drop is not kept"
+    );
+    assert!(
+        store
+            .message(MessageId::generate())
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
-/// Purge: sent messages older than asked, never an unsent one.
+/// Operator: a sent message is not dropped, and nothing of it changes.
+pub async fn dropping_a_sent_message_changes_nothing<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    assert_eq!(store.mark_sent(owner, &[placed.id()]).await.unwrap(), 1);
+    let sent = store.message(placed.id()).await.unwrap();
+    assert!(
+        !store.drop_message(placed.id(), "too late").await.unwrap(),
+        "a sent message was dropped"
+    );
+    assert_eq!(store.message(placed.id()).await.unwrap(), sent);
+    assert_eq!(sent.map(|m| m.state()), Some(MessageState::Sent));
+}
+
+/// Operator: a retried message keeps its sequence, so it is claimed before
+/// the later messages of its aggregate.
+pub async fn a_retried_message_keeps_its_place_in_its_aggregate<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let poison = enqueued(&*store, "order-1", "placed").await;
+    let later = enqueued(&*store, "order-1", "paid").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    store
+        .mark_failed(&PublishFailure::new(owner, poison.id(), "down").max_attempts(1))
+        .await
+        .unwrap();
+    assert!(store.retry(poison.id()).await.unwrap());
+    let relay = OwnerToken::generate();
+    let again = claim(&*store, relay).await;
+    assert_eq!(
+        kinds(&again),
+        ["order-1/placed"],
+        "a retried message lost its place"
+    );
+    assert_eq!(again[0].parts().sequence, poison.parts().sequence);
+    store.mark_sent(relay, &[poison.id()]).await.unwrap();
+    let next = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(
+        next.iter().map(|m| m.id()).collect::<Vec<_>>(),
+        [later.id()]
+    );
+}
+
+/// Operator: a retry keeps the last error, and the message is due at once
+/// whatever its back-off.
+pub async fn a_retried_message_keeps_its_last_error_and_is_due_at_once<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let poison = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    let hour = Duration::from_secs(3600);
+    store
+        .mark_failed(
+            &PublishFailure::new(owner, poison.id(), "down")
+                .retry_after(hour)
+                .max_attempts(1),
+        )
+        .await
+        .unwrap();
+    assert!(store.retry(poison.id()).await.unwrap());
+    let again = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(again.len(), 1, "a retried message waits out its back-off");
+    assert_eq!(again[0].parts().attempts, 0);
+    assert_eq!(
+        again[0].parts().last_error.as_deref(),
+        Some("down"),
+        "a retry cleared the last error"
+    );
+}
+
+/// Release: the attempts and the last error of earlier failures stay as
+/// they were, and the message is free at once.
+pub async fn a_release_keeps_the_last_failure_and_frees_at_once<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let first = OwnerToken::generate();
+    claim(&*store, first).await;
+    store
+        .mark_failed(&PublishFailure::new(first, placed.id(), "refused"))
+        .await
+        .unwrap();
+    let second = OwnerToken::generate();
+    assert_eq!(claim(&*store, second).await.len(), 1);
+    assert_eq!(store.release(second, &[placed.id()]).await.unwrap(), 1);
+    let again = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(again.len(), 1, "a released message is not free: {again:?}");
+    assert_eq!(again[0].parts().attempts, 1);
+    assert_eq!(
+        again[0].parts().last_error.as_deref(),
+        Some("refused"),
+        "a release cleared the last error"
+    );
+}
+
+/// Purge: sent messages at least as old as asked (a message sent this
+/// millisecond is purged with `older_than` zero), never an unsent one.
 pub async fn purge_deletes_only_sent_messages_older_than_asked<S: OutboxStore + ?Sized>(
     store: Arc<S>,
 ) {
@@ -488,6 +605,165 @@ pub async fn purge_deletes_only_sent_messages_older_than_asked<S: OutboxStore + 
     assert_eq!(store.purge_sent(Duration::ZERO, 100).await.unwrap(), 0);
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.pending, 1, "an unsent message was purged");
+}
+
+/// Purge: a dropped message too, aged from its drop (its `sent_at`).
+pub async fn a_dropped_message_is_purged_aged_from_its_drop<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let gap = Duration::from_millis(1_200);
+    tokio::time::sleep(gap).await;
+    let dropping = Instant::now();
+    assert!(store.drop_message(placed.id(), "obsolete").await.unwrap());
+    let young = store.purge_sent(gap / 2, 100).await.unwrap();
+    // Only a purge within half the gap of the drop proves anything; a
+    // machine that stalled longer purges it rightly.
+    if dropping.elapsed() < gap / 2 {
+        assert_eq!(young, 0, "a message dropped just now was purged");
+    }
+    let dropped = store.message(placed.id()).await.unwrap();
+    if let Some(dropped) = dropped {
+        let at = dropped.parts().sent_at.expect("a drop records its time");
+        assert!(
+            at.saturating_duration_since(dropped.parts().enqueued_at) >= gap / 2,
+            "the drop's time is not the drop's: {dropped:?}"
+        );
+    }
+    let purged = young + store.purge_sent(Duration::ZERO, 100).await.unwrap();
+    assert_eq!(purged, 1, "a dropped message was not purged");
+    assert!(store.message(placed.id()).await.unwrap().is_none());
+}
+
+/// Enqueue: an aggregate's sequence keeps counting after its messages were
+/// purged.
+pub async fn an_aggregates_sequence_keeps_counting_after_a_purge<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let first = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    claim(&*store, owner).await;
+    store.mark_sent(owner, &[first.id()]).await.unwrap();
+    assert_eq!(store.purge_sent(Duration::ZERO, 100).await.unwrap(), 1);
+    let next = enqueued(&*store, "order-1", "paid").await;
+    assert_eq!(
+        next.parts().sequence,
+        first.parts().sequence + 1,
+        "the sequence started again after a purge"
+    );
+}
+
+/// Stats: only pending messages age the backlog, neither sent nor parked
+/// ones.
+pub async fn stats_age_only_the_pending_backlog<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let sent = enqueued(&*store, "order-1", "placed").await;
+    let parked = enqueued(&*store, "order-2", "placed").await;
+    let gap = Duration::from_millis(1_200);
+    tokio::time::sleep(gap).await;
+    let fresh_since = Instant::now();
+    enqueued(&*store, "order-3", "placed").await;
+    let owner = OwnerToken::generate();
+    assert_eq!(claim(&*store, owner).await.len(), 3);
+    store.mark_sent(owner, &[sent.id()]).await.unwrap();
+    store
+        .mark_failed(&PublishFailure::new(owner, parked.id(), "down").max_attempts(1))
+        .await
+        .unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.parked), (1, 1), "{stats:?}");
+    let age = stats.oldest_pending_age.expect("a pending message ages");
+    // The fresh message is at most this old; the others at least `gap`.
+    if fresh_since.elapsed() < gap / 2 {
+        assert!(age < gap, "aged from a sent or parked message: {age:?}");
+    }
+}
+
+/// Claim: a lease under a second lasts its length, not rounded to nothing.
+pub async fn a_lease_under_a_second_holds_for_its_length<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let lease = Duration::from_millis(900);
+    let claiming = Instant::now();
+    let first = store
+        .claim(&BatchClaim::new(OwnerToken::generate(), lease, 10))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let rival = claim(&*store, OwnerToken::generate()).await;
+    // Only a rival inside the lease proves anything.
+    if claiming.elapsed() < lease {
+        assert!(
+            rival.is_empty(),
+            "a {lease:?} lease held nothing: {rival:?}"
+        );
+    }
+    let until = first[0].parts().lease_until.expect("a claim leases");
+    assert!(
+        until.saturating_duration_since(placed.parts().enqueued_at) >= lease,
+        "a {lease:?} lease ends at {until:?}, enqueued at {:?}",
+        placed.parts().enqueued_at
+    );
+}
+
+/// Sent: a lease that lapsed holds nothing for its owner, even when nobody
+/// has claimed the message since.
+pub async fn a_lapsed_owner_marks_nothing_even_unclaimed<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let owner = OwnerToken::generate();
+    let claimed = store
+        .claim(&BatchClaim::new(owner, SHORT_LEASE, 10))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    assert_eq!(
+        store.mark_sent(owner, &[placed.id()]).await.unwrap(),
+        0,
+        "a lapsed lease marked its message sent"
+    );
+    assert_eq!(store.release(owner, &[placed.id()]).await.unwrap(), 0);
+    assert_lost(
+        "a lapsed owner's failure",
+        store
+            .mark_failed(&PublishFailure::new(owner, placed.id(), "late"))
+            .await,
+    );
+    let again = claim(&*store, OwnerToken::generate()).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].state(), MessageState::Pending);
+}
+
+/// Claim: when more heads are due than the limit, the oldest enqueued are
+/// taken first.
+pub async fn a_claim_takes_the_oldest_heads_first<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    // A millisecond apart at least, so enqueue times order them.
+    let mut stored = Vec::new();
+    for (aggregate, kind) in [
+        ("order-1", "placed"),
+        ("order-1", "paid"),
+        ("order-2", "placed"),
+    ] {
+        stored.push(enqueued(&*store, aggregate, kind).await);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let owner = OwnerToken::generate();
+    let first = store
+        .claim(&BatchClaim::new(owner, LONG_LEASE, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        first.iter().map(|m| m.id()).collect::<Vec<_>>(),
+        [stored[0].id()]
+    );
+    store.mark_sent(owner, &[stored[0].id()]).await.unwrap();
+    let next = store
+        .claim(&BatchClaim::new(OwnerToken::generate(), LONG_LEASE, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        kinds(&next),
+        ["order-1/paid"],
+        "a younger head was taken before the oldest"
+    );
 }
 
 /// Stats: pending and parked counted, the oldest pending aged.

@@ -129,6 +129,26 @@ pub async fn parking_a_message_again_keeps_one_entry_with_the_new_reason<
     assert_eq!(store.count(&consumer).await.unwrap(), 1);
 }
 
+/// Park: parking a message again stamps it with the store's time anew, so
+/// the listing by age puts it after the entries parked in between.
+pub async fn parking_a_message_again_moves_it_after_those_parked_since<S: ParkingStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let consumer = fresh_tenant();
+    let first = park(&*store, &consumer, inbound("m-1", "order-1", None)).await;
+    tick().await;
+    park(&*store, &consumer, inbound("m-2", "order-2", None)).await;
+    tick().await;
+    let again = park(&*store, &consumer, inbound("m-1", "order-1", None)).await;
+    assert!(
+        again.parked_at > first.parked_at,
+        "parked again at {:?}, first at {:?}",
+        again.parked_at,
+        first.parked_at
+    );
+    assert_eq!(listed(&*store, &consumer, None).await, ["m-2", "m-1"]);
+}
+
 /// Get: one entry in any state; none for another consumer or id.
 pub async fn get_reads_an_entry_in_any_state_and_nothing_else<S: ParkingStore + ?Sized>(
     store: Arc<S>,

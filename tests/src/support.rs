@@ -4,7 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, Record, Timestamp};
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, Lease, Record, SystemClock, Timestamp,
+};
 use idem_core::{
     Checkpoint, Fingerprint, Idempotency, IdempotencyKey, RunError, RunOutcome, Scope, StoreError,
     StoredResponse, Tenant,
@@ -28,6 +30,50 @@ pub const MIN_RACE_ROUNDS: usize = 8;
 pub const RACE_TIME: Duration = Duration::from_millis(1_500);
 /// The response size that stands in for "the maximum" on a store with no limit.
 pub const UNLIMITED_STAND_IN: usize = 4 << 20;
+
+/// The system clock moved by a fixed amount: a store's own clock far from
+/// the process's, for running a suite against a store whose time is not the
+/// caller's (every case must pass on it as on the true time).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_conformance::support::SkewedClock;
+///
+/// let store_clock = SkewedClock::ahead(Duration::from_secs(3 * 3600));
+/// # let _ = store_clock;
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct SkewedClock {
+    ahead: bool,
+    by: Duration,
+}
+
+impl SkewedClock {
+    /// A clock `by` ahead of the system's.
+    pub fn ahead(by: Duration) -> Self {
+        Self { ahead: true, by }
+    }
+
+    /// A clock `by` behind the system's.
+    pub fn behind(by: Duration) -> Self {
+        Self { ahead: false, by }
+    }
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Timestamp {
+        let now = SystemClock.now();
+        if self.ahead {
+            now + self.by
+        } else {
+            now - self.by
+        }
+    }
+}
+
+/// How far [`SkewedClock`] moves a store's clock in the suites' own runs:
+/// hours, so no lease, back-off or age of a case can hide it.
+pub const SKEW: Duration = Duration::from_secs(3 * 3600);
 
 /// A tenant no other case uses.
 pub fn fresh_tenant() -> Tenant {

@@ -247,3 +247,29 @@ fn an_unlabelled_name_fails_the_name_case() {
         &["journal_store_name_is_one_short_lowercase_word"],
     );
 }
+
+#[test]
+fn busy_with_the_whole_lease_fails_its_case() {
+    let defect = JournalDefect::BusyGivesTheWholeLease;
+    common::assert_caught_exactly(
+        defect,
+        &failing(defect),
+        &["busy_carries_the_time_left_on_the_holders_lease"],
+    );
+}
+
+#[test]
+fn a_later_send_stamped_with_the_window_fails_its_case() {
+    let defect = JournalDefect::LaterSendStampsTheWindow;
+    common::assert_caught_exactly(defect, &failing(defect), &["updated_at_never_moves_back"]);
+}
+
+#[test]
+fn a_send_counted_from_the_callers_count_fails_its_case() {
+    let defect = JournalDefect::SendTrustsTheCallersCount;
+    common::assert_caught_exactly(
+        defect,
+        &failing(defect),
+        &["mark_sent_of_another_count_is_lost_and_counts_nothing"],
+    );
+}

@@ -2,6 +2,11 @@
 //! passes every case, and each deliberately broken variant fails the cases
 //! of the sentence it breaks.
 
+use std::sync::Arc;
+
+use idem_conformance::support::{SKEW, SkewedClock};
+use idem_core::ManualClock;
+use idem_core::store::Timestamp;
 use idem_own_store::{OutboxDefect, OwnOutbox};
 
 mod common;
@@ -12,8 +17,20 @@ fn failing(defect: OutboxDefect) -> Vec<&'static str> {
     }))
 }
 
+/// The cases `defect` fails with the store's clock hours ahead of the
+/// process's.
+fn failing_skewed(defect: OutboxDefect) -> Vec<&'static str> {
+    common::failing(idem_conformance::failing_outbox_cases(|| async move {
+        OwnOutbox::with_defect(defect).on_clock(SkewedClock::ahead(SKEW))
+    }))
+}
+
 fn assert_caught(defect: OutboxDefect, expected: &[&str]) {
     common::assert_caught(defect, &failing(defect), expected);
+}
+
+fn assert_caught_exactly(defect: OutboxDefect, expected: &[&str]) {
+    common::assert_caught_exactly(defect, &failing(defect), expected);
 }
 
 #[test]
@@ -207,4 +224,141 @@ fn a_non_atomic_claim_fails_the_race_case_every_run() {
         OutboxDefect::NonAtomicClaim,
         &["concurrent_claims_never_share_an_aggregate"],
     );
+}
+
+#[test]
+fn correct_own_outbox_passes_every_case_on_a_clock_far_from_the_process() {
+    assert_eq!(failing_skewed(OutboxDefect::None), Vec::<&str>::new());
+}
+
+#[test]
+fn leases_ended_by_the_process_clock_pass_on_true_time_and_fail_on_a_far_clock() {
+    assert_eq!(
+        failing(OutboxDefect::LeaseOnProcessClock),
+        Vec::<&str>::new()
+    );
+    common::assert_caught(
+        OutboxDefect::LeaseOnProcessClock,
+        &failing_skewed(OutboxDefect::LeaseOnProcessClock),
+        &[
+            "a_claim_gives_each_aggregate_its_head_only",
+            "release_frees_only_what_its_owner_holds_counting_nothing",
+        ],
+    );
+}
+
+#[test]
+fn leases_in_whole_seconds_fail_the_short_lease_case() {
+    assert_caught_exactly(
+        OutboxDefect::LeaseInWholeSeconds,
+        &["a_lease_under_a_second_holds_for_its_length"],
+    );
+}
+
+#[test]
+fn a_lapsed_owner_marking_sent_fails_the_lapse_case() {
+    assert_caught_exactly(
+        OutboxDefect::SentAfterLapse,
+        &["a_lapsed_owner_marks_nothing_even_unclaimed"],
+    );
+}
+
+#[test]
+fn a_retry_that_requeues_fails_the_place_case() {
+    assert_caught_exactly(
+        OutboxDefect::RetryRequeues,
+        &["a_retried_message_keeps_its_place_in_its_aggregate"],
+    );
+}
+
+#[test]
+fn dropping_a_sent_message_fails_the_sent_drop_case() {
+    assert_caught_exactly(
+        OutboxDefect::DropsSent,
+        &["dropping_a_sent_message_changes_nothing"],
+    );
+}
+
+#[test]
+fn a_drop_without_its_reason_fails_the_drop_case() {
+    assert_caught_exactly(
+        OutboxDefect::DropLosesReason,
+        &["a_dropped_message_keeps_its_reason_and_frees_its_aggregate"],
+    );
+}
+
+#[test]
+fn drops_aged_from_their_enqueue_fail_the_dropped_purge_case() {
+    assert_caught_exactly(
+        OutboxDefect::PurgeAgesDropsFromEnqueue,
+        &["a_dropped_message_is_purged_aged_from_its_drop"],
+    );
+}
+
+#[test]
+fn a_sequence_restarting_after_a_purge_fails_the_counting_case() {
+    assert_caught_exactly(
+        OutboxDefect::SequenceRestartsAfterPurge,
+        &["an_aggregates_sequence_keeps_counting_after_a_purge"],
+    );
+}
+
+#[test]
+fn a_backlog_aged_from_parked_or_sent_messages_fails_the_age_case() {
+    for defect in [
+        OutboxDefect::StatsAgeCountsParked,
+        OutboxDefect::StatsAgeCountsSent,
+    ] {
+        assert_caught_exactly(defect, &["stats_age_only_the_pending_backlog"]);
+    }
+}
+
+#[test]
+fn heads_by_sequence_fail_the_oldest_first_case() {
+    assert_caught_exactly(
+        OutboxDefect::HeadsBySequence,
+        &["a_claim_takes_the_oldest_heads_first"],
+    );
+}
+
+#[test]
+fn a_release_clearing_the_error_fails_the_release_case() {
+    assert_caught_exactly(
+        OutboxDefect::ReleaseClearsError,
+        &["a_release_keeps_the_last_failure_and_frees_at_once"],
+    );
+}
+
+#[test]
+fn a_retry_that_waits_or_forgets_fails_the_due_at_once_case() {
+    for defect in [
+        OutboxDefect::RetryKeepsBackOff,
+        OutboxDefect::RetryClearsError,
+    ] {
+        assert_caught_exactly(
+            defect,
+            &["a_retried_message_keeps_its_last_error_and_is_due_at_once"],
+        );
+    }
+}
+
+/// Whether the purge case passes on `defect` with the store's clock
+/// stopped, so a message sent is exactly as old as the purge asks.
+fn purge_case_passes_on_a_stopped_clock(defect: OutboxDefect) -> bool {
+    let store = OwnOutbox::with_defect(defect).on_clock(ManualClock::new(
+        Timestamp::from_unix_millis(1_700_000_000_000),
+    ));
+    common::passes(
+        idem_conformance::outbox::purge_deletes_only_sent_messages_older_than_asked(Arc::new(
+            store,
+        )),
+    )
+}
+
+#[test]
+fn purging_only_strictly_older_fails_the_purge_case_at_equal_age() {
+    assert!(purge_case_passes_on_a_stopped_clock(OutboxDefect::None));
+    assert!(!purge_case_passes_on_a_stopped_clock(
+        OutboxDefect::PurgeStrictlyOlder
+    ));
 }

@@ -122,3 +122,13 @@ fn each_defect_fails_the_cases_of_its_sentence() {
         assert_caught(defect, cases);
     }
 }
+
+#[test]
+fn a_repark_that_keeps_its_first_time_fails_its_case() {
+    let defect = ParkingDefect::ReparkKeepsParkedAt;
+    common::assert_caught_exactly(
+        defect,
+        &failing(defect),
+        &["parking_a_message_again_moves_it_after_those_parked_since"],
+    );
+}

@@ -357,3 +357,73 @@ fn a_store_named_after_its_type_fails_the_name_case() {
         &["store_name_is_one_short_lowercase_word"],
     );
 }
+
+/// A defect that breaks one sentence fails that sentence's case and no
+/// other.
+fn assert_caught_exactly(defect: Defect, expected: &[&str]) {
+    common::assert_caught_exactly(defect, &failing(defect), expected);
+}
+
+#[test]
+fn a_claim_delivered_again_answered_as_the_first_fails_its_case() {
+    assert_caught_exactly(
+        Defect::ClaimRedeliveryAnswersTheFirstClaim,
+        &["own_claim_delivered_again_answers_the_lease_as_it_stands_now"],
+    );
+}
+
+#[test]
+fn a_claim_delivered_again_after_expiry_that_drops_the_checkpoint_fails_its_case() {
+    assert_caught_exactly(
+        Defect::ClaimRedeliveryAfterExpiryDropsCheckpoint,
+        &["own_claim_delivered_after_its_lease_expired_keeps_the_checkpoint"],
+    );
+}
+
+#[test]
+fn a_completion_delivered_again_that_restarts_retention_fails_its_case() {
+    assert_caught_exactly(
+        Defect::CompleteRedeliveryRestartsRetention,
+        &["completion_delivered_twice_keeps_the_first_retention"],
+    );
+}
+
+#[test]
+fn a_takeover_retained_for_its_retention_alone_fails_its_case() {
+    assert_caught_exactly(
+        Defect::TakeoverRetainsForTheRetentionAlone,
+        &["a_takeover_retains_for_its_lease_where_longer_than_the_retention"],
+    );
+}
+
+#[test]
+fn a_delete_that_ignores_case_fails_its_case() {
+    assert_caught_exactly(
+        Defect::DeleteIgnoresCase,
+        &["delete_matches_the_key_exactly"],
+    );
+}
+
+#[test]
+fn a_racy_claim_of_a_record_past_retention_fails_its_case() {
+    assert_caught_exactly(
+        Defect::ExpiredRecordCheckThenInsert,
+        &["concurrent_claims_of_a_record_past_retention_have_one_winner"],
+    );
+}
+
+#[test]
+fn a_name_that_counts_instances_fails_its_case() {
+    assert_caught_exactly(
+        Defect::NameCountsInstances,
+        &["every_instance_of_a_store_reports_one_name"],
+    );
+}
+
+#[test]
+fn a_completion_that_checks_then_writes_fails_its_case() {
+    assert_caught_exactly(
+        Defect::CompleteCheckThenWrite,
+        &["a_completion_racing_a_takeover_never_overwrites_the_new_owner"],
+    );
+}

@@ -518,6 +518,10 @@ impl OutboxStore for TimedStore {
         self.inner.drop_message(id, reason).await
     }
 
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
+        self.inner.message(id).await
+    }
+
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         self.inner.purge_sent(older_than, limit).await
     }

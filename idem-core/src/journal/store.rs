@@ -208,16 +208,20 @@ impl Acquired {
 /// - **Lease.** [`acquire`](Self::acquire) gives an open operation (pending,
 ///   unknown or needs review) to one owner at a time, until the lease's end
 ///   by the store's clock: while another owner's lease lives, it answers
-///   `Busy` with the time left; a lapsed lease is taken over; the owner that
-///   holds it gets it again (a second delivery), with its lease moved; a
-///   settled operation is never leased again.
+///   `Busy` with the time left on that lease (not the whole lease); a
+///   lapsed lease is taken over; the owner that holds it gets it again (a
+///   second delivery), with its lease moved; a settled operation is never
+///   leased again.
 /// - **Fencing.** [`mark_sent`](Self::mark_sent) and [`finish`](Self::finish)
 ///   write only under a live lease of their owner, and are `LostLease`
 ///   otherwise, writing nothing.
 /// - **Sends.** `mark_sent` counts one send after `sends` and starts the key
 ///   window at the store's time on the first; delivered twice while the
 ///   lease lives, it counts once and answers as the first (after the lease
-///   lapsed it is `LostLease`, as every write under a lapsed lease).
+///   lapsed it is `LostLease`, as every write under a lapsed lease). A
+///   `sends` that is neither the stored count (a new send) nor one below it
+///   (that send delivered again) is a stale executor's view: `LostLease`,
+///   counting nothing.
 /// - **Finish.** `finish` writes the state, the provider's id (a `None`
 ///   keeps the stored one), the detail and the search deadline, and releases
 ///   the lease; delivered twice, the second answers as the first. A settled
@@ -230,8 +234,8 @@ impl Acquired {
 ///   moments; a later listing finds it.
 /// - **Time.** Leases, the key window and every time in a record are the
 ///   store's clock's ([`Capabilities::clock`]): the server's where it has
-///   one. A record's `updated_at` never moves back, whatever the clock of a
-///   writer on a caller-clock store.
+///   one. A record's `updated_at` never moves back, whatever the write and
+///   whatever the clock of a writer on a caller-clock store.
 ///
 /// # Errors
 ///

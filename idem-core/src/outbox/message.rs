@@ -186,7 +186,8 @@ pub struct MessageParts {
     pub lease_owner: Option<OwnerToken>,
     /// Until when that relay holds it.
     pub lease_until: Option<Timestamp>,
-    /// When the broker confirmed it.
+    /// When it left the backlog, by the store's clock: the broker
+    /// confirmed it, or an operator dropped it.
     pub sent_at: Option<Timestamp>,
 }
 

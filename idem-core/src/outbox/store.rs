@@ -19,7 +19,8 @@ pub struct OutboxStats {
     pub pending: u64,
     /// Messages parked.
     pub parked: u64,
-    /// How long the oldest unsent message has waited, by the store's clock.
+    /// How long the oldest pending message has waited, by the store's
+    /// clock (sent and parked messages do not count).
     pub oldest_pending_age: Option<Duration>,
 }
 
@@ -132,45 +133,67 @@ impl PublishFailure {
 ///
 /// - **Enqueue.** [`enqueue`](Self::enqueue) stores a message pending, with
 ///   the next sequence of its aggregate (1 for the first); a second enqueue
-///   of one id stores nothing more and returns the first. Backends that
-///   share the caller's transaction enqueue inside it, so a message exists
-///   exactly when the business change committed, and sequences follow the
-///   commit order within an aggregate.
+///   of one id stores nothing more and returns the first. An aggregate's
+///   sequence keeps counting after its messages were purged: it never
+///   starts again at 1. Backends that share the caller's transaction
+///   enqueue inside it, so a message exists exactly when the business
+///   change committed, and sequences follow the commit order within an
+///   aggregate.
 /// - **Claim.** [`claim`](Self::claim) leases to the batch's `owner`, for
-///   its `lease` by the store's clock, up to its `limit` messages: for each
+///   its `lease` by the store's clock at the store's precision (a lease
+///   under a second is not rounded to nothing: another owner's claim right
+///   after it gets nothing), up to its `limit` messages: for each
 ///   aggregate, its lowest pending message that nobody holds, if it is
 ///   available (`available_at` passed) and every open (pending or parked)
 ///   message of the aggregate below it is held by that owner. So a claim
 ///   takes each aggregate's head, never two messages of one aggregate, and
-///   nothing above a parked message or one another owner holds. It never
-///   skips a message: one that commits late is claimed when it is the head
-///   of its aggregate. A lease that lapsed counts as none.
+///   nothing above a parked message or one another owner holds. When more
+///   are due than `limit`, it takes those enqueued first (by `enqueued_at`,
+///   then id). It never skips a message: one that commits late is claimed
+///   when it is the head of its aggregate. A lease that lapsed counts as
+///   none, for claims and for its owner alike.
 /// - **Claim ahead.** The message after those its owner holds is claimed
 ///   too, under the earliest of their leases, so an aggregate's leases
 ///   lapse together: a relay claims an aggregate's next message while the
 ///   broker confirms the last, and publishes it once that one is confirmed.
 /// - **Sent.** [`mark_sent`](Self::mark_sent) marks the given messages sent,
-///   in one operation, only those `owner` still holds; it answers how many.
-///   Delivered twice, the second marks nothing more and fails nothing.
+///   in one operation, only those `owner` still holds (a lease that lapsed,
+///   even with nobody claiming the message since, holds nothing); it
+///   answers how many. Delivered twice, the second marks nothing more and
+///   fails nothing.
 /// - **Release.** [`release`](Self::release) frees the given messages that
-///   `owner` holds, unpublished: no attempt counted, no error kept,
-///   available at once; it answers how many. Delivered twice, the second
-///   frees nothing.
+///   `owner` holds, unpublished: available at once, no attempt counted,
+///   nothing written but the lease's end (the attempts and the last error
+///   of earlier failures stay as they were); it answers how many.
+///   Delivered twice, the second frees nothing.
 /// - **Failed.** [`mark_failed`](Self::mark_failed) counts a failed publish
 ///   under its owner's lease, keeps the error, frees the message, and makes
 ///   it available again after `retry_after`; at `max_attempts` failures it is
 ///   parked instead, and so, in effect, its aggregate. Without the lease:
 ///   [`StoreError::LostLease`], nothing written.
 /// - **Operator.** [`parked`](Self::parked) lists parked messages, oldest
-///   first; [`retry`](Self::retry) makes a parked message pending again with
-///   its attempts reset; [`drop_message`](Self::drop_message) drops a parked
-///   or pending message, keeping the reason, so its aggregate flows again.
-///   Each answers whether it changed anything.
+///   (first enqueued) first; [`retry`](Self::retry) makes a parked message
+///   pending again in its place (its sequence kept, so it is claimed before
+///   the later messages of its aggregate), with its attempts reset, its
+///   last error kept, and available at once whatever its back-off;
+///   [`drop_message`](Self::drop_message) drops a pending or parked message
+///   so its aggregate flows again, keeping the reason as its `last_error`
+///   and the time of the drop as its `sent_at`. A sent (or dropped)
+///   message is not dropped: nothing changes. Each answers whether it
+///   changed anything. [`message`](Self::message) reads one message in any
+///   state, so a dropped message's reason is read there.
 /// - **Purge.** [`purge_sent`](Self::purge_sent) deletes up to `limit` sent
-///   (or dropped) messages older than `older_than`, never an unsent one.
-/// - **Stats.** [`stats`](Self::stats) counts pending and parked messages
-///   and the age of the oldest pending one.
-/// - **Time.** Leases, back-off and ages are the store's clock's.
+///   or dropped messages at least `older_than` old, aged from their
+///   `sent_at` (the send, or the drop), never an unsent one.
+/// - **Stats.** [`stats`](Self::stats) counts pending and parked messages,
+///   and ages the oldest pending one: neither sent nor parked messages
+///   count in the age.
+/// - **Time.** Leases, back-off and ages are the store's clock's, never
+///   the caller's: a store whose clock is far from the process's passes
+///   every case. A store author whose store reads a clock of its own (a
+///   server's) should run the suite also against the store built on a
+///   clock hours from the process's, as `idem-conformance` does for its
+///   own stores with its `SkewedClock`.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
     /// Stores `message` pending with its aggregate's next sequence.
@@ -204,8 +227,11 @@ pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
     /// Drops a pending or parked message with `reason`; whether it did.
     async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError>;
 
-    /// Deletes up to `limit` sent or dropped messages older than
-    /// `older_than`; how many.
+    /// The message `id` in whatever state it is, while it is stored.
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError>;
+
+    /// Deletes up to `limit` sent or dropped messages at least `older_than`
+    /// old (since their `sent_at`); how many.
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError>;
 
     /// The backlog.
@@ -271,6 +297,11 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
         self.layer()
             .traced(Operation::Drop, None, None, dropped)
             .await
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
+        let read = self.get_ref().message(id);
+        self.layer().traced(Operation::Get, None, None, read).await
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
@@ -356,6 +387,15 @@ macro_rules! __forward_outbox_store {
                 reason: &str,
             ) -> ::core::result::Result<bool, $crate::StoreError> {
                 self.$field.drop_message(id, reason).await
+            }
+            async fn message(
+                &self,
+                id: $crate::store::MessageId,
+            ) -> ::core::result::Result<
+                ::core::option::Option<$crate::store::OutboxMessage>,
+                $crate::StoreError,
+            > {
+                self.$field.message(id).await
             }
             async fn purge_sent(
                 &self,

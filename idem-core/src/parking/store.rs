@@ -113,8 +113,9 @@ impl Resolution {
 /// - **Park.** [`park`](Self::park) keeps a message of a consumer parked,
 ///   with its reason and deliveries, at the store's time. Parking a message
 ///   (consumer and id) that is there already parks it again with the new
-///   reason and deliveries, whatever its state: there is one entry per
-///   message.
+///   reason and deliveries, whatever its state, stamped with the store's
+///   time anew (the listing by age puts it after the entries parked in
+///   between): there is one entry per message.
 /// - **Get.** [`get`](Self::get) reads one entry, in any state.
 /// - **List.** [`parked`](Self::parked) lists a consumer's parked entries
 ///   (never another consumer's, never a resolved one), at most `limit`:

@@ -71,6 +71,14 @@ pub enum JournalDefect {
     AcquireCreates,
     /// Names itself with spaces and capitals.
     UnlabelledName,
+    /// Answers `Busy` with the lease asked for, not the time left on the
+    /// holder's.
+    BusyGivesTheWholeLease,
+    /// Stamps a later send's `updated_at` with the first send's time.
+    LaterSendStampsTheWindow,
+    /// Takes the caller's count on trust: a send after any count is
+    /// counted from it.
+    SendTrustsTheCallersCount,
 }
 
 /// The journal store: a map under one lock, on the system clock.
@@ -150,6 +158,11 @@ impl OwnJournal {
             _ => record.held_by_other(owner, now),
         };
         if let Some(retry_after) = busy {
+            let retry_after = if self.is(JournalDefect::BusyGivesTheWholeLease) {
+                lease
+            } else {
+                retry_after
+            };
             return (
                 None,
                 Acquired::Busy {
@@ -247,8 +260,29 @@ impl JournalStore for OwnJournal {
         if !self.is(JournalDefect::SendIgnoresOwner) && !self.may_write(&record, owner, now) {
             return Err(StoreError::LostLease);
         }
-        let counts = record.parts().sends == sends || self.is(JournalDefect::SendCountedTwice);
+        let trusted = self.is(JournalDefect::SendTrustsTheCallersCount)
+            && sends != record.parts().sends
+            && sends.saturating_add(1) != record.parts().sends;
+        let counts =
+            record.parts().sends == sends || self.is(JournalDefect::SendCountedTwice) || trusted;
+        let first_sent = record.parts().first_sent_at;
         let mut written = if counts { record.sent(now) } else { record };
+        if trusted || (self.is(JournalDefect::LaterSendStampsTheWindow) && counts) {
+            let mut parts = written.parts().clone();
+            if trusted {
+                parts.sends = sends.saturating_add(1);
+            } else if let Some(first) = first_sent {
+                parts.updated_at = first;
+            }
+            written = JournalRecord::new(
+                NewOperation::from_stored(
+                    written.key().clone(),
+                    written.request().clone(),
+                    written.provider_key().to_string(),
+                ),
+                parts,
+            );
+        }
         if self.is(JournalDefect::WindowRestarts) && counts {
             let mut parts = written.parts().clone();
             parts.first_sent_at = Some(now);

@@ -114,7 +114,38 @@ pub enum Defect {
     DeleteByKeyPrefix,
     /// Names itself by its Rust type, not by one short lowercase word.
     StoreNamedAfterItsType,
+    /// Answers its owner's claim, delivered again, as the first claim was
+    /// answered, not with the lease as it stands now.
+    ClaimRedeliveryAnswersTheFirstClaim,
+    /// Writes its owner's claim, delivered again after the lease expired,
+    /// afresh: the checkpoint is lost.
+    ClaimRedeliveryAfterExpiryDropsCheckpoint,
+    /// Restarts the retention when a completion is delivered again.
+    CompleteRedeliveryRestartsRetention,
+    /// Retains a takeover for its retention alone, even when its lease is
+    /// longer.
+    TakeoverRetainsForTheRetentionAlone,
+    /// Deletes every key of the tenant equal to the one deleted but for
+    /// ASCII case.
+    DeleteIgnoresCase,
+    /// Decides claims of a record past retention (still stored) under one
+    /// acquisition of the lock and writes them under another, held between
+    /// the two by the racy defects' hook.
+    ExpiredRecordCheckThenInsert,
+    /// Names each instance apart: `own0`, `own1`, ...
+    NameCountsInstances,
+    /// Checks a completion's fence under one acquisition of the lock and
+    /// writes it under another, a moment later.
+    CompleteCheckThenWrite,
 }
+
+/// The names of [`Defect::NameCountsInstances`]'s instances.
+const COUNTED_NAMES: [&str; 8] = [
+    "own0", "own1", "own2", "own3", "own4", "own5", "own6", "own7",
+];
+
+/// Instances built so far, for [`Defect::NameCountsInstances`].
+static INSTANCES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// How long a claim of a racy defect waits between its read and its write
 /// for a rival claim of the same scope to read as well.
@@ -201,6 +232,11 @@ pub struct OwnStore {
     rivals: Rivals,
     defect: Defect,
     max_response_bytes: usize,
+    /// This instance's number among those built.
+    instance: usize,
+    /// The first answer of each claim, for
+    /// [`Defect::ClaimRedeliveryAnswersTheFirstClaim`].
+    first_answers: Mutex<HashMap<(Scope, idem_core::store::OwnerToken), ClaimOutcome>>,
 }
 
 impl Default for OwnStore {
@@ -222,6 +258,8 @@ impl OwnStore {
             rivals: Rivals::default(),
             defect,
             max_response_bytes: 64 * 1024,
+            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            first_answers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -293,10 +331,43 @@ impl OwnStore {
                 _ => record.is_completed_by(lease, response),
             };
             if again {
+                if defect == Defect::CompleteRedeliveryRestartsRetention {
+                    let restarted = record.clone().with_retained_until(now + lease.retention());
+                    records.insert(lease.scope().clone(), restarted);
+                }
                 return Ok(());
             }
         }
         Err(StoreError::LostLease)
+    }
+}
+
+impl OwnStore {
+    /// Whether `lease` holds its record now (under one acquisition of the
+    /// lock, which [`Defect::CompleteCheckThenWrite`] then lets go).
+    fn holds(&self, lease: &Lease) -> bool {
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        records
+            .get(lease.scope())
+            .is_some_and(|record| record.is_held_by(lease, self.now()))
+    }
+
+    /// [`Defect::CompleteCheckThenWrite`]'s write, once the fence was
+    /// checked: the lock let go for a moment (a rival's write may land),
+    /// then the completion written over whatever is there.
+    async fn complete_after_a_moment(
+        &self,
+        lease: &Lease,
+        response: StoredResponse,
+    ) -> Result<(), StoreError> {
+        drop(self.rivals.meet(lease.scope()).await);
+        let now = self.now();
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(record) = records.get(lease.scope()).cloned() {
+            let completed = record.completed(response, now + lease.retention());
+            records.insert(lease.scope().clone(), completed);
+        }
+        Ok(())
     }
 }
 
@@ -312,9 +383,10 @@ fn is_takeover(record: &Record, request: &ClaimRequest, now: Timestamp) -> bool 
 impl IdempotencyStore for OwnStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.now();
-        let read = {
+        let (read, stored) = {
             let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-            self.live(records.get(request.scope()), now)
+            let stored = records.contains_key(request.scope());
+            (self.live(records.get(request.scope()), now), stored)
         };
         let racy = match self.defect {
             Defect::NonAtomicClaim => {
@@ -325,6 +397,7 @@ impl IdempotencyStore for OwnStore {
             Defect::TakeoverCheckThenInsert => read
                 .as_ref()
                 .is_some_and(|record| is_takeover(record, request, now)),
+            Defect::ExpiredRecordCheckThenInsert => stored && read.is_none(),
             _ => false,
         };
         let _reading = if racy && self.defect != Defect::NonAtomicClaim {
@@ -360,6 +433,25 @@ impl IdempotencyStore for OwnStore {
             && record.fingerprint() == request.fingerprint()
             && let Some(lease_expires_at) = record.lease_expires_at()
         {
+            if self.defect == Defect::ClaimRedeliveryAfterExpiryDropsCheckpoint
+                && lease_expires_at <= now
+            {
+                records.insert(
+                    request.scope().clone(),
+                    record.clone().with_checkpoint(None),
+                );
+                let lease = Lease::issued(
+                    request.scope().clone(),
+                    request.owner(),
+                    record.attempt(),
+                    lease_expires_at,
+                    request.retention(),
+                );
+                return Ok(ClaimOutcome::Claimed {
+                    lease,
+                    checkpoint: None,
+                });
+            }
             let attempt = match self.defect {
                 Defect::ClaimRedeliveryRestartsLease => Some(record.attempt()),
                 Defect::ClaimRedeliveryAfterExpiryTakesOver if lease_expires_at <= now => {
@@ -398,10 +490,28 @@ impl IdempotencyStore for OwnStore {
             let retained_until = old.retained_until().max(now + request.lease());
             decision.write = Some(written.with_retained_until(retained_until));
         }
+        if self.defect == Defect::TakeoverRetainsForTheRetentionAlone
+            && existing
+                .as_ref()
+                .is_some_and(|r| is_takeover(r, &request, now))
+            && let Some(written) = decision.write.take()
+        {
+            decision.write = Some(written.with_retained_until(now + request.retention()));
+        }
         if self.defect == Defect::CheckpointNotCarried
             && let ClaimOutcome::Claimed { checkpoint, .. } = &mut decision.outcome
         {
             *checkpoint = None;
+        }
+        if self.defect == Defect::ClaimRedeliveryAnswersTheFirstClaim
+            && matches!(decision.outcome, ClaimOutcome::Claimed { .. })
+        {
+            let mut first = self.first_answers.lock().unwrap_or_else(|e| e.into_inner());
+            let asked = (request.scope().clone(), request.owner());
+            if let Some(answer) = first.get(&asked) {
+                return Ok(answer.clone());
+            }
+            first.insert(asked, decision.outcome.clone());
         }
         if self.defect == Defect::RetryAfterFullLease
             && let ClaimOutcome::InProgress { retry_after } = &mut decision.outcome
@@ -432,6 +542,9 @@ impl IdempotencyStore for OwnStore {
             response = lossy;
         }
         let defect = self.defect;
+        if defect == Defect::CompleteCheckThenWrite && self.holds(lease) {
+            return self.complete_after_a_moment(lease, response).await;
+        }
         self.fenced(lease, Fenced::Complete(&response.clone()), |record, now| {
             let retained_until = match defect {
                 Defect::CompletionKeepsClaimRetention => record.retained_until(),
@@ -561,6 +674,19 @@ impl IdempotencyStore for OwnStore {
                 });
                 Ok(deleted)
             }
+            Defect::DeleteIgnoresCase => {
+                let mut deleted = false;
+                records.retain(|other, record| {
+                    let hit = other.tenant() == scope.tenant()
+                        && other
+                            .key()
+                            .as_str()
+                            .eq_ignore_ascii_case(scope.key().as_str());
+                    deleted |= other == scope && hit && live(record);
+                    !hit
+                });
+                Ok(deleted)
+            }
             Defect::DeleteOnlyInFlight if records.get(scope).is_some_and(|r| !r.is_in_flight()) => {
                 Ok(false)
             }
@@ -588,10 +714,10 @@ impl IdempotencyStore for OwnStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let name = if self.defect == Defect::StoreNamedAfterItsType {
-            std::any::type_name::<Self>()
-        } else {
-            "own"
+        let name = match self.defect {
+            Defect::StoreNamedAfterItsType => std::any::type_name::<Self>(),
+            Defect::NameCountsInstances => COUNTED_NAMES[self.instance % COUNTED_NAMES.len()],
+            _ => "own",
         };
         Capabilities::new(
             name,

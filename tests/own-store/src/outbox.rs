@@ -1,6 +1,7 @@
 //! An outbox store of one's own, written against [`idem_core::store`]
 //! alone, with the realistic bugs the public outbox suite must catch.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -64,12 +65,45 @@ pub enum OutboxDefect {
     ReleaseIgnoresOwner,
     /// Counts a release as a failed attempt.
     ReleaseCountsAttempt,
+    /// Keeps leases in whole seconds, so a lease under a second is none.
+    LeaseInWholeSeconds,
+    /// Lets a lapsed owner mark its message sent while nobody claimed it.
+    SentAfterLapse,
+    /// Gives a retried message its aggregate's next sequence, as if new.
+    RetryRequeues,
+    /// Drops sent messages too.
+    DropsSent,
+    /// Drops a message without keeping the reason.
+    DropLosesReason,
+    /// Ages a dropped message from its enqueue, not from its drop.
+    PurgeAgesDropsFromEnqueue,
+    /// Numbers an aggregate from the messages it still stores, so a purge
+    /// starts its sequence again.
+    SequenceRestartsAfterPurge,
+    /// Ends leases by the process's clock and judges them by the store's.
+    LeaseOnProcessClock,
+    /// Ages the backlog from parked messages too.
+    StatsAgeCountsParked,
+    /// Ages the backlog from sent messages too.
+    StatsAgeCountsSent,
+    /// Takes the heads of the lowest sequences first, not the oldest.
+    HeadsBySequence,
+    /// Purges only messages strictly older than asked.
+    PurgeStrictlyOlder,
+    /// Clears the last error when a message is released.
+    ReleaseClearsError,
+    /// Leaves a retried message waiting out its back-off.
+    RetryKeepsBackOff,
+    /// Clears the last error when a message is retried.
+    RetryClearsError,
 }
 
 #[derive(Default)]
 struct State {
     messages: Vec<OutboxMessage>,
     last_sequence: u64,
+    /// Each aggregate's last sequence.
+    sequences: HashMap<String, u64>,
 }
 
 /// The outbox store: a list under one lock, on the system clock.
@@ -108,6 +142,13 @@ impl OwnOutbox {
             defect,
             rivals: Rivals::default(),
         }
+    }
+
+    /// The same store on `clock`, the store's own.
+    #[must_use]
+    pub fn on_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     fn locked(&self) -> MutexGuard<'_, State> {
@@ -190,6 +231,9 @@ impl OwnOutbox {
                 due.push((i, lease_until));
             }
         }
+        if !self.is(OutboxDefect::HeadsBySequence) {
+            due.sort_by_key(|&(i, _)| (messages[i].parts().enqueued_at, messages[i].id()));
+        }
         due.truncate(limit);
         due
     }
@@ -214,7 +258,7 @@ impl OutboxStore for OwnOutbox {
         let sequence = if self.is(OutboxDefect::GlobalSequence) {
             state.last_sequence += 1;
             state.last_sequence
-        } else {
+        } else if self.is(OutboxDefect::SequenceRestartsAfterPurge) {
             1 + state
                 .messages
                 .iter()
@@ -222,6 +266,8 @@ impl OutboxStore for OwnOutbox {
                 .map(|m| m.parts().sequence)
                 .max()
                 .unwrap_or(0)
+        } else {
+            next_sequence(&mut state, message.aggregate())
         };
         let stored = OutboxMessage::new(
             message.clone(),
@@ -248,22 +294,30 @@ impl OutboxStore for OwnOutbox {
             limit,
             ..
         } = *batch;
-        let lease = validate_lease(lease)?;
+        let mut lease = validate_lease(lease)?;
+        if self.is(OutboxDefect::LeaseInWholeSeconds) {
+            lease = Duration::from_secs(lease.as_secs());
+        }
         let limit = if self.is(OutboxDefect::LimitUnchecked) {
             limit.max(1)
         } else {
             validate_outbox_batch(limit)?
         };
         let now = self.clock.now();
+        let until = if self.is(OutboxDefect::LeaseOnProcessClock) {
+            SystemClock.now() + lease
+        } else {
+            now + lease
+        };
         if self.is(OutboxDefect::NonAtomicClaim) {
             // Decided under one acquisition of the lock, written under
             // another, held between them until a rival claim has read too.
-            let due = self.due(&self.locked().messages, owner, now, now + lease, limit);
+            let due = self.due(&self.locked().messages, owner, now, until, limit);
             let _reading = self.rivals.meet(&()).await;
             return Ok(take(&mut self.locked(), &due, owner));
         }
         let mut state = self.locked();
-        let due = self.due(&state.messages, owner, now, now + lease, limit);
+        let due = self.due(&state.messages, owner, now, until, limit);
         Ok(take(&mut state, &due, owner))
     }
 
@@ -273,7 +327,8 @@ impl OutboxStore for OwnOutbox {
         let mut marked = 0;
         for m in state.messages.iter_mut() {
             let held = m.parts().lease_owner == Some(owner)
-                && m.parts().lease_until.is_some_and(|u| u > now);
+                && (m.parts().lease_until.is_some_and(|u| u > now)
+                    || self.is(OutboxDefect::SentAfterLapse));
             if ids.contains(&m.id())
                 && m.state() == MessageState::Pending
                 && (held || self.is(OutboxDefect::SentIgnoresOwner))
@@ -299,10 +354,14 @@ impl OutboxStore for OwnOutbox {
                     && m.parts().lease_until > Some(now));
             if ids.contains(&m.id()) && m.state() == MessageState::Pending && held {
                 let counted = self.is(OutboxDefect::ReleaseCountsAttempt);
+                let cleared = self.is(OutboxDefect::ReleaseClearsError);
                 *m = edited(m, |p| {
                     p.lease_until = None;
                     if counted {
                         p.attempts += 1;
+                    }
+                    if cleared {
+                        p.last_error = None;
                     }
                 });
                 released += 1;
@@ -357,35 +416,68 @@ impl OutboxStore for OwnOutbox {
             return Ok(false);
         }
         let keep = self.is(OutboxDefect::RetryKeepsAttempts);
+        let waits = self.is(OutboxDefect::RetryKeepsBackOff);
+        let clears = self.is(OutboxDefect::RetryClearsError);
         *m = edited(m, |p| {
             p.state = MessageState::Pending;
             if !keep {
                 p.attempts = 0;
             }
-            p.available_at = now;
+            if !waits {
+                p.available_at = now;
+            }
+            if clears {
+                p.last_error = None;
+            }
         });
+        if self.is(OutboxDefect::RetryRequeues) {
+            let aggregate = m.message().aggregate().to_string();
+            let sequence = next_sequence(&mut state, &aggregate);
+            if let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) {
+                *m = edited(m, |p| {
+                    p.sequence = sequence;
+                    p.enqueued_at = now;
+                });
+            }
+        }
         Ok(true)
     }
 
     async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
+        let now = self.clock.now();
         let mut state = self.locked();
         let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
             return Ok(false);
         };
-        if !matches!(m.state(), MessageState::Pending | MessageState::Parked) {
+        let droppable = matches!(m.state(), MessageState::Pending | MessageState::Parked)
+            || (self.is(OutboxDefect::DropsSent) && m.state() == MessageState::Sent);
+        if !droppable {
             return Ok(false);
         }
         let resend = self.is(OutboxDefect::DropResends);
+        let forget = self.is(OutboxDefect::DropLosesReason);
         *m = edited(m, |p| {
             p.state = if resend {
                 MessageState::Pending
             } else {
                 MessageState::Dropped
             };
-            p.last_error = Some(reason.to_string());
+            if !forget {
+                p.last_error = Some(reason.to_string());
+            }
             p.lease_until = None;
+            p.sent_at = Some(now);
         });
         Ok(true)
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
+        Ok(self
+            .locked()
+            .messages
+            .iter()
+            .find(|m| m.id() == id)
+            .cloned())
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
@@ -405,8 +497,19 @@ impl OutboxStore for OwnOutbox {
         state.messages.retain(|m| {
             let done = matches!(m.state(), MessageState::Sent | MessageState::Dropped)
                 || self.is(OutboxDefect::PurgesUnsent);
-            let at = m.parts().sent_at.unwrap_or(m.parts().enqueued_at);
-            if done && at <= cutoff && purged < limit {
+            let at = if m.state() == MessageState::Dropped
+                && self.is(OutboxDefect::PurgeAgesDropsFromEnqueue)
+            {
+                m.parts().enqueued_at
+            } else {
+                m.parts().sent_at.unwrap_or(m.parts().enqueued_at)
+            };
+            let old = if self.is(OutboxDefect::PurgeStrictlyOlder) {
+                at < cutoff
+            } else {
+                at <= cutoff
+            };
+            if done && old && purged < limit {
                 purged += 1;
                 false
             } else {
@@ -429,7 +532,18 @@ impl OutboxStore for OwnOutbox {
             .iter()
             .filter(|m| m.state() == MessageState::Parked)
             .count() as u64;
-        let oldest = pending.iter().map(|m| m.parts().enqueued_at).min();
+        let aged = |m: &&OutboxMessage| match m.state() {
+            MessageState::Pending => true,
+            MessageState::Parked => self.is(OutboxDefect::StatsAgeCountsParked),
+            MessageState::Sent => self.is(OutboxDefect::StatsAgeCountsSent),
+            _ => false,
+        };
+        let oldest = state
+            .messages
+            .iter()
+            .filter(aged)
+            .map(|m| m.parts().enqueued_at)
+            .min();
         Ok(OutboxStats::new(
             pending.len() as u64,
             parked,
@@ -446,6 +560,13 @@ impl OutboxStore for OwnOutbox {
             usize::MAX,
         )
     }
+}
+
+/// The next sequence of `aggregate`, counted.
+fn next_sequence(state: &mut State, aggregate: &str) -> u64 {
+    let last = state.sequences.entry(aggregate.to_string()).or_insert(0);
+    *last += 1;
+    *last
 }
 
 /// Leases the messages at `due` to `owner` until `until`; what it took.

@@ -45,6 +45,8 @@ pub enum ParkingDefect {
     CountsResolved,
     /// Accepts any limit.
     LimitUnchecked,
+    /// Keeps the first `parked_at` when a message is parked again.
+    ReparkKeepsParkedAt,
     /// Keeps one entry per id, whatever the consumer.
     IgnoresConsumerInKey,
 }
@@ -124,7 +126,9 @@ impl ParkingStore for OwnParking {
                     entry.resolved_at = None;
                     entry.resolution = None;
                 }
-                entry.parked_at = now;
+                if !self.is(ParkingDefect::ReparkKeepsParkedAt) {
+                    entry.parked_at = now;
+                }
                 Ok(entry.clone())
             }
             _ => {

@@ -26,3 +26,27 @@ pub(crate) fn assert_caught(defect: impl Debug, failed: &[&str], expected: &[&st
         );
     }
 }
+
+/// Fails unless `failed` is exactly `expected`: the defect breaks one
+/// sentence, and only that sentence's cases see it.
+pub(crate) fn assert_caught_exactly(defect: impl Debug, failed: &[&str], expected: &[&str]) {
+    let mut failed = failed.to_vec();
+    let mut expected = expected.to_vec();
+    failed.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(
+        failed, expected,
+        "{defect:?} should fail exactly {expected:?}"
+    );
+}
+
+/// Whether `case` (one case's future) passes, run on a multi-threaded
+/// runtime of its own as the generated tests run it.
+#[allow(dead_code)] // not every test file runs a case alone
+pub(crate) fn passes<F: Future<Output = ()> + Send + 'static>(case: F) -> bool {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async { tokio::spawn(case).await.is_ok() })
+}
