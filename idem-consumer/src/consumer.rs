@@ -20,7 +20,13 @@ use idem_core::{
 use tracing::{Instrument, field};
 
 use crate::delivery::{BrokerError, Delivery, RedeliveryHorizon, Source};
+use crate::flight::{Joined, Lanes, Tasks};
 use crate::options::ConsumerOptions;
+
+/// How many received deliveries may wait behind their aggregates per slot
+/// of [`ConsumerOptions::concurrency`] before [`Consumer::run`] stops
+/// receiving.
+pub const WAITING_PER_SLOT: usize = 8;
 
 /// What a handler found a message to be, after its writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -407,8 +413,15 @@ impl<H: Handler> Consumer<H> {
         Ok(())
     }
 
-    /// Checks the horizon of `source`, then consumes its deliveries one at
-    /// a time until it closes or `shutdown` completes. A retryable broker
+    /// Checks the horizon of `source`, then consumes its deliveries until
+    /// it closes or `shutdown` completes: up to
+    /// [`ConsumerOptions::concurrency`] at once, never two of one aggregate
+    /// at the same time, and each aggregate's in the order the source
+    /// delivered them (so version checks see them in order; a message
+    /// without an aggregate waits only for a free slot). A delivery of an
+    /// aggregate being handled waits behind it without taking a slot, so a
+    /// slow aggregate holds up only its own; `run` stops receiving while
+    /// [`WAITING_PER_SLOT`] deliveries per slot wait so. A retryable broker
     /// error receiving (a lost connection, a timeout) is logged and asked
     /// again after the consumer's back-off, doubling while it lasts.
     ///
@@ -418,17 +431,18 @@ impl<H: Handler> Consumer<H> {
     /// whole or rolls back whole and is then settled, whatever becomes of
     /// `run`: dropping `run`'s future (or aborting its task) stops the
     /// receiving, never a delivery between its statements. When `shutdown`
-    /// completes, `run` stops receiving and waits for the delivery being
-    /// handled, up to [`ConsumerOptions::shutdown_grace`]. A process that
-    /// dies mid-delivery leaves its transaction to roll back and its
-    /// delivery to the broker, which delivers it again.
+    /// completes, `run` stops receiving and waits for the deliveries being
+    /// handled, up to [`ConsumerOptions::shutdown_grace`]; those received
+    /// and not begun are left unsettled, for the broker to deliver again. A
+    /// process that dies mid-delivery leaves its transaction to roll back
+    /// and its delivery to the broker, which delivers it again.
     ///
     /// # Errors
     ///
     /// [`ConsumerError::Misconfigured`] from [`check`](Self::check), before
-    /// any delivery; a broker error receiving that is not retryable. A
-    /// failure of one delivery is logged and left to the broker's
-    /// redelivery.
+    /// any delivery; a broker error receiving that is not retryable (once
+    /// the deliveries being handled are done). A failure of one delivery is
+    /// logged and left to the broker's redelivery.
     pub async fn run<S: Source>(
         &self,
         source: &mut S,
@@ -436,13 +450,34 @@ impl<H: Handler> Consumer<H> {
     ) -> Result<(), ConsumerError> {
         self.check(&source.horizon())?;
         tokio::pin!(shutdown);
+        let slots = self.parts.options.concurrency;
+        let mut lanes = Lanes::new(slots, slots.saturating_mul(WAITING_PER_SLOT));
+        let mut tasks = Tasks::default();
         // Receive failures in a row: the back-off's delivery count.
         let mut failures = 0u32;
         loop {
-            let next = tokio::select! {
-                biased;
-                () = &mut shutdown => return Ok(()),
-                next = source.next() => next,
+            // Until there is room: only settle what is handled.
+            while !lanes.has_room() {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => return self.finish(tasks).await,
+                    Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
+                    // Nothing runs, so nothing would make room: receive.
+                    else => break,
+                }
+            }
+            // One receive, never dropped for a settlement (a source's next
+            // need not be cancel-safe), only for the shutdown, as before.
+            let next = {
+                let mut receiving = source.next();
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => return self.finish(tasks).await,
+                        Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
+                        next = &mut receiving => break next,
+                    }
+                }
             };
             let next = match next {
                 Ok(next) => next,
@@ -450,44 +485,102 @@ impl<H: Handler> Consumer<H> {
                     failures = failures.saturating_add(1);
                     let after = self.parts.options.delay_after(failures);
                     tracing::warn!(%error, ?after, "the source could not receive; asking again");
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown => return Ok(()),
-                        () = tokio::time::sleep(after) => continue,
+                    let resume = tokio::time::sleep(after);
+                    tokio::pin!(resume);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = &mut shutdown => return self.finish(tasks).await,
+                            Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
+                            () = &mut resume => break,
+                        }
                     }
+                    continue;
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => {
+                    self.drain(&mut lanes, &mut tasks, &mut shutdown).await;
+                    return Err(error.into());
+                }
             };
             failures = 0;
             let Some(delivery) = next else {
+                self.drain(&mut lanes, &mut tasks, &mut shutdown).await;
                 return Ok(());
             };
-            let consumer = self.clone();
-            let mut handling =
-                tokio::spawn(async move { consumer.consume(&delivery).await.map(drop) });
-            let handled = tokio::select! {
-                biased;
-                handled = &mut handling => handled,
-                () = &mut shutdown => {
-                    self.finish(handling).await;
-                    return Ok(());
-                }
-            };
-            log_handled(handled);
+            let aggregate = delivery.message().aggregate().map(str::to_string);
+            if let Some(delivery) = lanes.admit(aggregate.clone(), delivery) {
+                self.start(&mut tasks, aggregate, delivery);
+            }
         }
     }
 
-    /// At shutdown: waits for the delivery being handled, within the grace.
-    async fn finish(&self, handling: tokio::task::JoinHandle<Result<(), ConsumerError>>) {
-        let grace = self.parts.options.shutdown_grace;
-        match tokio::time::timeout(grace, handling).await {
-            Ok(handled) => log_handled(handled),
-            Err(_) => tracing::warn!(
-                ?grace,
-                "a delivery was still being handled at the end of the shutdown grace; \
-                 it finishes in its task, or the broker delivers it again"
-            ),
+    /// Handles `delivery` in a task of its own.
+    fn start<D: Delivery + 'static>(
+        &self,
+        tasks: &mut Tasks,
+        aggregate: Option<String>,
+        delivery: D,
+    ) {
+        let consumer = self.clone();
+        tasks.spawn(aggregate, async move {
+            consumer.consume(&delivery).await.map(drop)
+        });
+    }
+
+    /// A delivery's task ended: logs how, and starts what waited for it.
+    fn joined<D: Delivery + 'static>(
+        &self,
+        lanes: &mut Lanes<D>,
+        tasks: &mut Tasks,
+        joined: Joined,
+    ) {
+        let (aggregate, handled) = joined;
+        log_handled(handled);
+        for (aggregate, delivery) in lanes.finished(aggregate.as_deref()) {
+            self.start(tasks, aggregate, delivery);
         }
+    }
+
+    /// The source closed (or failed for good): handles what was received,
+    /// until the shutdown.
+    async fn drain<D: Delivery + 'static>(
+        &self,
+        lanes: &mut Lanes<D>,
+        tasks: &mut Tasks,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) {
+        while !lanes.is_idle() {
+            tokio::select! {
+                biased;
+                () = &mut *shutdown => {
+                    let _ = self.finish(std::mem::take(tasks)).await;
+                    return;
+                }
+                joined = tasks.join_next() => match joined {
+                    Some(joined) => self.joined(lanes, tasks, joined),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// At shutdown: waits for the deliveries being handled, within the grace.
+    async fn finish(&self, mut tasks: Tasks) -> Result<(), ConsumerError> {
+        let grace = self.parts.options.shutdown_grace;
+        let finished = tokio::time::timeout(grace, async {
+            while let Some((_, handled)) = tasks.join_next().await {
+                log_handled(handled);
+            }
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                ?grace,
+                "deliveries were still being handled at the end of the shutdown grace; \
+                 they finish in their tasks, or the broker delivers them again"
+            );
+        }
+        Ok(())
     }
 
     /// Consumes one delivery and settles it.

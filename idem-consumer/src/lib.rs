@@ -38,9 +38,10 @@
 
 mod consumer;
 mod delivery;
+mod flight;
 mod options;
 
-pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler};
+pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler, WAITING_PER_SLOT};
 pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source, bounded};
 pub use options::ConsumerOptions;
 

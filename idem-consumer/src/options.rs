@@ -30,6 +30,7 @@ pub struct ConsumerOptions {
     pub(crate) retention: Duration,
     pub(crate) release_batch: usize,
     pub(crate) shutdown_grace: Duration,
+    pub(crate) concurrency: usize,
 }
 
 impl Default for ConsumerOptions {
@@ -42,6 +43,7 @@ impl Default for ConsumerOptions {
             retention: Self::DEFAULT_RETENTION,
             release_batch: 100,
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
+            concurrency: 1,
         }
     }
 }
@@ -53,6 +55,9 @@ impl ConsumerOptions {
     /// The default retention of an inbox record: 7 days, well past any
     /// broker's redelivery of a message the consumer keeps up with.
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// The most deliveries [`concurrency`](Self::concurrency) allows at once.
+    pub const MAX_CONCURRENCY: usize = 1024;
 
     /// The default wait at shutdown for deliveries being handled: 30 s.
     pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -105,6 +110,31 @@ impl ConsumerOptions {
         self
     }
 
+    /// How many deliveries [`Consumer::run`](crate::Consumer::run) handles
+    /// at once (default 1; 1 to [`MAX_CONCURRENCY`](Self::MAX_CONCURRENCY)):
+    /// never two of one aggregate, each aggregate's in delivery order. Each
+    /// holds a connection of the handler's pool while it runs, so give the
+    /// pool at least this many, and the source a prefetch (RabbitMQ) or a
+    /// pull batch (JetStream) of at least this many too, or the slots
+    /// wait for the broker.
+    ///
+    /// ```
+    /// use idem_consumer::ConsumerOptions;
+    ///
+    /// let options = ConsumerOptions::default().concurrency(16);
+    /// assert_eq!(options.slots(), 16);
+    /// ```
+    #[must_use]
+    pub fn concurrency(mut self, deliveries: usize) -> Self {
+        self.concurrency = deliveries;
+        self
+    }
+
+    /// The most deliveries handled at once.
+    pub fn slots(&self) -> usize {
+        self.concurrency
+    }
+
     /// The delay before delivery `delivery + 1` of a message whose delivery
     /// `delivery` failed.
     pub fn delay_after(&self, delivery: u32) -> Duration {
@@ -135,6 +165,12 @@ impl ConsumerOptions {
             return Err(InvalidInput::OutOfRange {
                 field: "backoff",
                 reason: "the first delay exceeds the longest",
+            });
+        }
+        if !(1..=Self::MAX_CONCURRENCY).contains(&self.concurrency) {
+            return Err(InvalidInput::OutOfRange {
+                field: "concurrency",
+                reason: "must be 1 to 1024",
             });
         }
         validate_lease(self.lease)?;

@@ -567,3 +567,55 @@ async fn shutdown_returns_after_its_grace_and_the_delivery_finishes_in_its_task(
     assert_eq!(settled(&broker, 1).await, [Settled::Acked("m-1".into())]);
     assert_eq!(shop.effects().await, ["one"]);
 }
+
+/// With four deliveries in flight, the task running the consumer is
+/// aborted while three are inside their handlers: each still commits
+/// whole and is acknowledged once.
+#[tokio::test]
+async fn aborting_run_with_deliveries_in_flight_lets_each_commit_and_settle() {
+    let (consumer, shop, _) =
+        consumer_with(ConsumerOptions::default().max_deliveries(4).concurrency(4));
+    let broker = Broker::default();
+    broker.redeliver_unsettled();
+    let ids = ["m-1", "m-2", "m-3"];
+    let gates: Vec<_> = ids.iter().map(|id| shop.hold(id)).collect();
+    for id in ids {
+        broker.publish(plain(id, id));
+    }
+    let running = run_in_task(&consumer, &broker, std::future::pending());
+    for (entered, _) in &gates {
+        tokio::time::timeout(Duration::from_secs(30), entered.notified())
+            .await
+            .expect("every delivery reached its handler at once");
+    }
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    for (_, go) in &gates {
+        go.notify_one();
+    }
+    let mut acked = settled(&broker, 3).await;
+    acked.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(
+        acked,
+        ids.map(|id| Settled::Acked(id.into())),
+        "each delivery acknowledged once"
+    );
+    let mut effects = shop.effects().await;
+    effects.sort();
+    assert_eq!(effects, ids);
+    assert!(broker.deliver().is_none(), "nothing left to deliver again");
+}
+
+#[test]
+fn a_concurrency_of_none_or_past_the_most_is_refused() {
+    for concurrency in [0, ConsumerOptions::MAX_CONCURRENCY + 1] {
+        let refused = Consumer::with_options(
+            "orders",
+            Arc::new(idem_memory::MemoryStore::new()),
+            Arc::new(MemoryParking::new()),
+            common::Shop::new(idem_memory::MemoryStore::new()),
+            ConsumerOptions::default().concurrency(concurrency),
+        );
+        assert!(refused.is_err(), "{concurrency} was taken");
+    }
+}

@@ -426,9 +426,12 @@ async fn shipping_service(
     // A version gap (a later event delivered while its predecessor waits
     // out the killed consumer's ack wait) is retried for seconds before it
     // would park.
+    // Four deliveries at once (of four aggregates), as a consumer that
+    // keeps up with its broker runs; the pool has room for them.
     let options = ConsumerOptions::default()
         .max_deliveries(MAX_DELIVERIES)
-        .backoff(Duration::from_millis(100), Duration::from_secs(1));
+        .backoff(Duration::from_millis(100), Duration::from_secs(1))
+        .concurrency(4);
     let consumer = Consumer::with_options(
         CONSUMER,
         Arc::new(inbox),

@@ -155,3 +155,17 @@ async fn attaching_over_a_stalled_network_ends_in_a_retryable_error() {
     drop(proxy);
     stream.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deliveries_apply_every_aggregate_in_order() {
+    let broker = JetStream::new().await;
+    consumers::concurrent_deliveries_apply_every_aggregate_in_order(&broker, &MemoryBackend).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_aggregate_holds_up_only_its_own() {
+    let broker = JetStream::new().await;
+    consumers::a_slow_aggregate_holds_up_only_its_own(&broker, &MemoryBackend).await;
+    broker.delete().await;
+}

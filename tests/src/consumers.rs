@@ -11,7 +11,8 @@
 //! [`Books`]), so one body runs on every pair: [`MemoryBackend`] here,
 //! `idem-dynamo`'s tests bring DynamoDB's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -163,6 +164,16 @@ pub struct Shop<B = MemoryBooks> {
     pub books: B,
     failures: Arc<Mutex<HashMap<String, u32>>>,
     hold: Arc<Mutex<Option<Gates>>>,
+    held: Arc<Mutex<HashMap<String, Gates>>>,
+    /// The aggregates being handled now.
+    handling: Arc<Mutex<HashSet<String>>>,
+    /// How often a message entered the handler while another of its
+    /// aggregate was inside.
+    overlaps: Arc<AtomicU64>,
+    /// How often a version check found a gap.
+    gaps: Arc<AtomicU64>,
+    /// How long each message stays in the handler, marked as handled.
+    dwell: Arc<Mutex<Duration>>,
 }
 
 impl Shop {
@@ -182,7 +193,41 @@ impl<B: Books> Shop<B> {
             books,
             failures: Arc::default(),
             hold: Arc::default(),
+            held: Arc::default(),
+            handling: Arc::default(),
+            overlaps: Arc::default(),
+            gaps: Arc::default(),
+            dwell: Arc::default(),
         }
+    }
+
+    /// Keeps each message `dwell` in the handler from now on (every clone
+    /// of the shop does), so that two messages of one aggregate handled at
+    /// once would overlap.
+    pub fn dwell(&self, dwell: Duration) {
+        *self.dwell.lock().unwrap() = dwell;
+    }
+
+    /// Holds the message `id` when it is handled: `entered` is notified
+    /// when it is inside the handler, which then waits for `go`.
+    pub fn hold(&self, id: &str) -> Gates {
+        let gates = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        self.held
+            .lock()
+            .unwrap()
+            .insert(id.to_string(), gates.clone());
+        gates
+    }
+
+    /// How often a message entered the handler while another message of
+    /// its aggregate was inside.
+    pub fn overlaps(&self) -> u64 {
+        self.overlaps.load(Ordering::SeqCst)
+    }
+
+    /// How often a version check found a gap.
+    pub fn gaps(&self) -> u64 {
+        self.gaps.load(Ordering::SeqCst)
     }
 
     /// Fails the message `id` the next `times` times.
@@ -217,12 +262,20 @@ impl<B: Books> Handler for Shop<B> {
         message: &InboundMessage,
         mut tx: B::Tx,
     ) -> Result<(B::Tx, Handled), HandlerError> {
+        let id = message.id().as_str().to_string();
+        let _inside = message
+            .aggregate()
+            .map(|aggregate| Inside::enter(self, aggregate));
         let gates = self.hold.lock().unwrap().take();
+        let gates = gates.or_else(|| self.held.lock().unwrap().remove(&id));
         if let Some((entered, go)) = gates {
             entered.notify_one();
             go.notified().await;
         }
-        let id = message.id().as_str().to_string();
+        let dwell = *self.dwell.lock().unwrap();
+        if !dwell.is_zero() {
+            tokio::time::sleep(dwell).await;
+        }
         {
             let mut failures = self.failures.lock().unwrap();
             if let Some(left) = failures.get_mut(&id).filter(|left| **left > 0) {
@@ -233,7 +286,37 @@ impl<B: Books> Handler for Shop<B> {
         let version = message.aggregate().zip(message.version());
         let effect = String::from_utf8_lossy(message.payload()).into_owned();
         let check = self.books.apply(&mut tx, &effect, version).await?;
+        if matches!(check, VersionCheck::Gap { .. }) {
+            self.gaps.fetch_add(1, Ordering::SeqCst);
+        }
         Ok((tx, check.into()))
+    }
+}
+
+/// A message of an aggregate inside the handler, until dropped.
+struct Inside {
+    handling: Arc<Mutex<HashSet<String>>>,
+    aggregate: String,
+}
+
+impl Inside {
+    fn enter<B>(shop: &Shop<B>, aggregate: &str) -> Self {
+        if !shop.handling.lock().unwrap().insert(aggregate.to_string()) {
+            shop.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        Self {
+            handling: shop.handling.clone(),
+            aggregate: aggregate.to_string(),
+        }
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.handling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.aggregate);
     }
 }
 
@@ -497,4 +580,168 @@ pub async fn wait_for_parked(parking: &MemoryParking, consumer: &Consumer<Shop>,
         parking.count(consumer.name()).await.unwrap() == count
     })
     .await;
+}
+
+/// A consumer running in a task: what `run` answered, and its source back.
+type Running<S> = tokio::task::JoinHandle<(Result<(), idem_consumer::ConsumerError>, S)>;
+
+/// Runs `consumer` over `source` in a task until the returned sender fires.
+fn running<B: Books, S: Source + 'static>(
+    consumer: Consumer<Shop<B>>,
+    mut source: S,
+) -> (tokio::sync::oneshot::Sender<()>, Running<S>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        let ran = consumer
+            .run(&mut source, async {
+                let _ = stopped.await;
+            })
+            .await;
+        (ran, source)
+    });
+    (stop, run)
+}
+
+/// Publishes `messages` in one outbox, in order, in batches of 500, so
+/// each aggregate's sequences follow the order given.
+async fn publish_in_order(publisher: &dyn Publisher, messages: Vec<NewMessage>) {
+    let outbox = MemoryOutbox::new();
+    let mut stored = Vec::new();
+    for message in &messages {
+        stored.push(outbox.enqueue(message).await.unwrap());
+    }
+    for batch in stored.chunks(500) {
+        for result in publisher.publish(batch).await {
+            assert!(matches!(result, Ok(Published { .. })), "{result:?}");
+        }
+    }
+}
+
+fn version(aggregate: &str, version: usize) -> NewMessage {
+    NewMessage::new(
+        aggregate,
+        "order.changed",
+        format!("{aggregate}:{version}").into_bytes(),
+    )
+    .unwrap()
+}
+
+/// Sixteen deliveries at once over 100 aggregates of 50 versions each,
+/// published five versions of an aggregate at a time (so a window of
+/// sixteen always holds several of one aggregate): every version of every
+/// aggregate applies once, in order, with no gap, and no two messages of
+/// one aggregate are ever in the handler together.
+pub async fn concurrent_deliveries_apply_every_aggregate_in_order<
+    B: ConsumerBroker,
+    K: ConsumerBackend,
+>(
+    broker: &B,
+    backend: &K,
+) {
+    const AGGREGATES: usize = 100;
+    const VERSIONS: usize = 50;
+    let options = scenario_options(5).concurrency(16);
+    let (consumer, shop, _) = backend.consumer(options).await;
+    shop.dwell(Duration::from_millis(1));
+    let source = broker.source(5).await;
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let name = |a: usize| format!("agg-{run_id}-{a}");
+    let mut messages = Vec::new();
+    for round in 0..VERSIONS / 5 {
+        for a in 0..AGGREGATES {
+            for v in 1..=5 {
+                messages.push(version(&name(a), round * 5 + v));
+            }
+        }
+    }
+    let (stop, run) = running(consumer, source);
+    publish_in_order(&*broker.publisher(), messages).await;
+    wait_until("every version applied", || async {
+        shop.effects().await.len() >= AGGREGATES * VERSIONS
+    })
+    .await;
+    stop.send(()).unwrap();
+    let (ran, source) = run.await.unwrap();
+    ran.unwrap();
+    let effects = shop.effects().await;
+    assert_eq!(
+        effects.len(),
+        AGGREGATES * VERSIONS,
+        "a version applied twice"
+    );
+    let mut applied: HashMap<String, Vec<usize>> = HashMap::new();
+    for effect in &effects {
+        let (aggregate, v) = effect.rsplit_once(':').unwrap();
+        applied
+            .entry(aggregate.to_string())
+            .or_default()
+            .push(v.parse().unwrap());
+    }
+    let in_order: Vec<usize> = (1..=VERSIONS).collect();
+    for a in 0..AGGREGATES {
+        assert_eq!(
+            applied.get(&name(a)),
+            Some(&in_order),
+            "aggregate {a} applied out of order or with a gap"
+        );
+    }
+    assert_eq!(shop.overlaps(), 0, "two messages of one aggregate at once");
+    assert_eq!(
+        shop.gaps(),
+        0,
+        "a version was handled before its predecessor"
+    );
+    broker.kill(source).await;
+}
+
+/// One aggregate's message held in its handler holds up its own later
+/// messages only: ten other aggregates apply meanwhile; released, its two
+/// apply in order.
+pub async fn a_slow_aggregate_holds_up_only_its_own<B: ConsumerBroker, K: ConsumerBackend>(
+    broker: &B,
+    backend: &K,
+) {
+    let (consumer, shop, _) = backend.consumer(scenario_options(5).concurrency(4)).await;
+    let source = broker.source(5).await;
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let slow = format!("slow-{run_id}");
+    let mut messages = vec![version(&slow, 1), version(&slow, 2)];
+    for n in 0..10 {
+        messages.push(version(&format!("fast-{run_id}-{n}"), 1));
+    }
+    let outbox = MemoryOutbox::new();
+    let mut stored = Vec::new();
+    for message in &messages {
+        stored.push(outbox.enqueue(message).await.unwrap());
+    }
+    let (entered, go) = shop.hold(&stored[0].id().to_string());
+    let (stop, run) = running(consumer, source);
+    for result in broker.publisher().publish(&stored).await {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    tokio::time::timeout(crate::relays::PATIENCE, entered.notified())
+        .await
+        .expect("the slow message reached its handler");
+    wait_until("the other aggregates applied", || async {
+        shop.effects().await.len() >= 10
+    })
+    .await;
+    let effects = shop.effects().await;
+    assert!(
+        effects.iter().all(|e| e.starts_with("fast-")),
+        "the held aggregate moved on: {effects:?}"
+    );
+    go.notify_one();
+    wait_until("the slow aggregate applied", || async {
+        shop.effects().await.len() >= 12
+    })
+    .await;
+    let effects = shop.effects().await;
+    let slow_effects: Vec<&String> = effects.iter().filter(|e| e.starts_with("slow-")).collect();
+    assert_eq!(slow_effects, [&format!("{slow}:1"), &format!("{slow}:2")]);
+    stop.send(()).unwrap();
+    let (ran, source) = run.await.unwrap();
+    ran.unwrap();
+    assert_eq!(shop.overlaps(), 0);
+    broker.kill(source).await;
 }

@@ -4,28 +4,37 @@
 //! JetStream (`idem_nats::JetStreamSource`).
 //!
 //! ```text
-//! cargo run --release -p idem-bench --bin idem-bench-consumer -- --broker both --messages 2000
+//! cargo run --release -p idem-bench --bin idem-bench-consumer -- --broker both --messages 2000 --concurrency 1,4,16
 //! ```
 //!
-//! For each broker, `--messages` messages are published to a queue (a
-//! stream) of the run's own, then drained one delivery at a time:
+//! For each broker, `--messages` messages of 100 aggregates are published
+//! to a queue (a stream) of the run's own, then drained:
 //!
-//! - **bare**: each delivery acked, nothing else;
-//! - **inbox**: each delivery through `idem_consumer::Consumer` over a
-//!   Postgres inbox (`PostgresStore`, a fresh table): the claim (its own
-//!   commit), the handler's one-row insert and the completion in one
-//!   transaction (`PostgresStore::begin`), then the ack.
+//! - **bare**: each delivery acked, one at a time, nothing else;
+//! - **inbox**: every delivery through `idem_consumer::Consumer::run` with
+//!   each `--concurrency` (deliveries handled at once, one per aggregate)
+//!   over a Postgres inbox (`PostgresStore`, a fresh table): the claim
+//!   (its own commit), the handler's one-row insert and the completion in
+//!   one transaction (`PostgresStore::begin`), then the ack. The source's
+//!   prefetch (RabbitMQ) is twice the concurrency, at least 16.
 //!
-//! Prints a markdown table (messages a second, and the ratio). Everything
-//! it creates has a random name and is removed at the end. Nothing is
-//! judged: there is no assertion on any timing.
+//! Prints a markdown table: messages a second, the ratio to the bare
+//! consumer, and with `--count-commits` Postgres transactions per message
+//! (the database's `xact_commit` over the run: the claim's and the
+//! handler's commits, and the pool's release check of each connection, a
+//! read-only transaction of its own) and WAL flushes to disk per message
+//! (`pg_stat_wal.wal_sync`: commits flushed together count once). Other
+//! sessions on the server add to both.
+//! Everything it creates has a random name and is removed at the end.
+//! Nothing is judged: there is no assertion on any timing.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use clap::{Parser, ValueEnum};
-use idem_consumer::{Consumed, Consumer, Delivery, Handled, Handler, Source, async_trait};
+use idem_consumer::{Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait};
 use idem_core::store::{
     InboundMessage, MessageParts, MessageState, NewMessage, OutboxMessage, Timestamp,
 };
@@ -39,6 +48,7 @@ use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOp
 use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::Notify;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Broker {
@@ -56,6 +66,15 @@ struct Args {
     /// Messages per measurement.
     #[arg(long, default_value_t = 2000)]
     messages: usize,
+    /// The consumer's concurrencies to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    concurrency: Vec<usize>,
+    /// Count Postgres commits per message: the database's `xact_commit`
+    /// before and after each run, read once every session has published
+    /// its counts (an idle session does within 10 s, so each run waits
+    /// 11 s).
+    #[arg(long)]
+    count_commits: bool,
 }
 
 type Fail = Box<dyn std::error::Error>;
@@ -64,6 +83,10 @@ type Fail = Box<dyn std::error::Error>;
 struct Orders {
     inbox: PostgresStore,
     table: String,
+    /// Messages written, and the count at which `done` is notified.
+    written: Arc<AtomicUsize>,
+    target: usize,
+    done: Arc<Notify>,
 }
 
 #[async_trait]
@@ -87,6 +110,11 @@ impl Handler for Orders {
         .bind(message.payload())
         .execute(&mut *tx)
         .await?;
+        // Counted before the commit: `done` fires at the last handler,
+        // and the run then waits for its commit and ack at shutdown.
+        if self.written.fetch_add(1, Ordering::SeqCst) + 1 == self.target {
+            self.done.notify_one();
+        }
         Ok((tx, Handled::Applied))
     }
 }
@@ -126,34 +154,79 @@ async fn publish(publisher: &dyn Publisher, batch: &[OutboxMessage]) -> Result<(
     Ok(())
 }
 
-/// Drains `count` deliveries: acked bare, or through `consumer`; messages
-/// a second.
-async fn drain<S: Source>(
-    source: &mut S,
-    count: usize,
-    consumer: Option<&Consumer<Orders>>,
-) -> Result<f64, Fail> {
+/// Drains `count` deliveries, acking each, one at a time; messages a
+/// second.
+async fn drain_bare<S: Source>(source: &mut S, count: usize) -> Result<f64, Fail> {
     let started = Instant::now();
-    let mut done = 0;
-    while done < count {
+    for _ in 0..count {
         let next = tokio::time::timeout(Duration::from_secs(60), source.next()).await??;
-        let delivery = next.ok_or("the source closed")?;
-        match consumer {
-            None => delivery.ack().await?,
-            Some(consumer) => {
-                let outcome = consumer.consume(&delivery).await?;
-                if outcome != Consumed::Applied {
-                    return Err(format!("a delivery was {outcome:?}").into());
-                }
-            }
-        }
-        done += 1;
+        next.ok_or("the source closed")?.ack().await?;
     }
     Ok(count as f64 / started.elapsed().as_secs_f64())
 }
 
-/// A consumer over a fresh Postgres inbox and orders table.
-async fn inbox_consumer(pool: &PgPool, run: &str) -> Result<Consumer<Orders>, Fail> {
+/// What one run with the inbox measured.
+struct Measured {
+    rate: f64,
+    /// Transactions committed, and WAL flushes to disk, per message.
+    per_message: Option<(f64, f64)>,
+}
+
+/// Drains `count` deliveries through `consumer`'s `run`; its rate and
+/// the database's commits per message.
+async fn drain_inbox<S: Source>(
+    pool: &PgPool,
+    source: &mut S,
+    count: usize,
+    consumer: &Consumer<Orders>,
+    done: &Notify,
+    count_commits: bool,
+) -> Result<Measured, Fail> {
+    let before = match count_commits {
+        true => Some(commits(pool).await?),
+        false => None,
+    };
+    let started = Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(300),
+        consumer.run(source, done.notified()),
+    )
+    .await??;
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    let mut per_message = None;
+    if let Some((commits_before, syncs_before)) = before {
+        // An idle session publishes its counts within 10 s.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let (commits_after, syncs_after) = commits(pool).await?;
+        let per = |n: i64| n as f64 / count as f64;
+        per_message = Some((
+            per(commits_after - commits_before),
+            per(syncs_after - syncs_before),
+        ));
+    }
+    Ok(Measured { rate, per_message })
+}
+
+/// The database's committed transactions (read-only ones and the pool's
+/// release checks too) and the server's WAL flushes to disk, so far.
+async fn commits(pool: &PgPool) -> Result<(i64, i64), Fail> {
+    let counts: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), \
+                (SELECT wal_sync FROM pg_stat_wal)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(counts)
+}
+
+/// A consumer over a fresh Postgres inbox and orders table, handling
+/// `concurrency` deliveries at once; its notice once `count` are written.
+async fn inbox_consumer(
+    pool: &PgPool,
+    run: &str,
+    count: usize,
+    concurrency: usize,
+) -> Result<(Consumer<Orders>, Arc<Notify>), Fail> {
     let inbox = PostgresStore::with_options(
         pool.clone(),
         PostgresOptions::default().table(&format!("bench_inbox_{run}")),
@@ -165,17 +238,30 @@ async fn inbox_consumer(pool: &PgPool, run: &str) -> Result<Consumer<Orders>, Fa
     )))
     .execute(pool)
     .await?;
+    let done = Arc::new(Notify::new());
     let handler = Orders {
         inbox: inbox.clone(),
         table,
+        written: Arc::default(),
+        target: count,
+        done: done.clone(),
     };
     let parking = MemoryParking::new();
-    Ok(Consumer::new(
+    let consumer = Consumer::with_options(
         "bench",
         Arc::new(inbox),
         Arc::new(parking),
         handler,
-    )?)
+        ConsumerOptions::default().concurrency(concurrency),
+    )?;
+    Ok((consumer, done))
+}
+
+/// How to print one broker's figures.
+struct Row {
+    broker: &'static str,
+    bare: f64,
+    inbox: Vec<(usize, Measured)>,
 }
 
 async fn drop_tables(pool: &PgPool, run: &str) -> Result<(), Fail> {
@@ -187,10 +273,20 @@ async fn drop_tables(pool: &PgPool, run: &str) -> Result<(), Fail> {
     Ok(())
 }
 
-async fn nats(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), Fail> {
+async fn nats(
+    url: &str,
+    pool: &PgPool,
+    count: usize,
+    levels: &[usize],
+    count_commits: bool,
+) -> Result<Row, Fail> {
     let context = jetstream::new(async_nats::connect(url).await?);
-    let mut rates = Vec::new();
-    for with_inbox in [false, true] {
+    let mut row = Row {
+        broker: "nats",
+        bare: 0.0,
+        inbox: Vec::new(),
+    };
+    for level in std::iter::once(None).chain(levels.iter().copied().map(Some)) {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let stream = format!("BENCH_CONSUMER_{run}");
         let prefix = format!("bench-consumer-{run}");
@@ -206,22 +302,36 @@ async fn nats(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), Fail
         publish(&publisher, &messages(count)?).await?;
         let config = JetStreamSource::durable("bench", 5, Duration::from_secs(30));
         let mut source = JetStreamSource::attach(&context, &stream, config).await?;
-        let consumer = match with_inbox {
-            true => Some(inbox_consumer(pool, &run).await?),
-            false => None,
-        };
-        rates.push(drain(&mut source, count, consumer.as_ref()).await?);
+        match level {
+            None => row.bare = drain_bare(&mut source, count).await?,
+            Some(level) => {
+                let (consumer, done) = inbox_consumer(pool, &run, count, level).await?;
+                let measured =
+                    drain_inbox(pool, &mut source, count, &consumer, &done, count_commits).await?;
+                row.inbox.push((level, measured));
+            }
+        }
         context.delete_stream(&stream).await?;
         drop_tables(pool, &run).await?;
     }
-    Ok((rates[0], rates[1]))
+    Ok(row)
 }
 
-async fn rabbitmq(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), Fail> {
+async fn rabbitmq(
+    url: &str,
+    pool: &PgPool,
+    count: usize,
+    levels: &[usize],
+    count_commits: bool,
+) -> Result<Row, Fail> {
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    let mut rates = Vec::new();
-    for with_inbox in [false, true] {
+    let mut row = Row {
+        broker: "rabbitmq",
+        bare: 0.0,
+        inbox: Vec::new(),
+    };
+    for level in std::iter::once(None).chain(levels.iter().copied().map(Some)) {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let (exchange, queue) = (
             format!("bench-consumer-{run}"),
@@ -238,12 +348,18 @@ async fn rabbitmq(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), 
         idem_rabbitmq::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
         let publisher = RabbitPublisher::connect(url, RabbitOptions::new(&exchange)?).await?;
         publish(&publisher, &messages(count)?).await?;
-        let mut source = RabbitSource::connect(url, RabbitSourceOptions::new(&queue, 5)?).await?;
-        let consumer = match with_inbox {
-            true => Some(inbox_consumer(pool, &run).await?),
-            false => None,
-        };
-        rates.push(drain(&mut source, count, consumer.as_ref()).await?);
+        let prefetch = u16::try_from(level.unwrap_or(8).saturating_mul(2).max(16))?;
+        let options = RabbitSourceOptions::new(&queue, 5)?.with_prefetch(prefetch)?;
+        let mut source = RabbitSource::connect(url, options).await?;
+        match level {
+            None => row.bare = drain_bare(&mut source, count).await?,
+            Some(level) => {
+                let (consumer, done) = inbox_consumer(pool, &run, count, level).await?;
+                let measured =
+                    drain_inbox(pool, &mut source, count, &consumer, &done, count_commits).await?;
+                row.inbox.push((level, measured));
+            }
+        }
         source.close().await?;
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
@@ -253,7 +369,7 @@ async fn rabbitmq(url: &str, pool: &PgPool, count: usize) -> Result<(f64, f64), 
             .await?;
         drop_tables(pool, &run).await?;
     }
-    Ok((rates[0], rates[1]))
+    Ok(row)
 }
 
 #[tokio::main]
@@ -265,14 +381,15 @@ async fn main() -> Result<(), Fail> {
         std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let amqp_url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let most = args.concurrency.iter().copied().max().unwrap_or(1);
     let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
-        .max_connections(4)
+        .max_connections(u32::try_from(most + 2)?)
         .connect(&pg_url)
         .await?;
     println!(
-        "| broker | bare consumer (acks only), msg/s | consumer with Postgres inbox and commit, msg/s | inbox / bare |"
+        "| broker | bare consumer (acks only), msg/s | concurrency | consumer with Postgres inbox and commit, msg/s | inbox / bare | Postgres transactions per message | WAL flushes per message |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let brokers: &[Broker] = match args.broker {
         Broker::Both => &[Broker::Rabbitmq, Broker::Nats],
         one => std::slice::from_ref(match one {
@@ -281,11 +398,29 @@ async fn main() -> Result<(), Fail> {
         }),
     };
     for broker in brokers {
-        let (name, (bare, inbox)) = match broker {
-            Broker::Rabbitmq => ("rabbitmq", rabbitmq(&amqp_url, &pool, args.messages).await?),
-            _ => ("nats", nats(&nats_url, &pool, args.messages).await?),
+        let row = match broker {
+            Broker::Rabbitmq => {
+                let levels = &args.concurrency;
+                rabbitmq(&amqp_url, &pool, args.messages, levels, args.count_commits).await?
+            }
+            _ => {
+                let levels = &args.concurrency;
+                nats(&nats_url, &pool, args.messages, levels, args.count_commits).await?
+            }
         };
-        println!("| {name} | {bare:.0} | {inbox:.0} | {:.2} |", inbox / bare);
+        for (level, measured) in &row.inbox {
+            let commits = measured.per_message.map_or_else(
+                || "not counted | not counted".to_string(),
+                |(commits, syncs)| format!("{commits:.2} | {syncs:.2}"),
+            );
+            println!(
+                "| {} | {:.0} | {level} | {:.0} | {:.2} | {commits} |",
+                row.broker,
+                row.bare,
+                measured.rate,
+                measured.rate / row.bare,
+            );
+        }
     }
     Ok(())
 }

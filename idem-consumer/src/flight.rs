@@ -1,0 +1,189 @@
+//! Deliveries in flight: at most a number handled at once, never two of one
+//! aggregate, each aggregate's in the order they were received.
+
+use std::collections::{HashMap, VecDeque};
+
+use tokio::task::{Id, JoinError, JoinSet};
+
+use crate::consumer::ConsumerError;
+
+/// Which received deliveries may start, and which wait: at most `slots`
+/// handled at once, and behind an aggregate being handled, its later
+/// deliveries in the order received (a delivery without an aggregate waits
+/// only for a slot).
+#[derive(Debug)]
+pub(crate) struct Lanes<D> {
+    slots: usize,
+    max_waiting: usize,
+    running: usize,
+    /// Each aggregate with a delivery started or ready, and those received
+    /// behind it.
+    busy: HashMap<String, VecDeque<D>>,
+    /// Deliveries free to start, waiting for a slot, oldest first.
+    ready: VecDeque<(Option<String>, D)>,
+    /// Deliveries received and not started: in `busy`'s queues or `ready`.
+    waiting: usize,
+}
+
+impl<D> Lanes<D> {
+    /// Lanes of `slots` at once, taking more deliveries only while fewer
+    /// than `max_waiting` wait.
+    pub(crate) fn new(slots: usize, max_waiting: usize) -> Self {
+        Self {
+            slots: slots.max(1),
+            max_waiting,
+            running: 0,
+            busy: HashMap::new(),
+            ready: VecDeque::new(),
+            waiting: 0,
+        }
+    }
+
+    /// Whether another delivery may be received: a slot is free and few
+    /// enough wait behind their aggregates.
+    pub(crate) fn has_room(&self) -> bool {
+        self.running < self.slots && self.waiting < self.max_waiting
+    }
+
+    /// Whether nothing is handled and nothing waits.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.running == 0 && self.waiting == 0
+    }
+
+    /// Takes a received `delivery` of `aggregate`; it is returned when it
+    /// may start now, kept to start later otherwise.
+    pub(crate) fn admit(&mut self, aggregate: Option<String>, delivery: D) -> Option<D> {
+        if let Some(name) = &aggregate {
+            if let Some(behind) = self.busy.get_mut(name) {
+                behind.push_back(delivery);
+                self.waiting += 1;
+                return None;
+            }
+            self.busy.insert(name.clone(), VecDeque::new());
+        }
+        if self.running < self.slots {
+            self.running += 1;
+            return Some(delivery);
+        }
+        self.ready.push_back((aggregate, delivery));
+        self.waiting += 1;
+        None
+    }
+
+    /// A delivery of `aggregate` was handled: the deliveries to start now,
+    /// each with its aggregate.
+    pub(crate) fn finished(&mut self, aggregate: Option<&str>) -> Vec<(Option<String>, D)> {
+        self.running = self.running.saturating_sub(1);
+        if let Some(name) = aggregate {
+            match self.busy.get_mut(name).and_then(VecDeque::pop_front) {
+                Some(next) => self.ready.push_back((Some(name.to_string()), next)),
+                None => {
+                    self.busy.remove(name);
+                }
+            }
+        }
+        let mut start = Vec::new();
+        while self.running < self.slots {
+            let Some(next) = self.ready.pop_front() else {
+                break;
+            };
+            self.waiting -= 1;
+            self.running += 1;
+            start.push(next);
+        }
+        start
+    }
+}
+
+/// The tasks handling deliveries, each known by its aggregate. Dropped (as
+/// `run` is), it lets them finish: a delivery is never cut between its
+/// statements.
+#[derive(Default)]
+pub(crate) struct Tasks {
+    set: JoinSet<Result<(), ConsumerError>>,
+    aggregates: HashMap<Id, Option<String>>,
+}
+
+/// A handled delivery's aggregate and how its task ended.
+pub(crate) type Joined = (Option<String>, Result<Result<(), ConsumerError>, JoinError>);
+
+impl Tasks {
+    /// Handles a delivery of `aggregate` in a task of its own.
+    pub(crate) fn spawn(
+        &mut self,
+        aggregate: Option<String>,
+        handling: impl Future<Output = Result<(), ConsumerError>> + Send + 'static,
+    ) {
+        let id = self.set.spawn(handling).id();
+        self.aggregates.insert(id, aggregate);
+    }
+
+    /// The next task to end; `None` when none runs.
+    pub(crate) async fn join_next(&mut self) -> Option<Joined> {
+        let (id, ended) = match self.set.join_next_with_id().await? {
+            Ok((id, handled)) => (id, Ok(handled)),
+            Err(error) => (error.id(), Err(error)),
+        };
+        Some((self.aggregates.remove(&id).flatten(), ended))
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.set.detach_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(name: &str) -> Option<String> {
+        Some(name.to_string())
+    }
+
+    #[test]
+    fn an_aggregates_deliveries_start_one_at_a_time_in_order() {
+        let mut lanes = Lanes::new(4, 100);
+        assert_eq!(lanes.admit(a("x"), 1), Some(1));
+        assert_eq!(lanes.admit(a("x"), 2), None);
+        assert_eq!(lanes.admit(a("y"), 3), Some(3));
+        assert_eq!(lanes.admit(a("x"), 4), None);
+        assert_eq!(lanes.finished(Some("y")), vec![]);
+        assert_eq!(lanes.finished(Some("x")), vec![(a("x"), 2)]);
+        assert_eq!(lanes.finished(Some("x")), vec![(a("x"), 4)]);
+        assert_eq!(lanes.finished(Some("x")), vec![]);
+        assert!(lanes.is_idle());
+    }
+
+    #[test]
+    fn deliveries_beyond_the_slots_wait_for_one_and_room_follows() {
+        let mut lanes = Lanes::new(2, 2);
+        assert_eq!(lanes.admit(None, 1), Some(1));
+        assert!(lanes.has_room());
+        assert_eq!(lanes.admit(a("x"), 2), Some(2));
+        assert!(!lanes.has_room(), "both slots are taken");
+        assert_eq!(lanes.admit(a("y"), 3), None);
+        assert_eq!(lanes.admit(a("x"), 4), None);
+        assert_eq!(lanes.finished(None), vec![(a("y"), 3)]);
+        assert!(!lanes.has_room());
+        assert_eq!(lanes.finished(Some("y")), vec![]);
+        assert!(lanes.has_room(), "a slot is free and one waits");
+        assert_eq!(lanes.finished(Some("x")), vec![(a("x"), 4)]);
+        assert_eq!(lanes.finished(Some("x")), vec![]);
+        assert!(lanes.is_idle());
+    }
+
+    #[test]
+    fn a_held_aggregate_keeps_no_other_from_its_slots() {
+        let mut lanes = Lanes::new(2, 8);
+        assert_eq!(lanes.admit(a("slow"), 0), Some(0));
+        for n in 1..4 {
+            assert_eq!(lanes.admit(a("slow"), n), None);
+        }
+        for n in 10..14 {
+            assert_eq!(lanes.admit(a(&format!("fast-{n}")), n), Some(n));
+            assert_eq!(lanes.finished(a(&format!("fast-{n}")).as_deref()), vec![]);
+        }
+    }
+}
