@@ -52,17 +52,21 @@ crate::part::dynamo_part!(
     /// `Query` per state asked and a `BatchGetItem` per hundred operations
     /// found (see [`list`](JournalStore::list) below).
     ///
-    /// An update stamps `updated_at` with the caller's now only if that is not
+    /// An update stamps `updated_at` with the store's now only if that is not
     /// before the stored one (DynamoDB has no `max()` in update expressions):
     /// in the rare case of a writer whose clock is behind the last one's, the
     /// write is sent again keeping the stored time, a second request.
     ///
-    /// DynamoDB has no clock to ask, so leases, the key window and every time in
-    /// a record are the caller's clock's ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)): callers'
-    /// clocks must agree to within a small part of the lease, as for
-    /// [`DynamoStore`](crate::DynamoStore) (a caller whose clock runs ahead may
-    /// take over a live lease early; the old owner's writes then fail with
-    /// `LostLease`, so nothing is written twice).
+    /// Leases, the key window and every time in a record are the service's
+    /// clock's by default ([`ServiceClock`](crate::ServiceClock): DynamoDB's
+    /// time from its responses), so callers whose own clocks disagree by
+    /// hours agree within about a second, as for
+    /// [`DynamoStore`](crate::DynamoStore); with
+    /// [`DynamoJournalOptions::clock`](crate::DynamoJournalOptions) the
+    /// caller's clock judges, and callers' clocks must agree to within a
+    /// small part of the lease (a caller whose clock runs ahead may take
+    /// over a live lease early, or start again an operation whose window it
+    /// thinks is over).
     ///
     /// **`list` reads a global secondary index**, which DynamoDB keeps
     /// eventually consistent: an operation changed a moment ago may be missing
@@ -173,7 +177,9 @@ impl DynamoJournal {
     /// yours, or another request for the same operation): nothing of the
     /// transaction was written; [`get`](JournalStore::get) gives the stored
     /// operation. The record's times are the journal clock's when this is
-    /// called, not when the transaction commits. DynamoDB refuses two writes
+    /// called, not when the transaction commits (the service's clock as far
+    /// as a response has told it: in a process where no DynamoDB part has
+    /// had an answer yet, the process's own time). DynamoDB refuses two writes
     /// to one item in a transaction, so record each operation once in it.
     ///
     /// ```no_run
@@ -457,7 +463,7 @@ impl Operations {
 impl JournalStore for Operations {
     async fn record(&self, operation: &NewOperation) -> Result<JournalRecord, StoreError> {
         const OP: Operation = Operation::Record;
-        let now = self.now();
+        let now = self.synced_now().await?;
         let record = operation.clone().into_record(now);
         let item = journal_item::item(&record)?;
         let condition = format!("attribute_not_exists(#{})", attr::PK);
@@ -507,7 +513,7 @@ impl JournalStore for Operations {
         let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Acquire;
         let lease = validate_lease(lease)?;
-        let now = self.now();
+        let now = self.synced_now().await?;
         // Nobody else holds it: no owner, released, lapsed, or this owner's
         // (a second delivery, its lease moved).
         let free = format!(
@@ -546,7 +552,7 @@ impl JournalStore for Operations {
     async fn mark_sent(&self, held: Holder<'_>, sends: u32) -> Result<JournalRecord, StoreError> {
         let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::MarkSent;
-        let now = self.now();
+        let now = self.synced_now().await?;
         let next = sends.saturating_add(1);
         let condition = format!("{} AND #{} = :sends", held_condition(), attr::SENDS);
         let write = Fenced::new(OP, key, &condition)
@@ -575,7 +581,7 @@ impl JournalStore for Operations {
     async fn finish(&self, held: Holder<'_>, finish: &Finish) -> Result<JournalRecord, StoreError> {
         let Holder { key, owner, .. } = held;
         const OP: Operation = Operation::Finish;
-        let now = self.now();
+        let now = self.synced_now().await?;
         let mut write = Fenced::new(OP, key, &held_condition())
             .value(":own", s(owner.to_string()))
             .set_or_remove(attr::STATE, Some(s(finish.state.as_str())))
@@ -607,7 +613,7 @@ impl JournalStore for Operations {
     async fn list(&self, query: &ListQuery) -> Result<Vec<JournalRecord>, StoreError> {
         const OP: Operation = Operation::List;
         let limit = validate_list_limit(query.limit)?;
-        let now = self.now();
+        let now = self.synced_now().await?;
         let cutoff = now - query.older_than;
         // The oldest `limit` of all states are among the oldest `limit` of
         // each.
@@ -637,7 +643,7 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::part::capabilities(usize::MAX)
+        crate::part::capabilities(&self.settings, usize::MAX)
     }
 }
 
@@ -680,6 +686,16 @@ mod tests {
         );
         assert_eq!(
             journal.capabilities().clock,
+            idem_core::store::ClockSource::Server,
+            "the service's clock by default"
+        );
+        let on_caller = DynamoJournal::with_options(
+            client(),
+            DynamoJournalOptions::default().clock(idem_core::store::SystemClock),
+        )
+        .unwrap();
+        assert_eq!(
+            on_caller.capabilities().clock,
             idem_core::store::ClockSource::Caller
         );
     }

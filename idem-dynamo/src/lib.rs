@@ -14,8 +14,11 @@
 //! - The claim is one conditional `UpdateItem` for every outcome; complete,
 //!   renew and checkpoint are one conditional `UpdateItem` each, release one
 //!   conditional `DeleteItem`, all fenced on the owner.
-//! - DynamoDB has no clock: the caller's judges leases and retention (see
-//!   [`DynamoStore`] for the skew this tolerates). TTL deletes lazily, so
+//! - DynamoDB evaluates no clock in a condition, so the store sends the
+//!   time: the service's own, read from the `Date` header of its responses
+//!   ([`ServiceClock`]), so callers whose clocks disagree by hours agree
+//!   within about a second; the caller's clock is an option (see
+//!   [`DynamoStore`] for the skew it tolerates). TTL deletes lazily, so
 //!   every decision checks retention itself.
 //! - [`DynamoStore::begin`] opens a [`DynamoTransaction`]: your
 //!   `TransactWriteItem`s and the record's completion (and checkpoints)
@@ -126,6 +129,7 @@
 //! table and item) and `versions` (the version check).
 
 mod claim;
+mod clock;
 mod codec;
 mod commands;
 mod error;
@@ -141,6 +145,7 @@ mod store;
 mod transaction;
 mod versions;
 
+pub use clock::ServiceClock;
 pub use journal::DynamoJournal;
 pub use options::{
     DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PARKING_TABLE, DEFAULT_TABLE,

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use idem_core::store::{Clock, OperationLayer, SystemClock, validate_name};
+use idem_core::store::{Clock, OperationLayer, validate_name};
 use idem_core::{InvalidInput, StoreOptions};
 
+use crate::clock::ServiceClock;
 use crate::error::STORE;
 
 /// DynamoDB's item size limit, in bytes.
@@ -29,7 +30,11 @@ pub const DEFAULT_TABLE: &str = "idem-records";
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) table: String,
+    /// The clock that judges: the service's unless the options set another.
     pub(crate) clock: Arc<dyn Clock>,
+    /// That clock, when it is the service's: synced before the first
+    /// operation, and read by the client's interceptor.
+    pub(crate) service: Option<ServiceClock>,
     pub(crate) max_response_bytes: usize,
     pub(crate) layer: OperationLayer,
 }
@@ -37,9 +42,11 @@ pub(crate) struct Settings {
 impl Settings {
     /// The defaults on `table`.
     pub(crate) fn on(table: &str, max_response_bytes: usize) -> Self {
+        let service = ServiceClock::shared();
         Self {
             table: table.to_string(),
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(service.clone()),
+            service: Some(service),
             max_response_bytes,
             layer: OperationLayer::new(STORE, StoreOptions::DEFAULT_OPERATION_TIMEOUT),
         }
@@ -57,15 +64,18 @@ macro_rules! part_options {
         pub struct $name {
             table: String,
             clock: Arc<dyn Clock>,
+            service: Option<ServiceClock>,
             store: StoreOptions,
         }
 
         impl Default for $name {
-            #[doc = concat!("Table [`", stringify!($default), "`], the system clock, a 5 s operation timeout.")]
+            #[doc = concat!("Table [`", stringify!($default), "`], the service's clock ([`ServiceClock::shared`]), a 5 s operation timeout.")]
             fn default() -> Self {
+                let service = ServiceClock::shared();
                 Self {
                     table: $default.to_string(),
-                    clock: Arc::new(SystemClock),
+                    clock: Arc::new(service.clone()),
+                    service: Some(service),
                     store: StoreOptions::default(),
                 }
             }
@@ -84,9 +94,10 @@ macro_rules! part_options {
                 self
             }
 
-            /// The clock that judges leases and stamps every time of a
-            /// record (DynamoDB has none to ask); tests inject a
-            /// [`ManualClock`](idem_core::ManualClock).
+            /// The caller's clock, instead of the service's, to judge
+            /// leases and stamp every time of a record: callers' clocks
+            /// must then agree within a small part of every lease (tests
+            /// inject a [`ManualClock`](idem_core::ManualClock)).
             ///
             /// ```
             /// use idem_core::ManualClock;
@@ -99,6 +110,24 @@ macro_rules! part_options {
             #[must_use]
             pub fn clock(mut self, clock: impl Clock) -> Self {
                 self.clock = Arc::new(clock);
+                self.service = None;
+                self
+            }
+
+            /// The service's clock `clock` instead of the process's one
+            /// ([`ServiceClock::shared`], the default): its reader is
+            /// installed on the part's client.
+            ///
+            /// ```
+            /// use idem_dynamo::ServiceClock;
+            ///
+            #[doc = concat!("let options = idem_dynamo::", stringify!($name), "::default().service_clock(ServiceClock::new());")]
+            /// # let _ = options;
+            /// ```
+            #[must_use]
+            pub fn service_clock(mut self, clock: ServiceClock) -> Self {
+                self.clock = Arc::new(clock.clone());
+                self.service = Some(clock);
                 self
             }
 
@@ -127,6 +156,7 @@ macro_rules! part_options {
                 Ok(Settings {
                     table: self.table,
                     clock: self.clock,
+                    service: self.service,
                     max_response_bytes,
                     layer: OperationLayer::new(STORE, self.store.operation_timeout()),
                 })

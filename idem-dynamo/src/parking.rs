@@ -107,8 +107,9 @@ crate::part::dynamo_part!(
     /// indexes keeps at most 10 GB per partition, here per consumer: room
     /// for far more parked messages than an operator reads.
     ///
-    /// DynamoDB has no clock: the caller's stamps when an entry is parked
-    /// and resolved ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)).
+    /// The service's clock ([`ServiceClock`](crate::ServiceClock)), or the
+    /// caller's the options set, stamps when an entry is parked and
+    /// resolved.
     /// Every operation goes through the store's
     /// [`OperationLayer`](idem_core::store::OperationLayer): bounded by the
     /// [operation timeout](idem_core::StoreOptions::with_operation_timeout),
@@ -456,7 +457,7 @@ impl Entries {
 #[async_trait]
 impl ParkingStore for Entries {
     async fn park(&self, parked: &NewParked) -> Result<ParkedMessage, StoreError> {
-        let now = self.now();
+        let now = self.synced_now().await?;
         let item = item(parked, now)?;
         self.client
             .put_item()
@@ -516,7 +517,10 @@ impl ParkingStore for Entries {
         );
         let mut values = Item::from([
             (":st".to_string(), s(resolution.state().as_str())),
-            (":now".to_string(), n(self.now().as_unix_millis())),
+            (
+                ":now".to_string(),
+                n(self.synced_now().await?.as_unix_millis()),
+            ),
             (":rsv".to_string(), s(RESOLVED)),
             (":parked".to_string(), s(ParkedState::Parked.as_str())),
         ]);
@@ -551,7 +555,7 @@ impl ParkingStore for Entries {
     async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Purge;
         let limit = validate_parking_batch(limit)?;
-        let cutoff = self.now() - older_than;
+        let cutoff = self.synced_now().await? - older_than;
         // Still resolved, that long ago: the index lags the table, and an
         // entry parked again since must stay.
         let condition = format!(
@@ -611,7 +615,7 @@ impl ParkingStore for Entries {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::part::capabilities(usize::MAX)
+        crate::part::capabilities(&self.settings, usize::MAX)
     }
 }
 

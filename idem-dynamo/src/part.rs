@@ -34,9 +34,19 @@ macro_rules! dynamo_part {
                 &self.settings.table
             }
 
-            /// Now, by the store's clock (the caller's: DynamoDB has none).
+            /// Now, by the store's clock (the service's, or the caller's
+            /// the options set), as far as it is synced.
             fn now(&self) -> idem_core::store::Timestamp {
                 self.settings.clock.now()
+            }
+
+            /// Now, by the store's clock, synced first: the service's
+            /// clock asks DynamoDB once if no response told it the time.
+            async fn synced_now(&self) -> Result<idem_core::store::Timestamp, idem_core::StoreError> {
+                if let Some(service) = &self.settings.service {
+                    service.sync(&self.client, idem_core::Operation::Now).await?;
+                }
+                Ok(self.now())
             }
         }
 
@@ -93,7 +103,15 @@ macro_rules! dynamo_part {
                 client: ::aws_sdk_dynamodb::Client,
                 settings: $crate::options::Settings,
             ) -> Self {
-                let layer = settings.layer;
+                let layer = settings.layer.clone();
+                // The service's clock reads every response of the part's
+                // client.
+                let client = match &settings.service {
+                    Some(service) => ::aws_sdk_dynamodb::Client::from_conf(
+                        client.config().to_builder().interceptor(service.interceptor()).build(),
+                    ),
+                    None => client,
+                };
                 Self {
                     $field: idem_core::store::Layered::with_layer($inner { client, settings }, layer),
                 }
@@ -132,14 +150,21 @@ macro_rules! dynamo_part {
 pub(crate) use dynamo_part;
 
 /// What every DynamoDB store is: durable, sharing `TransactWriteItems`, on
-/// the caller's clock (DynamoDB has none to ask).
-pub(crate) fn capabilities(max_response_bytes: usize) -> idem_core::store::Capabilities {
+/// the service's clock, or the caller's where the options set it.
+pub(crate) fn capabilities(
+    settings: &crate::options::Settings,
+    max_response_bytes: usize,
+) -> idem_core::store::Capabilities {
     use idem_core::store::{Capabilities, ClockSource, Durability, TransactionSharing};
+    let clock = match settings.service {
+        Some(_) => ClockSource::Server,
+        None => ClockSource::Caller,
+    };
     Capabilities::new(
         crate::error::STORE,
         TransactionSharing::TransactItems,
         Durability::Durable,
-        ClockSource::Caller,
+        clock,
         max_response_bytes,
     )
 }

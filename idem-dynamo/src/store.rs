@@ -24,14 +24,20 @@ use crate::transaction::DynamoTransaction;
 crate::part::dynamo_part!(
     /// The DynamoDB store, over the caller's `aws_sdk_dynamodb::Client`.
     ///
-    /// DynamoDB has no clock to ask, so leases and retention are judged by the
-    /// caller's clock ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)). Callers' clocks must agree to
-    /// within a small part of the lease: a caller whose clock runs `d` ahead
-    /// sees leases expire `d` early and may take over a live owner `d` before its
-    /// lease ends (its fenced writes then fail with `LostLease`, so nothing is
-    /// written twice, but work may run twice). With NTP-synchronised hosts
-    /// (skew of milliseconds) and leases of seconds, that margin is ample; keep
-    /// leases at least 100 times the skew you expect.
+    /// DynamoDB evaluates no clock of its own in a condition, so the store
+    /// sends the time: by default the service's, read from the `Date`
+    /// header of DynamoDB's responses ([`ServiceClock`](crate::ServiceClock),
+    /// [`ClockSource::Server`](idem_core::store::ClockSource::Server)), so
+    /// callers whose own clocks disagree by hours still judge leases and
+    /// retention within about a second of each other (keep leases well
+    /// over a second; the default is 30 s). With
+    /// [`DynamoOptions::clock`](crate::DynamoOptions) the caller's clock
+    /// judges instead ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)):
+    /// callers' clocks must then agree to within a small part of the lease,
+    /// since a caller whose clock runs `d` ahead sees leases expire `d`
+    /// early and may take over a live owner `d` before its lease ends (its
+    /// fenced writes then fail with `LostLease`, so nothing is written
+    /// twice, but work may run twice).
     ///
     /// Every operation goes through the store's
     /// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
@@ -124,11 +130,17 @@ impl DynamoStore {
 #[async_trait]
 impl IdempotencyStore for Records {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        crate::claim::claim(&self.client, self.table(), request, self.now()).await
+        crate::claim::claim(
+            &self.client,
+            self.table(),
+            request,
+            self.synced_now().await?,
+        )
+        .await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let now = self.now();
+        let now = self.synced_now().await?;
         let update = commands::complete(lease, response, now, self.settings.max_response_bytes)?;
         async {
             let sent = update
@@ -160,7 +172,7 @@ impl IdempotencyStore for Records {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let extend = validate_lease(extend)?;
-        let now = self.now();
+        let now = self.synced_now().await?;
         let until = now + extend;
         async {
             let within = commands::renew_within_retention(lease, until, now)
@@ -201,14 +213,14 @@ impl IdempotencyStore for Records {
             // second delivery; or past retention, which counts as absent).
             .condition_expression(RELEASE_CONDITION)
             .expression_attribute_names("#exp", attr::EXPIRES)
-            .set_expression_attribute_values(Some(fence_values(lease, self.now())))
+            .set_expression_attribute_values(Some(fence_values(lease, self.synced_now().await?)))
             .send();
         sent.await.map_err(|e| fenced(Operation::Release, e))?;
         Ok(())
     }
 
     async fn checkpoint(&self, lease: &Lease, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        let sent = commands::checkpoint(lease, checkpoint, self.now())
+        let sent = commands::checkpoint(lease, checkpoint, self.synced_now().await?)
             .request(&self.client, self.table())
             .send();
         sent.await.map_err(|e| fenced(Operation::Checkpoint, e))?;
@@ -226,7 +238,7 @@ impl IdempotencyStore for Records {
         let output = sent.await.map_err(|e| classify(Operation::Get, e))?;
         match output.item() {
             // TTL deletes lazily: an item past retention counts as absent.
-            Some(found) if codec::is_live(found, self.now()) => {
+            Some(found) if codec::is_live(found, self.synced_now().await?) => {
                 codec::record(scope, found, Operation::Get).map(Some)
             }
             _ => Ok(None),
@@ -238,7 +250,7 @@ impl IdempotencyStore for Records {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Purge;
         let layer = self.settings.layer;
-        let now = n(self.now().as_unix_millis());
+        let now = n(self.synced_now().await?.as_unix_millis());
         let mut deleted = 0;
         let mut pages = self
             .client
@@ -275,7 +287,7 @@ impl IdempotencyStore for Records {
     }
 
     async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
-        let now = self.now();
+        let now = self.synced_now().await?;
         let sent = self
             .client
             .delete_item()
@@ -291,11 +303,11 @@ impl IdempotencyStore for Records {
     }
 
     async fn now(&self, _scope: &Scope) -> Result<Timestamp, StoreError> {
-        Ok(self.now())
+        Ok(self.synced_now().await?)
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::part::capabilities(self.settings.max_response_bytes)
+        crate::part::capabilities(&self.settings, self.settings.max_response_bytes)
     }
 }
 
