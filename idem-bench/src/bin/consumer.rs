@@ -10,7 +10,12 @@
 //! For each broker, `--messages` messages of 100 aggregates are published
 //! to a queue (a stream) of the run's own, then drained:
 //!
-//! - **bare**: each delivery acked, one at a time, nothing else;
+//! - **bare**: each delivery acked, one at a time, nothing else (a
+//!   RabbitMQ prefetch of 200, as the floor's);
+//! - **floor**: the least any consumer with an inbox does, per batch of
+//!   100 deliveries: one transaction inserting their inbox rows and their
+//!   domain rows, committed, then the acks (what one commit per batch
+//!   could reach);
 //! - **inbox**: every delivery through `idem_consumer::Consumer::run` with
 //!   each `--concurrency` (deliveries handled at once, one per aggregate)
 //!   over a Postgres inbox (`PostgresStore`, a fresh table): the claim
@@ -165,6 +170,82 @@ async fn drain_bare<S: Source>(source: &mut S, count: usize) -> Result<f64, Fail
     Ok(count as f64 / started.elapsed().as_secs_f64())
 }
 
+/// The floor's batch: as many messages per transaction as the consumer's
+/// batches would hold.
+const FLOOR_BATCH: usize = 100;
+
+/// The least any consumer with an inbox does, per batch of
+/// [`FLOOR_BATCH`] deliveries: one transaction inserting the batch's
+/// inbox rows and its domain rows, committed, then each delivery acked;
+/// messages a second.
+async fn drain_floor<S: Source>(
+    pool: &PgPool,
+    source: &mut S,
+    count: usize,
+    run: &str,
+) -> Result<f64, Fail> {
+    let (inbox, orders) = (format!("bench_inbox_{run}"), format!("bench_orders_{run}"));
+    for ddl in [
+        format!("CREATE TABLE {inbox} (id text PRIMARY KEY)"),
+        format!("CREATE TABLE {orders} (id text PRIMARY KEY, body bytea NOT NULL)"),
+    ] {
+        sqlx::query(AssertSqlSafe(ddl)).execute(pool).await?;
+    }
+    let started = Instant::now();
+    let mut done = 0;
+    while done < count {
+        let mut batch = Vec::with_capacity(FLOOR_BATCH);
+        while batch.len() < FLOOR_BATCH.min(count - done) {
+            let next = tokio::time::timeout(Duration::from_secs(60), source.next()).await??;
+            batch.push(next.ok_or("the source closed")?);
+        }
+        let ids: Vec<String> = batch
+            .iter()
+            .map(|d| d.message().id().as_str().to_string())
+            .collect();
+        let bodies: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|d| d.message().payload().to_vec())
+            .collect();
+        let mut tx = pool.begin().await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {inbox} (id) SELECT * FROM unnest($1::text[])"
+        )))
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {orders} (id, body) SELECT * FROM unnest($1::text[], $2::bytea[])"
+        )))
+        .bind(&ids)
+        .bind(&bodies)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        for delivery in &batch {
+            delivery.ack().await?;
+        }
+        done += batch.len();
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+/// What is measured on a queue (a stream) of its own.
+#[derive(Debug, Clone, Copy)]
+enum Run {
+    Bare,
+    Floor,
+    Inbox(usize),
+}
+
+/// The bare consumer, the floor, then the inbox at each concurrency.
+fn runs(levels: &[usize]) -> Vec<Run> {
+    [Run::Bare, Run::Floor]
+        .into_iter()
+        .chain(levels.iter().copied().map(Run::Inbox))
+        .collect()
+}
+
 /// What one run with the inbox measured.
 struct Measured {
     rate: f64,
@@ -261,6 +342,7 @@ async fn inbox_consumer(
 struct Row {
     broker: &'static str,
     bare: f64,
+    floor: f64,
     inbox: Vec<(usize, Measured)>,
 }
 
@@ -284,9 +366,10 @@ async fn nats(
     let mut row = Row {
         broker: "nats",
         bare: 0.0,
+        floor: 0.0,
         inbox: Vec::new(),
     };
-    for level in std::iter::once(None).chain(levels.iter().copied().map(Some)) {
+    for kind in runs(levels) {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let stream = format!("BENCH_CONSUMER_{run}");
         let prefix = format!("bench-consumer-{run}");
@@ -302,9 +385,10 @@ async fn nats(
         publish(&publisher, &messages(count)?).await?;
         let config = JetStreamSource::durable("bench", 5, Duration::from_secs(30));
         let mut source = JetStreamSource::attach(&context, &stream, config).await?;
-        match level {
-            None => row.bare = drain_bare(&mut source, count).await?,
-            Some(level) => {
+        match kind {
+            Run::Bare => row.bare = drain_bare(&mut source, count).await?,
+            Run::Floor => row.floor = drain_floor(pool, &mut source, count, &run).await?,
+            Run::Inbox(level) => {
                 let (consumer, done) = inbox_consumer(pool, &run, count, level).await?;
                 let measured =
                     drain_inbox(pool, &mut source, count, &consumer, &done, count_commits).await?;
@@ -329,9 +413,10 @@ async fn rabbitmq(
     let mut row = Row {
         broker: "rabbitmq",
         bare: 0.0,
+        floor: 0.0,
         inbox: Vec::new(),
     };
-    for level in std::iter::once(None).chain(levels.iter().copied().map(Some)) {
+    for kind in runs(levels) {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let (exchange, queue) = (
             format!("bench-consumer-{run}"),
@@ -348,12 +433,16 @@ async fn rabbitmq(
         idem_rabbitmq::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
         let publisher = RabbitPublisher::connect(url, RabbitOptions::new(&exchange)?).await?;
         publish(&publisher, &messages(count)?).await?;
-        let prefetch = u16::try_from(level.unwrap_or(8).saturating_mul(2).max(16))?;
+        let prefetch = match kind {
+            Run::Inbox(level) => u16::try_from(level.saturating_mul(2).max(16))?,
+            Run::Floor | Run::Bare => u16::try_from(FLOOR_BATCH * 2)?,
+        };
         let options = RabbitSourceOptions::new(&queue, 5)?.with_prefetch(prefetch)?;
         let mut source = RabbitSource::connect(url, options).await?;
-        match level {
-            None => row.bare = drain_bare(&mut source, count).await?,
-            Some(level) => {
+        match kind {
+            Run::Bare => row.bare = drain_bare(&mut source, count).await?,
+            Run::Floor => row.floor = drain_floor(pool, &mut source, count, &run).await?,
+            Run::Inbox(level) => {
                 let (consumer, done) = inbox_consumer(pool, &run, count, level).await?;
                 let measured =
                     drain_inbox(pool, &mut source, count, &consumer, &done, count_commits).await?;
@@ -387,9 +476,9 @@ async fn main() -> Result<(), Fail> {
         .connect(&pg_url)
         .await?;
     println!(
-        "| broker | bare consumer (acks only), msg/s | concurrency | consumer with Postgres inbox and commit, msg/s | inbox / bare | Postgres transactions per message | WAL flushes per message |"
+        "| broker | bare consumer (acks only), msg/s | concurrency | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | Postgres transactions per message | WAL flushes per message |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let brokers: &[Broker] = match args.broker {
         Broker::Both => &[Broker::Rabbitmq, Broker::Nats],
         one => std::slice::from_ref(match one {
@@ -414,11 +503,13 @@ async fn main() -> Result<(), Fail> {
                 |(commits, syncs)| format!("{commits:.2} | {syncs:.2}"),
             );
             println!(
-                "| {} | {:.0} | {level} | {:.0} | {:.2} | {commits} |",
+                "| {} | {:.0} | {level} | {:.0} | {:.2} | {:.0} | {:.2} | {commits} |",
                 row.broker,
                 row.bare,
                 measured.rate,
                 measured.rate / row.bare,
+                row.floor,
+                measured.rate / row.floor,
             );
         }
     }
