@@ -20,7 +20,12 @@ use idem_core::{
 use tracing::{Instrument, field};
 
 use crate::delivery::{BrokerError, Delivery, RedeliveryHorizon, Source};
-use crate::flight::{Joined, Lanes, Tasks};
+use crate::flight::{Lanes, Tasks};
+
+/// The deliveries being handled, each task ending in how it went.
+type Handling = Tasks<Result<(), ConsumerError>>;
+/// A handled delivery's aggregate and how its task ended.
+type Joined = crate::flight::Joined<Result<(), ConsumerError>>;
 use crate::options::ConsumerOptions;
 
 /// How many received deliveries may wait behind their aggregates per slot
@@ -452,7 +457,7 @@ impl<H: Handler> Consumer<H> {
         tokio::pin!(shutdown);
         let slots = self.parts.options.concurrency;
         let mut lanes = Lanes::new(slots, slots.saturating_mul(WAITING_PER_SLOT));
-        let mut tasks = Tasks::default();
+        let mut tasks = Handling::default();
         // Receive failures in a row: the back-off's delivery count.
         let mut failures = 0u32;
         loop {
@@ -517,7 +522,7 @@ impl<H: Handler> Consumer<H> {
     /// Handles `delivery` in a task of its own.
     fn start<D: Delivery + 'static>(
         &self,
-        tasks: &mut Tasks,
+        tasks: &mut Handling,
         aggregate: Option<String>,
         delivery: D,
     ) {
@@ -531,7 +536,7 @@ impl<H: Handler> Consumer<H> {
     fn joined<D: Delivery + 'static>(
         &self,
         lanes: &mut Lanes<D>,
-        tasks: &mut Tasks,
+        tasks: &mut Handling,
         joined: Joined,
     ) {
         let (aggregate, handled) = joined;
@@ -546,7 +551,7 @@ impl<H: Handler> Consumer<H> {
     async fn drain<D: Delivery + 'static>(
         &self,
         lanes: &mut Lanes<D>,
-        tasks: &mut Tasks,
+        tasks: &mut Handling,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) {
         while !lanes.is_idle() {
@@ -565,7 +570,7 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// At shutdown: waits for the deliveries being handled, within the grace.
-    async fn finish(&self, mut tasks: Tasks) -> Result<(), ConsumerError> {
+    async fn finish(&self, mut tasks: Handling) -> Result<(), ConsumerError> {
         let grace = self.parts.options.shutdown_grace;
         let finished = tokio::time::timeout(grace, async {
             while let Some((_, handled)) = tasks.join_next().await {

@@ -5,8 +5,6 @@ use std::collections::{HashMap, VecDeque};
 
 use tokio::task::{Id, JoinError, JoinSet};
 
-use crate::consumer::ConsumerError;
-
 /// Which received deliveries may start, and which wait: at most `slots`
 /// handled at once, and behind an aggregate being handled, its later
 /// deliveries in the order received (a delivery without an aggregate waits
@@ -95,31 +93,39 @@ impl<D> Lanes<D> {
     }
 }
 
-/// The tasks handling deliveries, each known by its aggregate. Dropped (as
-/// `run` is), it lets them finish: a delivery is never cut between its
-/// statements.
-#[derive(Default)]
-pub(crate) struct Tasks {
-    set: JoinSet<Result<(), ConsumerError>>,
+/// The tasks handling deliveries (each ending in a `T`), each known by its
+/// aggregate. Dropped (as `run` is), it lets them finish: a delivery is
+/// never cut between its statements.
+pub(crate) struct Tasks<T: 'static> {
+    set: JoinSet<T>,
     aggregates: HashMap<Id, Option<String>>,
 }
 
-/// A handled delivery's aggregate and how its task ended.
-pub(crate) type Joined = (Option<String>, Result<Result<(), ConsumerError>, JoinError>);
+impl<T: 'static> Default for Tasks<T> {
+    fn default() -> Self {
+        Self {
+            set: JoinSet::new(),
+            aggregates: HashMap::new(),
+        }
+    }
+}
 
-impl Tasks {
+/// A handled delivery's aggregate and how its task ended.
+pub(crate) type Joined<T> = (Option<String>, Result<T, JoinError>);
+
+impl<T: Send + 'static> Tasks<T> {
     /// Handles a delivery of `aggregate` in a task of its own.
     pub(crate) fn spawn(
         &mut self,
         aggregate: Option<String>,
-        handling: impl Future<Output = Result<(), ConsumerError>> + Send + 'static,
+        handling: impl Future<Output = T> + Send + 'static,
     ) {
         let id = self.set.spawn(handling).id();
         self.aggregates.insert(id, aggregate);
     }
 
     /// The next task to end; `None` when none runs.
-    pub(crate) async fn join_next(&mut self) -> Option<Joined> {
+    pub(crate) async fn join_next(&mut self) -> Option<Joined<T>> {
         let (id, ended) = match self.set.join_next_with_id().await? {
             Ok((id, handled)) => (id, Ok(handled)),
             Err(error) => (error.id(), Err(error)),
@@ -128,7 +134,7 @@ impl Tasks {
     }
 }
 
-impl Drop for Tasks {
+impl<T: 'static> Drop for Tasks<T> {
     fn drop(&mut self) {
         self.set.detach_all();
     }
