@@ -643,7 +643,7 @@ impl JournalStore for Operations {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::part::capabilities(&self.settings, usize::MAX)
+        crate::part::capabilities(usize::MAX)
     }
 }
 
@@ -684,18 +684,9 @@ mod tests {
             journal.operations.layer().timeout(),
             Some(StoreOptions::DEFAULT_OPERATION_TIMEOUT)
         );
+        // The service's clock is read in this process, as the caller's is.
         assert_eq!(
             journal.capabilities().clock,
-            idem_core::store::ClockSource::Server,
-            "the service's clock by default"
-        );
-        let on_caller = DynamoJournal::with_options(
-            client(),
-            DynamoJournalOptions::default().clock(idem_core::store::SystemClock),
-        )
-        .unwrap();
-        assert_eq!(
-            on_caller.capabilities().clock,
             idem_core::store::ClockSource::Caller
         );
     }

@@ -615,7 +615,7 @@ impl ParkingStore for Entries {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::part::capabilities(&self.settings, usize::MAX)
+        crate::part::capabilities(usize::MAX)
     }
 }
 

@@ -150,21 +150,17 @@ macro_rules! dynamo_part {
 pub(crate) use dynamo_part;
 
 /// What every DynamoDB store is: durable, sharing `TransactWriteItems`, on
-/// the service's clock, or the caller's where the options set it.
-pub(crate) fn capabilities(
-    settings: &crate::options::Settings,
-    max_response_bytes: usize,
-) -> idem_core::store::Capabilities {
+/// a clock read in this process ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)),
+/// whether the service's (computed here from DynamoDB's answers, so callers
+/// agree within about a second) or the caller's own: a cache in front
+/// reads it without a request, and judges by it on every hit.
+pub(crate) fn capabilities(max_response_bytes: usize) -> idem_core::store::Capabilities {
     use idem_core::store::{Capabilities, ClockSource, Durability, TransactionSharing};
-    let clock = match settings.service {
-        Some(_) => ClockSource::Server,
-        None => ClockSource::Caller,
-    };
     Capabilities::new(
         crate::error::STORE,
         TransactionSharing::TransactItems,
         Durability::Durable,
-        clock,
+        ClockSource::Caller,
         max_response_bytes,
     )
 }

@@ -26,18 +26,19 @@ crate::part::dynamo_part!(
     ///
     /// DynamoDB evaluates no clock of its own in a condition, so the store
     /// sends the time: by default the service's, read from the `Date`
-    /// header of DynamoDB's responses ([`ServiceClock`](crate::ServiceClock),
-    /// [`ClockSource::Server`](idem_core::store::ClockSource::Server)), so
-    /// callers whose own clocks disagree by hours still judge leases and
+    /// header of DynamoDB's responses ([`ServiceClock`](crate::ServiceClock)),
+    /// so callers whose own clocks disagree by hours still judge leases and
     /// retention within about a second of each other (keep leases well
     /// over a second; the default is 30 s). With
     /// [`DynamoOptions::clock`](crate::DynamoOptions) the caller's clock
-    /// judges instead ([`ClockSource::Caller`](idem_core::store::ClockSource::Caller)):
-    /// callers' clocks must then agree to within a small part of the lease,
+    /// judges instead: callers' clocks must then agree to within a small part of the lease,
     /// since a caller whose clock runs `d` ahead sees leases expire `d`
     /// early and may take over a live owner `d` before its lease ends (its
     /// fenced writes then fail with `LostLease`, so nothing is written
-    /// twice, but work may run twice).
+    /// twice, but work may run twice). Either way the clock is read in this
+    /// process, so [`Capabilities::clock`](idem_core::store::Capabilities) is
+    /// [`ClockSource::Caller`](idem_core::store::ClockSource::Caller): a cache
+    /// in front judges by it without a request.
     ///
     /// Every operation goes through the store's
     /// [`OperationLayer`](idem_core::store::OperationLayer): it is bounded by the
@@ -307,7 +308,7 @@ impl IdempotencyStore for Records {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::part::capabilities(&self.settings, self.settings.max_response_bytes)
+        crate::part::capabilities(self.settings.max_response_bytes)
     }
 }
 
