@@ -465,7 +465,10 @@ impl<H: Handler> Consumer<H> {
             while !lanes.has_room() {
                 tokio::select! {
                     biased;
-                    () = &mut shutdown => return self.finish(tasks).await,
+                    () = &mut shutdown => {
+                        self.finish(tasks).await;
+                        return Ok(());
+                    }
                     Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
                     // Nothing runs, so nothing would make room: receive.
                     else => break,
@@ -478,7 +481,10 @@ impl<H: Handler> Consumer<H> {
                 loop {
                     tokio::select! {
                         biased;
-                        () = &mut shutdown => return self.finish(tasks).await,
+                        () = &mut shutdown => {
+                        self.finish(tasks).await;
+                        return Ok(());
+                    }
                         Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
                         next = &mut receiving => break next,
                     }
@@ -494,11 +500,14 @@ impl<H: Handler> Consumer<H> {
                     tokio::pin!(resume);
                     loop {
                         tokio::select! {
-                            biased;
-                            () = &mut shutdown => return self.finish(tasks).await,
-                            Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
-                            () = &mut resume => break,
+                                biased;
+                                () = &mut shutdown => {
+                            self.finish(tasks).await;
+                            return Ok(());
                         }
+                                Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
+                                () = &mut resume => break,
+                            }
                     }
                     continue;
                 }
@@ -558,7 +567,7 @@ impl<H: Handler> Consumer<H> {
             tokio::select! {
                 biased;
                 () = &mut *shutdown => {
-                    let _ = self.finish(std::mem::take(tasks)).await;
+                    self.finish(std::mem::take(tasks)).await;
                     return;
                 }
                 joined = tasks.join_next() => match joined {
@@ -570,7 +579,7 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// At shutdown: waits for the deliveries being handled, within the grace.
-    async fn finish(&self, mut tasks: Handling) -> Result<(), ConsumerError> {
+    async fn finish(&self, mut tasks: Handling) {
         let grace = self.parts.options.shutdown_grace;
         let finished = tokio::time::timeout(grace, async {
             while let Some((_, handled)) = tasks.join_next().await {
@@ -585,7 +594,6 @@ impl<H: Handler> Consumer<H> {
                  they finish in their tasks, or the broker delivers them again"
             );
         }
-        Ok(())
     }
 
     /// Consumes one delivery and settles it.

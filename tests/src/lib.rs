@@ -65,15 +65,19 @@ where
     Case: FnOnce(Arc<S>) -> CaseFut,
     CaseFut: Future<Output = ()>,
 {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async move {
+    case_runtime().block_on(async move {
         let store = Arc::new(make.await);
         case(store).await;
     });
+}
+
+/// The runtime a case runs on: multi-threaded, so races are real.
+fn case_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 /// Runs one case of two instances, each built by its own evaluation of the
@@ -87,12 +91,7 @@ where
     Case: FnOnce(Arc<S>, Arc<S>) -> CaseFut,
     CaseFut: Future<Output = ()>,
 {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async move {
+    case_runtime().block_on(async move {
         let first = Arc::new(first.await);
         let second = Arc::new(second.await);
         case(first, second).await;

@@ -10,8 +10,7 @@
 //! For each broker, `--messages` messages of 100 aggregates are published
 //! to a queue (a stream) of the run's own, then drained:
 //!
-//! - **bare**: each delivery acked, one at a time, nothing else (a
-//!   RabbitMQ prefetch of 200, as the floor's);
+//! - **bare**: each delivery acked, one at a time, nothing else;
 //! - **floor**: the least any consumer with an inbox does, per batch of
 //!   100 deliveries: one transaction inserting their inbox rows and their
 //!   domain rows, committed, then the acks (what one commit per batch
@@ -20,8 +19,9 @@
 //!   each `--concurrency` (deliveries handled at once, one per aggregate)
 //!   over a Postgres inbox (`PostgresStore`, a fresh table): the claim
 //!   (its own commit), the handler's one-row insert and the completion in
-//!   one transaction (`PostgresStore::begin`), then the ack. The source's
-//!   prefetch (RabbitMQ) is twice the concurrency, at least 16.
+//!   one transaction (`PostgresStore::begin`), then the ack.
+//!
+//! RabbitMQ's prefetch is 200 in every run.
 //!
 //! Prints a markdown table: messages a second, the ratio to the bare
 //! consumer, and with `--count-commits` Postgres transactions per message
@@ -338,12 +338,51 @@ async fn inbox_consumer(
     Ok((consumer, done))
 }
 
-/// How to print one broker's figures.
+/// RabbitMQ's prefetch in every run: room for two of the floor's batches,
+/// and for every delivery the consumer holds at the concurrencies measured.
+const PREFETCH: u16 = 200;
+
+/// One broker's figures.
 struct Row {
     broker: &'static str,
     bare: f64,
     floor: f64,
     inbox: Vec<(usize, Measured)>,
+}
+
+impl Row {
+    fn new(broker: &'static str) -> Self {
+        Self {
+            broker,
+            bare: 0.0,
+            floor: 0.0,
+            inbox: Vec::new(),
+        }
+    }
+
+    /// Runs `kind` over `source`, holding `count` messages, on tables
+    /// named after `run`, and keeps what it measured.
+    async fn measure<S: Source>(
+        &mut self,
+        kind: Run,
+        pool: &PgPool,
+        source: &mut S,
+        count: usize,
+        run: &str,
+        count_commits: bool,
+    ) -> Result<(), Fail> {
+        match kind {
+            Run::Bare => self.bare = drain_bare(source, count).await?,
+            Run::Floor => self.floor = drain_floor(pool, source, count, run).await?,
+            Run::Inbox(level) => {
+                let (consumer, done) = inbox_consumer(pool, run, count, level).await?;
+                let measured =
+                    drain_inbox(pool, source, count, &consumer, &done, count_commits).await?;
+                self.inbox.push((level, measured));
+            }
+        }
+        Ok(())
+    }
 }
 
 async fn drop_tables(pool: &PgPool, run: &str) -> Result<(), Fail> {
@@ -363,12 +402,7 @@ async fn nats(
     count_commits: bool,
 ) -> Result<Row, Fail> {
     let context = jetstream::new(async_nats::connect(url).await?);
-    let mut row = Row {
-        broker: "nats",
-        bare: 0.0,
-        floor: 0.0,
-        inbox: Vec::new(),
-    };
+    let mut row = Row::new("nats");
     for kind in runs(levels) {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let stream = format!("BENCH_CONSUMER_{run}");
@@ -385,16 +419,8 @@ async fn nats(
         publish(&publisher, &messages(count)?).await?;
         let config = JetStreamSource::durable("bench", 5, Duration::from_secs(30));
         let mut source = JetStreamSource::attach(&context, &stream, config).await?;
-        match kind {
-            Run::Bare => row.bare = drain_bare(&mut source, count).await?,
-            Run::Floor => row.floor = drain_floor(pool, &mut source, count, &run).await?,
-            Run::Inbox(level) => {
-                let (consumer, done) = inbox_consumer(pool, &run, count, level).await?;
-                let measured =
-                    drain_inbox(pool, &mut source, count, &consumer, &done, count_commits).await?;
-                row.inbox.push((level, measured));
-            }
-        }
+        row.measure(kind, pool, &mut source, count, &run, count_commits)
+            .await?;
         context.delete_stream(&stream).await?;
         drop_tables(pool, &run).await?;
     }
@@ -410,12 +436,7 @@ async fn rabbitmq(
 ) -> Result<Row, Fail> {
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    let mut row = Row {
-        broker: "rabbitmq",
-        bare: 0.0,
-        floor: 0.0,
-        inbox: Vec::new(),
-    };
+    let mut row = Row::new("rabbitmq");
     for kind in runs(levels) {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let (exchange, queue) = (
@@ -433,22 +454,10 @@ async fn rabbitmq(
         idem_rabbitmq::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
         let publisher = RabbitPublisher::connect(url, RabbitOptions::new(&exchange)?).await?;
         publish(&publisher, &messages(count)?).await?;
-        let prefetch = match kind {
-            Run::Inbox(level) => u16::try_from(level.saturating_mul(2).max(16))?,
-            Run::Floor | Run::Bare => u16::try_from(FLOOR_BATCH * 2)?,
-        };
-        let options = RabbitSourceOptions::new(&queue, 5)?.with_prefetch(prefetch)?;
+        let options = RabbitSourceOptions::new(&queue, 5)?.with_prefetch(PREFETCH)?;
         let mut source = RabbitSource::connect(url, options).await?;
-        match kind {
-            Run::Bare => row.bare = drain_bare(&mut source, count).await?,
-            Run::Floor => row.floor = drain_floor(pool, &mut source, count, &run).await?,
-            Run::Inbox(level) => {
-                let (consumer, done) = inbox_consumer(pool, &run, count, level).await?;
-                let measured =
-                    drain_inbox(pool, &mut source, count, &consumer, &done, count_commits).await?;
-                row.inbox.push((level, measured));
-            }
-        }
+        row.measure(kind, pool, &mut source, count, &run, count_commits)
+            .await?;
         source.close().await?;
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, Holder, JournalRecord,
-    JournalStore, ListQuery, NewOperation, OperationKey, OwnerToken, SystemClock, Timestamp,
-    TransactionSharing, validate_lease, validate_list_limit,
+    Acquired, Capabilities, Clock, ClockSource, Durability, Finish, Holder, JournalParts,
+    JournalRecord, JournalStore, ListQuery, NewOperation, OperationKey, OwnerToken, SystemClock,
+    Timestamp, TransactionSharing, validate_lease, validate_list_limit,
 };
 use idem_core::{StoreError, async_trait};
 
@@ -274,26 +274,12 @@ impl JournalStore for OwnJournal {
             } else if let Some(first) = first_sent {
                 parts.updated_at = first;
             }
-            written = JournalRecord::new(
-                NewOperation::from_stored(
-                    written.key().clone(),
-                    written.request().clone(),
-                    written.provider_key().to_string(),
-                ),
-                parts,
-            );
+            written = with_parts(&written, parts);
         }
         if self.is(JournalDefect::WindowRestarts) && counts {
             let mut parts = written.parts().clone();
             parts.first_sent_at = Some(now);
-            written = JournalRecord::new(
-                NewOperation::from_stored(
-                    written.key().clone(),
-                    written.request().clone(),
-                    written.provider_key().to_string(),
-                ),
-                parts,
-            );
+            written = with_parts(&written, parts);
         }
         if written.parts().sends != sends.saturating_add(1)
             && !self.is(JournalDefect::SendCountedTwice)
@@ -336,14 +322,7 @@ impl JournalStore for OwnJournal {
         if self.is(JournalDefect::SearchDeadlineDropped) {
             parts.search_until = None;
         }
-        let written = JournalRecord::new(
-            NewOperation::from_stored(
-                written.key().clone(),
-                written.request().clone(),
-                written.provider_key().to_string(),
-            ),
-            parts,
-        );
+        let written = with_parts(&written, parts);
         operations.insert(map_key, written.clone());
         Ok(written)
     }
@@ -393,4 +372,16 @@ impl JournalStore for OwnJournal {
             usize::MAX,
         )
     }
+}
+
+/// `record` with `parts` in place of its own.
+fn with_parts(record: &JournalRecord, parts: JournalParts) -> JournalRecord {
+    JournalRecord::new(
+        NewOperation::from_stored(
+            record.key().clone(),
+            record.request().clone(),
+            record.provider_key().to_string(),
+        ),
+        parts,
+    )
 }

@@ -9,12 +9,16 @@ use std::future::Future;
 /// The names `failing` (a suite's `failing_*cases` harness) returns, run on
 /// a multi-threaded runtime of its own, as the generated tests run.
 pub(crate) fn failing<F: Future<Output = Vec<&'static str>>>(failing: F) -> Vec<&'static str> {
+    runtime().block_on(failing)
+}
+
+/// A multi-threaded runtime of its own, as the generated tests run on.
+fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()
         .unwrap()
-        .block_on(failing)
 }
 
 /// Fails unless every one of `expected` is among `failed`.
@@ -44,9 +48,5 @@ pub(crate) fn assert_caught_exactly(defect: impl Debug, failed: &[&str], expecte
 /// runtime of its own as the generated tests run it.
 #[allow(dead_code)] // not every test file runs a case alone
 pub(crate) fn passes<F: Future<Output = ()> + Send + 'static>(case: F) -> bool {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async { tokio::spawn(case).await.is_ok() })
+    runtime().block_on(async { tokio::spawn(case).await.is_ok() })
 }
