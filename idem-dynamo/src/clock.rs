@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
@@ -14,6 +14,16 @@ use idem_core::store::{Clock, SystemClock, Timestamp};
 use idem_core::{Operation, StoreError};
 
 use crate::error::STORE;
+
+/// How far past a record's retention, by the sweeping caller's clock, a
+/// sweep waits before deleting it. Callers on the service's clock agree
+/// within about a second plus a response's time in transit (each lags the
+/// service by that much at most, and none is ahead of it); on their own
+/// clocks, within their hosts' skew. A record deleted as soon as the
+/// fastest caller saw its retention end would be gone for a caller that
+/// still takes it for live (a replay cache in front of the store answers
+/// it by that caller's clock), so the sweep leaves it this much longer.
+pub(crate) const SWEEP_MARGIN: Duration = Duration::from_secs(5);
 
 /// A correction moves the clock on by at most one part in this many of
 /// the time that passes: a lease never lapses more than a tenth early for

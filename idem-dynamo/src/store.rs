@@ -247,11 +247,15 @@ impl IdempotencyStore for Records {
     }
 
     /// Each request (a scan page, a delete) is bounded by the operation
-    /// timeout, not the whole sweep.
+    /// timeout, not the whole sweep. Deletes only records past their
+    /// retention by [`SWEEP_MARGIN`](crate::clock::SWEEP_MARGIN) more, so a
+    /// caller whose clock lags this one's never finds gone a record it
+    /// still takes for live.
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Purge;
         let layer = self.settings.layer;
-        let now = n(self.synced_now().await?.as_unix_millis());
+        let swept_to = self.synced_now().await? - crate::clock::SWEEP_MARGIN;
+        let now = n(swept_to.as_unix_millis());
         let mut deleted = 0;
         let mut pages = self
             .client

@@ -392,6 +392,48 @@ async fn lingering_item_past_retention_is_claimed_afresh_without_its_checkpoint(
     assert_eq!(store.purge_expired().await.unwrap(), 1);
 }
 
+/// Callers agree on the time only within a bound (about a second on the
+/// service's clock, their hosts' skew on their own): a sweep by the caller
+/// ahead leaves a record it sees half a second past retention, which the
+/// caller a second behind still holds live (and a replay cache in front of
+/// it still answers), and deletes it once it is past by the sweep's margin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_never_deletes_what_a_caller_a_second_behind_still_holds_live() {
+    let table = common::own_table("sweep");
+    let start = Timestamp::from_unix_millis(1_000_000_000);
+    let behind = ManualClock::new(start);
+    let ahead = ManualClock::new(start + Duration::from_secs(1));
+    let on = |clock: &ManualClock| DynamoOptions::default().table(&table).clock(clock.clone());
+    let store = common::store_with(on(&behind)).await;
+    let sweeper = common::store_with(on(&ahead)).await;
+    let scope = fresh_scope();
+    let done = request(&scope, "a", Duration::from_secs(1))
+        .with_retention(Duration::from_secs(60))
+        .unwrap();
+    let (lease, _) = must_claim(&store, &done).await;
+    store
+        .complete(&lease, &StoredResponse::new(200, "kept"))
+        .await
+        .unwrap();
+    let both = |by: Duration| {
+        behind.advance(by);
+        ahead.advance(by);
+    };
+    both(Duration::from_millis(59_500));
+    assert_eq!(
+        sweeper.get(&scope).await.unwrap(),
+        None,
+        "past retention ahead"
+    );
+    assert_eq!(sweeper.purge_expired().await.unwrap(), 0);
+    assert!(
+        store.get(&scope).await.unwrap().is_some(),
+        "the caller behind still holds it live"
+    );
+    both(Duration::from_secs(6));
+    assert_eq!(sweeper.purge_expired().await.unwrap(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_claim_outcome_and_commit_is_one_request() {
     let store = common::own_store("rt").await;
