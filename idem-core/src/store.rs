@@ -29,9 +29,13 @@ pub use crate::journal::operation::{
 };
 pub use crate::journal::store::{Acquired, Finish, JournalStore, ListQuery, validate_list_limit};
 pub use crate::outbox::message::{
-    MessageId, MessageParts, MessageState, NewMessage, OutboxMessage,
+    LogPosition, MessageId, MessageParts, MessageState, NewMessage, OutboxMessage, partition_hash,
+    partition_of,
 };
-pub use crate::outbox::store::{BatchClaim, OutboxStats, OutboxStore, PublishFailure};
+pub use crate::outbox::store::{
+    Advance, LogBatch, OutboxStats, OutboxStore, PageAfter, PartitionLease, PartitionStats,
+    PublishFailure,
+};
 pub use crate::parking::message::InboundMessage;
 pub use crate::parking::store::{
     NewParked, ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution,
@@ -46,5 +50,7 @@ pub use crate::plumbing::clock::{Clock, SystemClock, Timestamp};
 pub use crate::plumbing::expiry::ExpireAfter;
 pub use crate::plumbing::fencing::OwnerToken;
 pub use crate::plumbing::layer::{Layered, OperationLayer};
-pub use crate::plumbing::limits::{MAX_OUTBOX_BATCH, MAX_PAYLOAD_BYTES, validate_outbox_batch};
+pub use crate::plumbing::limits::{
+    MAX_OUTBOX_BATCH, MAX_PARTITIONS, MAX_PAYLOAD_BYTES, validate_outbox_batch, validate_partitions,
+};
 pub use crate::plumbing::options::validate_name;

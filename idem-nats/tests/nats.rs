@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::outbox::{
-    HoldAfterPublish, LEASE, PATIENCE, Refusing, Running, check_order, drained, fill,
-    relay_options, wait_until,
+    HoldAfterPublish, LEASE, PATIENCE, Refusing, Running, check_order, drained, fill, logged,
+    partitioned, relay_options, sharing_options, wait_until,
 };
 use common::{TestStream, header, summary};
 use idem_conformance::faults::FaultProxy;
 use idem_core::ManualClock;
-use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken, Timestamp};
+use idem_core::store::{NewMessage, OutboxStore, Timestamp};
 use idem_memory::MemoryOutbox;
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{Published, Publisher, Relay};
@@ -50,14 +50,7 @@ async fn a_batch_is_acknowledged_and_consumed_with_its_id_headers_and_payload() 
         .unwrap();
         outbox.enqueue(&message).await.unwrap();
     }
-    let batch = outbox
-        .claim(&BatchClaim::new(
-            OwnerToken::generate(),
-            Duration::from_secs(60),
-            100,
-        ))
-        .await
-        .unwrap();
+    let batch = logged(&outbox).await;
     assert_eq!(batch.len(), 5);
 
     let results = publisher.publish(&batch).await;
@@ -100,14 +93,7 @@ async fn a_second_publish_of_one_id_is_dropped_and_reported_duplicate() {
     let publisher = publisher(&stream).await;
     let outbox = MemoryOutbox::new();
     fill(&outbox, "dup", "order.placed", 3, 1).await;
-    let batch = outbox
-        .claim(&BatchClaim::new(
-            OwnerToken::generate(),
-            Duration::from_secs(60),
-            10,
-        ))
-        .await
-        .unwrap();
+    let batch = logged(&outbox).await;
     assert_eq!(
         publisher.publish(&batch).await,
         vec![Ok(Published::stored()); 3]
@@ -134,14 +120,7 @@ async fn a_subject_no_stream_stores_is_an_error() {
     .unwrap();
     let outbox = MemoryOutbox::new();
     fill(&outbox, "lost", "order.placed", 1, 1).await;
-    let batch = outbox
-        .claim(&BatchClaim::new(
-            OwnerToken::generate(),
-            Duration::from_secs(60),
-            10,
-        ))
-        .await
-        .unwrap();
+    let batch = logged(&outbox).await;
     let results = elsewhere.publish(&batch).await;
     let error = results[0].as_ref().expect_err("no stream: an error");
     assert_eq!(error.broker, "nats");
@@ -149,16 +128,16 @@ async fn a_subject_no_stream_stores_is_an_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_relays_publish_every_message_once_in_order_per_aggregate() {
+async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_order() {
     let stream = TestStream::new().await;
-    let outbox = Arc::new(MemoryOutbox::new());
+    let outbox = Arc::new(partitioned());
     let enqueued = fill(&outbox, "agg", "order.changed", 100, 100).await;
     let first: Arc<dyn Publisher> = Arc::new(publisher(&stream).await);
     let second: Arc<dyn Publisher> = Arc::new(publisher(&stream).await);
     let relays = Running::start(
         &outbox,
         vec![first.clone(), second.clone(), first, second],
-        relay_options(),
+        sharing_options(),
     );
     drained(&outbox).await;
     relays.stop().await;
@@ -222,7 +201,7 @@ async fn a_poison_message_parks_its_aggregate_while_the_others_flow() {
     })
     .await;
     relays.stop().await;
-    let parked = outbox.parked(10).await.unwrap();
+    let parked = outbox.parked(None, 10).await.unwrap();
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].message().aggregate(), "poison-3");
     assert_eq!(parked[0].parts().sequence, 1);

@@ -10,28 +10,34 @@
 //!   the runner's `run_in`), so a message exists exactly when its change
 //!   committed. Each message has a unique id (the broker message id), an
 //!   aggregate and its next sequence, a type, headers and a payload.
-//! - The relay claims a batch in one round trip under a lease, holds no
-//!   database transaction while it publishes, marks what the broker
-//!   confirmed sent in one round trip, and never has two messages of one
-//!   aggregate in flight: it claims an aggregate's next message while the
-//!   broker confirms the last, and publishes it once that one is
-//!   confirmed (handing it back if that one failed); a message that keeps failing is retried with
-//!   back-off, then parked with its last error, and only its aggregate
-//!   waits. A relay can still publish a message twice (it stopped after the
-//!   broker confirmed and before it marked): the message id lets the broker
-//!   (JetStream's duplicate window) or the consumer (an inbox) drop the copy.
+//! - Messages form one log per partition (an aggregate's partition is a
+//!   stable hash of it). A relay holds partitions under leases (any number
+//!   of relays share them; a dead relay's go to another once its leases
+//!   lapse), reads each log through its cursor (one read per batch), holds
+//!   no database transaction while it publishes, and moves the cursor once
+//!   the broker confirmed the batch (one write per batch; a relay whose
+//!   lease lapsed moves nothing). A batch reaches the broker in waves, never
+//!   two messages of one aggregate at once, and the next batch is read
+//!   while the broker confirms one. A message that fails leaves the log for
+//!   its partition's retry lane, with the later messages of its aggregate,
+//!   and is retried with back-off, then parked with its last error: only
+//!   its aggregate waits. A relay can still publish a message twice (it
+//!   stopped after the broker confirmed and before its cursor moved): the
+//!   message id lets the broker (JetStream's duplicate window) or the
+//!   consumer (an inbox) drop the copy.
 //! - Operators list parked messages, retry one or drop one, through the
 //!   store ([`OutboxStore::parked`](idem_core::store::OutboxStore::parked),
 //!   `retry`, `drop_message`).
 //!
 //! The store's contract is `idem_core::store::OutboxStore`, implemented
 //! beside each backend's other stores (`idem_memory::MemoryOutbox`, the
-//! Postgres outbox).
+//! Postgres and DynamoDB outboxes).
 //!
 //! # Metrics
 //!
-//! With the `metrics` feature: [`PENDING`] and [`OLDEST_PENDING`] (gauges,
-//! refreshed by [`Relay::run`] when idle), [`PUBLISHED`], [`FAILED`] and
+//! With the `metrics` feature: [`PENDING`], [`OLDEST_PENDING`] and
+//! [`PARTITION_LAG`] (gauges, refreshed by [`Relay::run`] when idle),
+//! [`PUBLISHED`], [`FAILED`] and
 //! [`PARKED`] (counters), [`PUBLISH_DURATION`] (histogram, seconds, one
 //! observation per batch). Each `relay_once` and each `drain` is a DEBUG span,
 //! `idem.outbox.relay`.
@@ -60,3 +66,6 @@ pub const FAILED: &str = "idem_outbox_failed_total";
 pub const PARKED: &str = "idem_outbox_parked_total";
 /// Histogram, seconds: one batch's publishing, to the broker's confirmations.
 pub const PUBLISH_DURATION: &str = "idem_outbox_publish_duration_seconds";
+/// Gauge, seconds, by `partition`: how long the partition's oldest pending
+/// message has waited (its lag).
+pub const PARTITION_LAG: &str = "idem_outbox_partition_lag_seconds";

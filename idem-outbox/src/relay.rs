@@ -1,34 +1,37 @@
-//! The relay: claims what committed, publishes it, marks it sent.
+//! The relay: reads each partition it holds through its cursor, publishes
+//! what committed, and moves the cursor once a batch is confirmed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 #[cfg(feature = "metrics")]
 use std::time::Instant;
 
 use idem_core::store::{
-    BatchClaim, MessageId, MessageState, OutboxMessage, OutboxStore, OwnerToken, PublishFailure,
-    validate_lease, validate_outbox_batch,
+    Advance, LogBatch, LogPosition, MAX_PARTITIONS, OutboxMessage, OutboxStore, OwnerToken,
+    PartitionLease, PublishFailure, validate_lease, validate_outbox_batch,
 };
 use idem_core::{InvalidInput, StoreError};
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::publisher::Publisher;
 
-/// The most batches one relay keeps in flight.
+/// The most batches one relay keeps in flight per partition.
 pub const MAX_IN_FLIGHT: usize = 16;
 
-/// How a relay works: batch, lease, retries and back-off, and how often it
-/// looks when nothing woke it.
+/// How a relay works: batch, lease, retries and back-off, how many
+/// partitions it holds, and how often it looks when nothing woke it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayOptions {
     batch: usize,
     in_flight: usize,
     lease: Duration,
+    max_partitions: u32,
     max_attempts: u32,
     first_retry: Duration,
     max_retry: Duration,
@@ -38,14 +41,17 @@ pub struct RelayOptions {
 }
 
 impl Default for RelayOptions {
-    /// Batches of 100, two in flight at once, a 30 s lease, 10 attempts with back-off from 1 s
-    /// doubling to 5 min, a look every second when nothing wakes it, sent
-    /// messages kept 7 days and purged (a batch at a time) every minute.
+    /// Batches of 100, two in flight at once per partition, partitions held
+    /// under a 30 s lease (as many as are free), 10 attempts with back-off
+    /// from 1 s doubling to 5 min, a look every second when nothing wakes
+    /// it, sent messages kept 7 days and purged (a batch at a time) every
+    /// minute.
     fn default() -> Self {
         Self {
             batch: 100,
             in_flight: 2,
             lease: Duration::from_secs(30),
+            max_partitions: MAX_PARTITIONS,
             max_attempts: 10,
             first_retry: Duration::from_secs(1),
             max_retry: Duration::from_secs(300),
@@ -57,7 +63,7 @@ impl Default for RelayOptions {
 }
 
 impl RelayOptions {
-    /// Messages claimed and published at once (1 to 1000).
+    /// Messages read and published at once (1 to 1000).
     ///
     /// # Errors
     ///
@@ -67,19 +73,13 @@ impl RelayOptions {
         Ok(self)
     }
 
-    /// Batches a [`drain`](Relay::drain) (and so [`run`](Relay::run)) keeps
-    /// in flight at once, 1 to [`MAX_IN_FLIGHT`]: while the broker confirms
-    /// one batch, the next is claimed and earlier ones are marked sent, so
-    /// the store's round trips overlap the broker's instead of adding to
-    /// them. The broker still receives one batch at a time. 1 is strictly
-    /// one pass after another.
-    ///
-    /// The next batch may hold the next message of an aggregate whose
-    /// message is at the broker (claimed ahead, under that message's
-    /// lease): it is published only once that one was confirmed. A claimed
-    /// batch waits for the ones ahead of it to be published, so the
-    /// [lease](Self::with_lease) must outlast that many batches'
-    /// publishing.
+    /// Batches of one partition a [`drain`](Relay::drain) (and so
+    /// [`run`](Relay::run)) keeps in flight at once, 1 to
+    /// [`MAX_IN_FLIGHT`]: while the broker confirms one batch, the next is
+    /// read and the cursor moves past earlier ones, so the store's round
+    /// trips overlap the broker's instead of adding to them. The broker
+    /// still receives a partition's batches one at a time, in log order. 1
+    /// is strictly one batch after another.
     ///
     /// ```
     /// use idem_outbox::RelayOptions;
@@ -104,15 +104,39 @@ impl RelayOptions {
         Ok(self)
     }
 
-    /// How long a relay holds what it claimed (1 ms to 7 days): longer than
-    /// a batch's publishing takes (times the batches in flight); another
-    /// relay takes the messages over once it passed.
+    /// How long a relay holds each partition without moving its cursor (1
+    /// ms to 7 days): longer than the batches in flight take to publish;
+    /// another relay takes a partition over once its lease lapsed, and the
+    /// relay that lost it moves its cursor no more.
     ///
     /// # Errors
     ///
     /// [`InvalidInput`] outside it.
     pub fn with_lease(mut self, lease: Duration) -> Result<Self, InvalidInput> {
         self.lease = validate_lease(lease)?;
+        Ok(self)
+    }
+
+    /// The most partitions the relay holds at once (1 to
+    /// [`MAX_PARTITIONS`]; all of them by default). Relays share an
+    /// outbox's partitions by each taking what is free: with `n` relays
+    /// over `p` partitions, a cap a little over `p / n` spreads them, and
+    /// leaves each room to take over a dead relay's.
+    ///
+    /// ```
+    /// use idem_outbox::RelayOptions;
+    ///
+    /// let options = RelayOptions::default().with_max_partitions(4)?;
+    /// assert_eq!(options.max_partitions(), 4);
+    /// assert!(RelayOptions::default().with_max_partitions(0).is_err());
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] outside it.
+    pub fn with_max_partitions(mut self, partitions: u32) -> Result<Self, InvalidInput> {
+        self.max_partitions = idem_core::store::validate_partitions(partitions)?;
         Ok(self)
     }
 
@@ -179,14 +203,19 @@ impl RelayOptions {
         Ok(self)
     }
 
-    /// How long a relay holds what it claimed.
+    /// How long a relay holds a partition.
     pub fn lease(&self) -> Duration {
         self.lease
     }
 
-    /// Batches a drain keeps in flight at once.
+    /// Batches of a partition a drain keeps in flight at once.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// The most partitions a relay holds.
+    pub fn max_partitions(&self) -> u32 {
+        self.max_partitions
     }
 
     /// The back-off after the `attempts`-th failure.
@@ -196,31 +225,81 @@ impl RelayOptions {
             .saturating_mul(1 << doublings)
             .min(self.max_retry)
     }
+
+    /// The failure of `message` with `error`, as the store counts it.
+    fn failure(&self, message: &OutboxMessage, error: &str) -> PublishFailure {
+        let attempts = message.parts().attempts;
+        PublishFailure::new(message.id(), attempts, error)
+            .retry_after(self.retry_after(attempts.saturating_add(1)))
+            .max_attempts(self.max_attempts)
+    }
+
+    /// Whether `failure` parks its message.
+    fn parks(&self, failure: &PublishFailure) -> bool {
+        failure.attempts.saturating_add(1) >= self.max_attempts
+    }
 }
 
-/// What one pass of the relay did.
+/// What a relay did, over the partitions it holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayPass {
-    /// Messages claimed.
-    pub claimed: usize,
-    /// Claims that found something (1 for a pass that did).
+    /// Partitions held during the pass.
+    pub partitions: usize,
+    /// Messages read from the partitions' logs and retry lanes.
+    pub read: usize,
+    /// Reads that found something.
     pub batches: usize,
-    /// Confirmed by the broker and marked sent.
+    /// Confirmed by the broker and settled (the cursor moved past them, or
+    /// a lane message marked sent).
     pub published: u64,
     /// Of those, recognised by the broker as duplicates.
     pub duplicates: usize,
-    /// Failed, to be retried after their back-off.
+    /// Failed, to be retried from the retry lane after their back-off.
     pub failed: usize,
-    /// Failed for the last time: parked with their aggregate.
+    /// Failed for the last time: parked, with their aggregate.
     pub parked: usize,
-    /// Claimed ahead behind a message of their aggregate that then failed:
-    /// handed back unpublished, to follow it once it is sent.
-    pub released: u64,
-    /// Confirmed, but no longer this relay's to mark (its lease was taken
-    /// over): the next relay publishes them again, and the message id lets
-    /// the broker or the consumer drop the copy.
+    /// Not published because an earlier message of their aggregate waits
+    /// in the retry lane: moved there behind it.
+    pub held: usize,
+    /// Confirmed, but not settled because the partition was no longer this
+    /// relay's (its lease lapsed): the next holder publishes them again,
+    /// and the message id lets the broker or the consumer drop the copy.
     pub lost: u64,
+}
+
+impl RelayPass {
+    fn absorb(&mut self, other: &Self) {
+        self.partitions += other.partitions;
+        self.read += other.read;
+        self.batches += other.batches;
+        self.published += other.published;
+        self.duplicates += other.duplicates;
+        self.failed += other.failed;
+        self.parked += other.parked;
+        self.held += other.held;
+        self.lost += other.lost;
+    }
+
+    #[cfg(feature = "metrics")]
+    fn count(&self) {
+        metrics::counter!(crate::PUBLISHED).increment(self.published);
+        metrics::counter!(crate::FAILED).increment((self.failed + self.parked) as u64);
+        metrics::counter!(crate::PARKED).increment(self.parked as u64);
+    }
+
+    #[cfg(not(feature = "metrics"))]
+    fn count(&self) {}
+}
+
+/// Why a relay pass stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The outbox store failed; the next pass tries again (a message
+    /// published but not settled is published again, with its id).
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// A store's or publisher's future, borrowing the relay.
@@ -234,115 +313,51 @@ async fn settle<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
     }
 }
 
-/// What the broker answered for batches not yet marked.
+/// What the broker answered for one batch, and what it leads to.
 #[derive(Debug, Default)]
 struct Answered {
-    batches: usize,
-    sent: Vec<MessageId>,
-    duplicates: usize,
-    failures: Vec<(OutboxMessage, String)>,
-    /// Claimed ahead behind a failure of their aggregate: not published.
-    held: Vec<MessageId>,
+    settle: Advance,
+    pass: RelayPass,
 }
 
 impl Answered {
     fn absorb(&mut self, more: Self) {
-        self.batches += more.batches;
-        self.sent.extend(more.sent);
-        self.duplicates += more.duplicates;
-        self.failures.extend(more.failures);
-        self.held.extend(more.held);
+        if more.settle.to.is_some() {
+            self.settle.to = more.settle.to;
+        }
+        self.settle.sent.extend(more.settle.sent);
+        self.settle.failed.extend(more.settle.failed);
+        self.settle.held.extend(more.settle.held);
+        self.pass.absorb(&more.pass);
     }
 }
 
-/// The aggregates whose message failed in this drain, with that message's
-/// sequence and id: what the relay claimed of them ahead, above it, must
-/// not reach the broker before it.
-#[derive(Debug, Default)]
-struct Behind(HashMap<String, (u64, MessageId)>);
-
-impl Behind {
-    /// Splits a claimed batch into what may be published now and what
-    /// waits behind a failure of its aggregate.
-    fn split(&self, batch: Vec<OutboxMessage>) -> (Vec<OutboxMessage>, Vec<MessageId>) {
-        if self.0.is_empty() {
-            return (batch, Vec::new());
-        }
-        let mut held = Vec::new();
-        let batch = batch
-            .into_iter()
-            .filter(|message| {
-                let failed = self.0.get(message.message().aggregate());
-                let behind = failed.is_some_and(|&(failed, _)| message.parts().sequence > failed);
-                if behind {
-                    held.push(message.id());
-                }
-                !behind
-            })
-            .collect();
-        (batch, held)
-    }
-
-    /// Learns what the broker answered of a batch: its failures, and
-    /// which failed messages it has now confirmed.
-    fn learn(&mut self, answered: &Answered) {
-        for (message, _) in &answered.failures {
-            let (aggregate, sequence) = (message.message().aggregate(), message.parts().sequence);
-            let failed = self
-                .0
-                .entry(aggregate.to_string())
-                .or_insert((sequence, message.id()));
-            if sequence < failed.0 {
-                *failed = (sequence, message.id());
-            }
-        }
-        if !self.0.is_empty() {
-            self.0.retain(|_, (_, id)| !answered.sent.contains(id));
-        }
-    }
-}
-
-/// What marking some batches did.
-#[derive(Debug)]
-struct Marked {
-    batches: usize,
+/// How one partition's drain ended.
+struct Drained {
     pass: RelayPass,
+    /// The lease as it stands, or `None` once it was lost.
+    lease: Option<PartitionLease>,
     error: Option<StoreError>,
 }
 
-impl Marked {
-    /// Adds this to `total`, and to the counters.
-    fn count(&self, total: &mut RelayPass) {
-        let pass = &self.pass;
-        total.published += pass.published;
-        total.duplicates += pass.duplicates;
-        total.failed += pass.failed;
-        total.parked += pass.parked;
-        total.released += pass.released;
-        total.lost += pass.lost;
-        #[cfg(feature = "metrics")]
-        {
-            metrics::counter!(crate::PUBLISHED).increment(pass.published);
-            metrics::counter!(crate::FAILED).increment((pass.failed + pass.parked) as u64);
-            metrics::counter!(crate::PARKED).increment(pass.parked as u64);
-        }
-    }
-}
-
-/// Why a relay pass stopped.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RelayError {
-    /// The outbox store failed; the next pass tries again (a message
-    /// published but not marked is published again, with its id).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
 /// Publishes what the outbox holds, in order per aggregate, through a
-/// [`Publisher`]. Any number of relays may run at once over one store: each
-/// claims under a lease of its own, and a relay whose lease was taken over
-/// marks nothing. No database transaction is held while it publishes.
+/// [`Publisher`]. Each relay holds partitions of the outbox under leases
+/// (as many as are free, up to
+/// [`max_partitions`](RelayOptions::with_max_partitions)), reads each
+/// through its cursor (one read per batch), publishes, and moves the
+/// cursor once the broker confirmed the batch (one write per batch); any
+/// number of relays share an outbox's partitions, and take over a dead
+/// relay's once its leases lapse. A relay whose lease lapsed moves no
+/// cursor. No database transaction is held while it publishes.
+///
+/// Within a batch, never two messages of one aggregate reach the broker at
+/// once: the batch goes out in waves (each aggregate's first message, then
+/// its second...), so a failure stops its aggregate there. A failed message
+/// leaves the log for the partition's retry lane, where it is retried with
+/// back-off and then parked with its last error; the later messages of its
+/// aggregate follow it there, in order, while every other aggregate flows.
+///
+/// A relay is a cheap handle: clones share its partitions.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -374,6 +389,15 @@ pub struct Relay<S: ?Sized = dyn OutboxStore, P: ?Sized = dyn Publisher> {
     publisher: Arc<P>,
     options: RelayOptions,
     wake: Arc<Notify>,
+    owner: OwnerToken,
+    held: Arc<Mutex<BTreeMap<u32, Held>>>,
+}
+
+/// A partition the relay holds: its lease, and when it last renewed it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    lease: PartitionLease,
+    renewed: tokio::time::Instant,
 }
 
 impl<S: ?Sized, P: ?Sized> Clone for Relay<S, P> {
@@ -383,18 +407,23 @@ impl<S: ?Sized, P: ?Sized> Clone for Relay<S, P> {
             publisher: Arc::clone(&self.publisher),
             options: self.options,
             wake: Arc::clone(&self.wake),
+            owner: self.owner,
+            held: Arc::clone(&self.held),
         }
     }
 }
 
-impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
-    /// A relay over `store` publishing through `publisher`.
+impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
+    /// A relay over `store` publishing through `publisher`, holding no
+    /// partition yet.
     pub fn new(store: Arc<S>, publisher: Arc<P>, options: RelayOptions) -> Self {
         Self {
             store,
             publisher,
             options,
             wake: Arc::new(Notify::new()),
+            owner: OwnerToken::generate(),
+            held: Arc::default(),
         }
     }
 
@@ -418,54 +447,61 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
         self.options
     }
 
-    /// One pass: claims a batch (one round trip), publishes it (no
-    /// transaction held), marks what the broker confirmed sent (one round
-    /// trip), and counts each failure (retried with back-off, parked after
-    /// the last attempt).
+    /// The token the relay holds its partitions under.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// The partitions the relay holds, as far as it knows (a lease it has
+    /// not renewed for its length may have lapsed).
+    pub fn partitions(&self) -> Vec<u32> {
+        self.locked().keys().copied().collect()
+    }
+
+    fn locked(&self) -> MutexGuard<'_, BTreeMap<u32, Held>> {
+        // A panic elsewhere cannot leave a lease half-written.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One pass: takes what partitions are free (up to the cap), then for
+    /// each partition it holds, publishes what of its retry lane is due and
+    /// one batch of its log (one read), and settles both (one write).
     ///
     /// # Errors
     ///
     /// [`RelayError::Store`] when the store fails.
     pub async fn relay_once(&self) -> Result<RelayPass, RelayError> {
-        self.traced(Some(1)).await
+        self.traced(true).await
     }
 
-    /// Passes until nothing is due: claims, publishes and marks batch after
-    /// batch, with up to [`in_flight`](RelayOptions::with_in_flight) batches
-    /// at once, and returns what they did together. It ends when a claim
-    /// made while no other batch was in flight finds nothing, so messages
-    /// that an earlier batch's marks made the heads of their aggregates are
-    /// published in the same drain.
+    /// Passes until nothing is due: takes what partitions are free, then
+    /// drains each partition it holds (all at once, each in a task of its
+    /// own): its retry lane's due messages, then its log, batch after
+    /// batch, up to [`in_flight`](RelayOptions::with_in_flight) batches at
+    /// once, until a read finds nothing more. Returns what they did
+    /// together.
     ///
-    /// With more than one batch in flight, the next batch is claimed while
-    /// the broker confirms the last, and the marks of earlier batches run
-    /// beside both; the broker sees one batch at a time, in the order they
-    /// were claimed. The claim beside a batch in flight takes the next
-    /// message of each aggregate that batch holds ([claim
-    /// ahead](idem_core::store::OutboxStore#contract)), so even when every
-    /// aggregate with messages due is in flight, the next batch waits at
-    /// the broker's door rather than for a mark. Order per aggregate holds:
-    /// a message claimed ahead is published only after the one before it
-    /// was confirmed, in a later batch; if that one failed, what was claimed
-    /// ahead of it is handed back unpublished
-    /// ([`released`](RelayPass::released)) and follows it once it is sent.
-    /// Confirmed messages that wait for a mark are marked together in one
-    /// round trip. Once a claim made beside batches in flight finds nothing
-    /// (every message due is in flight already), each further claim of the
-    /// drain waits for a mark rather than search in vain.
+    /// With more than one batch in flight, the next batch is read while
+    /// the broker confirms the last, and the cursor moves past earlier
+    /// ones beside both; the broker sees one batch of a partition at a
+    /// time, in log order, and a batch's settlement (its cursor move, and
+    /// where its failed and held messages go) is one write, made only once
+    /// the broker confirmed the batch and every one before it.
     ///
-    /// When the store fails, nothing more is claimed; what was claimed is
-    /// still published and marked, and the first error is returned.
+    /// When the store fails, nothing more is read from that partition;
+    /// what was read is still published and settled, and the first error
+    /// is returned.
     ///
     /// # Cancellation
     ///
-    /// Dropped mid-way (a relay that crashes or is cut off), what the drain
-    /// claimed stays leased to it until its lease lapses, then any relay
-    /// claims it again, in order: nothing is lost or published out of
-    /// order. A message the broker confirmed before the drop may be
-    /// published again (the same message id: JetStream's duplicate window
-    /// keeps one copy, a consumer's inbox drops the other). A mark that was
-    /// sent lands or not, fenced by the lease.
+    /// Dropped mid-way (a relay that crashes or is cut off), its partitions
+    /// stay leased until their leases lapse (or another call of the same
+    /// relay goes on with them); then any relay takes them over from their
+    /// cursors, in order: nothing is lost or published out of order. A
+    /// message the broker confirmed before the drop may be published again
+    /// (the same message id: JetStream's duplicate window keeps one copy,
+    /// a consumer's inbox drops the other). A settlement that was sent
+    /// lands or not, whole, fenced by the lease.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -487,11 +523,10 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     /// for n in 0..5 {
     ///     outbox.enqueue(&NewMessage::new("order-42", "order.line", vec![n])?).await?;
     /// }
-    /// let options = RelayOptions::default().with_in_flight(4)?;
+    /// let options = RelayOptions::default().with_batch(2)?.with_in_flight(4)?;
     /// let relay = Relay::new(outbox.clone(), Arc::new(Accepts), options);
-    /// // One message of the aggregate at a time, all five in one drain.
     /// let drained = relay.drain().await?;
-    /// assert_eq!((drained.published, drained.batches), (5, 5));
+    /// assert_eq!((drained.published, drained.batches), (5, 3));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
@@ -500,90 +535,225 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
     ///
     /// [`RelayError::Store`] when the store fails.
     pub async fn drain(&self) -> Result<RelayPass, RelayError> {
-        self.traced(None).await
+        self.traced(false).await
     }
 
     /// [`passes`](Self::passes) in the relay's span.
-    async fn traced(&self, claims: Option<usize>) -> Result<RelayPass, RelayError> {
+    async fn traced(&self, once: bool) -> Result<RelayPass, RelayError> {
         let span = tracing::debug_span!(
             "idem.outbox.relay",
             store = self.store.capabilities().store,
-            claimed = tracing::field::Empty,
+            read = tracing::field::Empty,
             published = tracing::field::Empty,
             failed = tracing::field::Empty,
         );
-        let pass = self.passes(claims).instrument(span.clone()).await?;
-        span.record("claimed", pass.claimed);
+        let pass = self.passes(once).instrument(span.clone()).await?;
+        span.record("read", pass.read);
         span.record("published", pass.published);
         span.record("failed", pass.failed);
         Ok(pass)
     }
 
-    /// Claims (at most `claims` times, or until nothing is due), publishes
-    /// and marks, with up to the in-flight window of batches at once.
-    async fn passes(&self, claims: Option<usize>) -> Result<RelayPass, RelayError> {
-        let owner = OwnerToken::generate();
-        let (batch, lease) = (self.options.batch, self.options.lease);
-        let ask = BatchClaim::new(owner, lease, batch);
-        let mut total = RelayPass::default();
-        let mut error: Option<StoreError> = None;
-        let mut claims_left = claims;
-        // Whether to claim again, and whether to wait for a mark first (the
-        // last claim took every head that was due). Once a claim made beside
-        // batches in flight found nothing, every due aggregate fits in the
-        // batches in flight: claiming ahead only costs the store a search,
-        // so for the rest of the drain each claim waits for a mark.
-        let (mut more, mut paused, mut saturated) = (true, false, false);
-        // Batches being claimed, waiting, published or marked.
-        let mut in_flight = 0usize;
-        let mut claim_alone = false;
-        let mut claiming: Option<Step<'_, Result<Vec<OutboxMessage>, StoreError>>> = None;
-        let mut waiting: VecDeque<Vec<OutboxMessage>> = VecDeque::new();
-        let mut publishing: Option<Step<'_, Answered>> = None;
-        let mut answered = Answered::default();
-        let mut behind = Behind::default();
-        let mut marking: Option<Step<'_, Marked>> = None;
+    /// Takes free partitions up to the cap.
+    async fn acquire(&self) -> Result<(), StoreError> {
         loop {
-            if more && !paused && claiming.is_none() && in_flight < self.options.in_flight {
-                claim_alone = in_flight == 0;
-                claiming = Some(self.store.claim(&ask));
-                in_flight += 1;
-                if let Some(left) = claims_left.as_mut() {
-                    *left = left.saturating_sub(1);
-                    more = *left > 0;
+            if self.locked().len() >= self.options.max_partitions as usize {
+                return Ok(());
+            }
+            let Some(lease) = self.store.acquire(self.owner, self.options.lease).await? else {
+                return Ok(());
+            };
+            let held = Held {
+                lease,
+                renewed: tokio::time::Instant::now(),
+            };
+            self.locked().insert(lease.partition(), held);
+        }
+    }
+
+    /// Drains every partition held, each in a task of its own.
+    async fn passes(&self, once: bool) -> Result<RelayPass, RelayError> {
+        let mut error = self.acquire().await.err();
+        let held: Vec<Held> = self.locked().values().copied().collect();
+        let mut total = RelayPass {
+            partitions: held.len(),
+            ..RelayPass::default()
+        };
+        let mut drains = JoinSet::new();
+        for held in held {
+            let relay = self.clone();
+            drains.spawn(async move { relay.drain_partition(held.lease, once).await });
+        }
+        while let Some(joined) = drains.join_next().await {
+            let Ok(drained) = joined else {
+                // A panicking publisher: its partition stays leased, and
+                // lapses if nothing renews it.
+                continue;
+            };
+            total.absorb(&drained.pass);
+            drained.pass.count();
+            if let Some(failed) = drained.error {
+                error.get_or_insert(failed);
+            }
+            self.keep(drained.lease);
+        }
+        match error {
+            Some(error) => Err(error.into()),
+            None => Ok(total),
+        }
+    }
+
+    /// Records a partition's lease after its drain: renewed, or lost.
+    fn keep(&self, lease: Option<PartitionLease>) {
+        let Some(lease) = lease else {
+            return;
+        };
+        self.locked().insert(
+            lease.partition(),
+            Held {
+                lease,
+                renewed: tokio::time::Instant::now(),
+            },
+        );
+    }
+
+    /// One partition: its retry lane's due messages, then its log.
+    async fn drain_partition(&self, lease: PartitionLease, once: bool) -> Drained {
+        let mut drained = Drained {
+            pass: RelayPass::default(),
+            lease: Some(lease),
+            error: None,
+        };
+        let partition = lease.partition();
+        let lease = match self.drain_lane(lease, once, &mut drained.pass).await {
+            Ok(lease) => lease,
+            Err(error) => return self.stopped(drained, partition, error),
+        };
+        drained.lease = Some(lease);
+        let (lease, error) = self.drain_log(lease, once, &mut drained.pass).await;
+        drained.lease = lease;
+        drained.error = error;
+        if drained.lease.is_none() {
+            self.locked().remove(&partition);
+        }
+        drained
+    }
+
+    /// A drain that stopped on `error`: a lost lease forgets the
+    /// partition.
+    fn stopped(&self, mut drained: Drained, partition: u32, error: StoreError) -> Drained {
+        if matches!(error, StoreError::LostLease) {
+            self.locked().remove(&partition);
+            drained.lease = None;
+        } else {
+            drained.error = Some(error);
+        }
+        drained
+    }
+
+    /// Publishes the retry lane's due messages (each aggregate's first
+    /// waiting one), settling each round in one write, until none is due
+    /// (once, for [`relay_once`](Self::relay_once)).
+    async fn drain_lane(
+        &self,
+        mut lease: PartitionLease,
+        once: bool,
+        pass: &mut RelayPass,
+    ) -> Result<PartitionLease, StoreError> {
+        loop {
+            let due = self
+                .store
+                .due(lease.partition(), self.options.batch)
+                .await?;
+            if due.is_empty() {
+                return Ok(lease);
+            }
+            pass.read += due.len();
+            pass.batches += 1;
+            // Each aggregate's first only: one wave.
+            let mut answered = Answered::default();
+            self.publish_wave(due, &mut answered, &mut BTreeSet::new(), true)
+                .await;
+            let sent_any = !answered.settle.sent.is_empty();
+            match self.store.advance(&lease, &answered.settle).await {
+                Ok(renewed) => {
+                    lease = renewed;
+                    pass.absorb(&answered.pass);
                 }
+                Err(StoreError::LostLease) => {
+                    pass.lost += answered.pass.published;
+                    return Err(StoreError::LostLease);
+                }
+                Err(error) => return Err(error),
+            }
+            if once || !sent_any {
+                return Ok(lease);
+            }
+        }
+    }
+
+    /// Reads the log through the cursor and publishes it, batch after
+    /// batch with up to the in-flight window at once, each batch settled
+    /// in one write once it and those before it are confirmed. Ends with
+    /// the lease as it stands (`None` once lost) and the first store error.
+    async fn drain_log(
+        &self,
+        lease: PartitionLease,
+        once: bool,
+        pass: &mut RelayPass,
+    ) -> (Option<PartitionLease>, Option<StoreError>) {
+        let partition = lease.partition();
+        let mut lease = Some(lease);
+        let mut error: Option<StoreError> = None;
+        let mut after = lease.map_or(LogPosition::START, |l| l.cursor());
+        let mut more = true;
+        // Batches read and not yet settled.
+        let mut in_flight = 0usize;
+        let mut reading: Option<Step<'_, Result<LogBatch, StoreError>>> = None;
+        let mut waiting: VecDeque<LogBatch> = VecDeque::new();
+        let mut publishing: Option<Step<'_, PublishedBatch>> = None;
+        let mut answered: Option<Answered> = None;
+        let mut settling: Option<Step<'_, (Answered, Result<PartitionLease, StoreError>)>> = None;
+        // Aggregates whose messages wait in the lane, or failed in this
+        // drain: their later messages are held, never published.
+        let mut behind: BTreeSet<String> = BTreeSet::new();
+        loop {
+            if more && reading.is_none() && in_flight < self.options.in_flight {
+                reading = Some(self.store.read(partition, after, self.options.batch));
+                in_flight += 1;
+                more = !once;
             }
             if publishing.is_none()
-                && let Some(next) = waiting.pop_front()
+                && let Some(batch) = waiting.pop_front()
             {
-                let (batch, held) = behind.split(next);
-                publishing = Some(Box::pin(self.publish(batch, held)));
+                behind.extend(batch.blocked.iter().cloned());
+                let held = std::mem::take(&mut behind);
+                publishing = Some(Box::pin(self.publish_log(batch, held)));
             }
-            if marking.is_none() && answered.batches > 0 {
-                marking = Some(Box::pin(self.mark(owner, std::mem::take(&mut answered))));
+            if settling.is_none()
+                && let (Some(ready), Some(current)) = (answered.take(), lease)
+            {
+                settling = Some(Box::pin(async move {
+                    let settled = self.store.advance(&current, &ready.settle).await;
+                    (ready, settled)
+                }));
             }
-            if claiming.is_none() && publishing.is_none() && marking.is_none() {
+            if reading.is_none() && publishing.is_none() && settling.is_none() {
                 break;
             }
             tokio::select! {
-                claimed = settle(&mut claiming) => {
-                    claiming = None;
-                    match claimed {
-                        Ok(claimed) if claimed.is_empty() => {
+                read = settle(&mut reading) => {
+                    reading = None;
+                    match read {
+                        Ok(batch) if batch.messages.is_empty() => {
                             in_flight -= 1;
-                            // Nothing due even with nothing else in flight:
-                            // drained. Else the marks of what is in flight
-                            // may free heads (claim again once they did, or
-                            // at once if they already have).
-                            more &= !claim_alone;
-                            paused = in_flight > 0;
-                            saturated |= !claim_alone;
+                            more = false;
                         }
-                        Ok(claimed) => {
-                            total.claimed += claimed.len();
-                            total.batches += 1;
-                            paused = saturated || claimed.len() < batch;
-                            waiting.push_back(claimed);
+                        Ok(batch) => {
+                            after = batch.end().unwrap_or(after);
+                            pass.read += batch.messages.len();
+                            pass.batches += 1;
+                            waiting.push_back(batch);
                         }
                         Err(failed) => {
                             in_flight -= 1;
@@ -594,125 +764,139 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                 }
                 published = settle(&mut publishing) => {
                     publishing = None;
-                    behind.learn(&published);
-                    answered.absorb(published);
+                    behind = published.behind;
+                    match answered.as_mut() {
+                        Some(earlier) => earlier.absorb(published.answered),
+                        None => answered = Some(published.answered),
+                    }
                 }
-                marked = settle(&mut marking) => {
-                    marking = None;
-                    in_flight -= marked.batches;
-                    paused = false;
-                    marked.count(&mut total);
-                    if let Some(failed) = marked.error {
-                        more = false;
-                        error.get_or_insert(failed);
+                settled = settle(&mut settling) => {
+                    settling = None;
+                    let (done, result) = settled;
+                    in_flight -= done.pass.batches.max(1);
+                    match result {
+                        Ok(renewed) => {
+                            lease = Some(renewed);
+                            let mut counted = done.pass;
+                            counted.batches = 0;
+                            pass.absorb(&counted);
+                        }
+                        Err(StoreError::LostLease) => {
+                            pass.lost += done.pass.published;
+                            lease = None;
+                            more = false;
+                        }
+                        Err(failed) => {
+                            more = false;
+                            error.get_or_insert(failed);
+                        }
                     }
                 }
             }
+            // Without the lease nothing can be settled: what is read,
+            // published or being published is left to the next holder,
+            // which reads it again from the cursor.
+            if lease.is_none() {
+                if let Some(dropped) = answered.take() {
+                    pass.lost += dropped.pass.published;
+                }
+                break;
+            }
         }
-        match error {
-            Some(error) => Err(error.into()),
-            None => Ok(total),
-        }
+        (lease, error)
     }
 
-    /// Publishes one claimed batch (but what it `held` behind a failure)
-    /// and sorts the broker's answers.
-    async fn publish(&self, batch: Vec<OutboxMessage>, held: Vec<MessageId>) -> Answered {
-        let mut answered = Answered {
-            batches: 1,
-            held,
-            ..Answered::default()
-        };
-        if batch.is_empty() {
-            return answered;
+    /// Publishes one log batch in waves, holding the messages of
+    /// aggregates in `behind` (and of those that fail on the way); the
+    /// batch's settlement, and which aggregates stay behind.
+    async fn publish_log(&self, batch: LogBatch, mut behind: BTreeSet<String>) -> PublishedBatch {
+        let mut answered = Answered::default();
+        answered.settle.to = batch.end();
+        answered.pass.batches = 1;
+        let mut waves: Vec<Vec<OutboxMessage>> = Vec::new();
+        let mut depth: HashMap<String, usize> = HashMap::new();
+        for message in batch.messages {
+            let aggregate = message.message().aggregate();
+            let wave = depth.entry(aggregate.to_string()).or_insert(0);
+            if waves.len() <= *wave {
+                waves.push(Vec::new());
+            }
+            if let Some(messages) = waves.get_mut(*wave) {
+                messages.push(message);
+            }
+            *wave += 1;
+        }
+        for wave in waves {
+            self.publish_wave(wave, &mut answered, &mut behind, false)
+                .await;
+        }
+        PublishedBatch { answered, behind }
+    }
+
+    /// Publishes `wave` (never two messages of one aggregate) but what is
+    /// `behind`, which it holds; records what the broker answered, and
+    /// puts each aggregate that failed behind. Lane messages confirmed are
+    /// marked sent; log messages confirmed need only the cursor.
+    async fn publish_wave(
+        &self,
+        wave: Vec<OutboxMessage>,
+        answered: &mut Answered,
+        behind: &mut BTreeSet<String>,
+        lane: bool,
+    ) {
+        let (held, wave): (Vec<OutboxMessage>, Vec<OutboxMessage>) = wave
+            .into_iter()
+            .partition(|m| behind.contains(m.message().aggregate()));
+        for message in held {
+            answered.settle.held.push(message.id());
+            answered.pass.held += 1;
+        }
+        if wave.is_empty() {
+            return;
         }
         #[cfg(feature = "metrics")]
         let started = Instant::now();
-        let results = self.publisher.publish(&batch).await;
+        let results = self.publisher.publish(&wave).await;
         #[cfg(feature = "metrics")]
         metrics::histogram!(crate::PUBLISH_DURATION).record(started.elapsed().as_secs_f64());
-        for (i, message) in batch.into_iter().enumerate() {
-            match results.get(i) {
+        for (i, message) in wave.into_iter().enumerate() {
+            let error = match results.get(i) {
                 Some(Ok(published)) => {
-                    answered.sent.push(message.id());
-                    answered.duplicates += usize::from(published.duplicate);
+                    answered.pass.published += 1;
+                    answered.pass.duplicates += usize::from(published.duplicate);
+                    if lane {
+                        answered.settle.sent.push(message.id());
+                    }
+                    continue;
                 }
-                Some(Err(error)) => answered.failures.push((message, error.to_string())),
-                None => answered
-                    .failures
-                    .push((message, "the publisher gave no answer".into())),
+                Some(Err(error)) => error.to_string(),
+                None => "the publisher gave no answer".to_string(),
+            };
+            let failure = self.options.failure(&message, &error);
+            if self.options.parks(&failure) {
+                answered.pass.parked += 1;
+                tracing::warn!(
+                    message_id = %message.id(),
+                    aggregate_hash = %idem_core::redacted(message.message().aggregate()),
+                    %error,
+                    "an outbox message failed its last attempt; it and its aggregate are parked"
+                );
+            } else {
+                answered.pass.failed += 1;
             }
+            behind.insert(message.message().aggregate().to_string());
+            answered.settle.failed.push(failure);
         }
-        answered
-    }
-
-    /// Marks what the broker confirmed sent (one round trip), then counts
-    /// each failure and hands back what waited behind one (one round trip);
-    /// stops at the first store error.
-    async fn mark(&self, owner: OwnerToken, answered: Answered) -> Marked {
-        let mut marked = Marked {
-            batches: answered.batches,
-            pass: RelayPass {
-                duplicates: answered.duplicates,
-                ..RelayPass::default()
-            },
-            error: None,
-        };
-        if !answered.sent.is_empty() {
-            match self.store.mark_sent(owner, &answered.sent).await {
-                Ok(published) => {
-                    marked.pass.published = published;
-                    marked.pass.lost = (answered.sent.len() as u64).saturating_sub(published);
-                }
-                Err(error) => {
-                    marked.error = Some(error);
-                    return marked;
-                }
-            }
-        }
-        for (message, error) in answered.failures {
-            let attempts = message.parts().attempts.saturating_add(1);
-            let retry_after = self.options.retry_after(attempts);
-            let failure = PublishFailure::new(owner, message.id(), error.as_str())
-                .retry_after(retry_after)
-                .max_attempts(self.options.max_attempts);
-            let state = self.store.mark_failed(&failure).await;
-            match state {
-                Ok(MessageState::Parked) => {
-                    marked.pass.parked += 1;
-                    tracing::warn!(
-                        message_id = %message.id(),
-                        aggregate_hash = %idem_core::redacted(message.message().aggregate()),
-                        %error,
-                        "an outbox message failed its last attempt; it and its aggregate are parked"
-                    );
-                }
-                Ok(_) => marked.pass.failed += 1,
-                // Taken over: the new holder publishes it.
-                Err(StoreError::LostLease) => marked.pass.lost += 1,
-                Err(other) => {
-                    marked.error = Some(other);
-                    return marked;
-                }
-            }
-        }
-        // After the failures they waited behind: a claim never takes them
-        // again before those are sent.
-        if !answered.held.is_empty() {
-            match self.store.release(owner, &answered.held).await {
-                Ok(released) => marked.pass.released = released,
-                Err(error) => marked.error = Some(error),
-            }
-        }
-        marked
     }
 
     /// Relays until `shutdown` completes: a [`drain`](Self::drain), then a
-    /// wait for a wake-up or the poll interval; when idle, a batch of sent
-    /// messages past their retention is purged at most every purge
-    /// interval. A failing store is retried at the poll interval, with a
-    /// warning. Gauges (with the `metrics` feature) are refreshed after each
-    /// drain.
+    /// wait for a wake-up or the poll interval; partitions whose cursor did
+    /// not move for a third of the lease are renewed, so an idle relay
+    /// keeps them; when idle, a batch of sent messages past their retention
+    /// is purged at most every purge interval. A failing store is retried
+    /// at the poll interval, with a warning. Gauges (with the `metrics`
+    /// feature) are refreshed after each drain. At the shutdown the relay
+    /// releases its partitions, so another relay takes them at once.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut next_purge = tokio::time::Instant::now();
@@ -720,15 +904,54 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
             if let Err(error) = self.drain().await {
                 tracing::warn!(%error, "the outbox relay could not make a pass");
             }
+            self.renew_idle().await;
             self.refresh_gauges().await;
             if tokio::time::Instant::now() >= next_purge {
                 next_purge = tokio::time::Instant::now() + self.options.purge_every;
                 self.purge().await;
             }
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => {
+                    self.release().await;
+                    return;
+                }
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(self.options.poll_interval) => {}
+            }
+        }
+    }
+
+    /// Renews each partition not renewed for a third of its lease.
+    async fn renew_idle(&self) {
+        let due = tokio::time::Instant::now()
+            .checked_sub(self.options.lease / 3)
+            .unwrap_or_else(tokio::time::Instant::now);
+        let stale: Vec<Held> = self
+            .locked()
+            .values()
+            .filter(|held| held.renewed <= due)
+            .copied()
+            .collect();
+        for held in stale {
+            match self.store.advance(&held.lease, &Advance::default()).await {
+                Ok(renewed) => self.keep(Some(renewed)),
+                Err(StoreError::LostLease) => {
+                    self.locked().remove(&held.lease.partition());
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the outbox relay could not renew a partition");
+                }
+            }
+        }
+    }
+
+    /// Gives every partition back to the store, for another relay to take
+    /// at once (each lapses anyway if this fails).
+    pub async fn release(&self) {
+        let held: Vec<Held> = std::mem::take(&mut *self.locked()).into_values().collect();
+        for held in held {
+            if let Err(error) = self.store.release(&held.lease).await {
+                tracing::warn!(%error, "the outbox relay could not release a partition");
             }
         }
     }
@@ -753,9 +976,20 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized> Relay<S, P> {
                     .oldest_pending_age
                     .map_or(0.0, |age| age.as_secs_f64()),
             );
+            for partition in &stats.partitions {
+                metrics::gauge!(crate::PARTITION_LAG, "partition" => partition.partition.to_string())
+                    .set(partition.oldest_pending_age.map_or(0.0, |age| age.as_secs_f64()));
+            }
         }
     }
 
     #[cfg(not(feature = "metrics"))]
     async fn refresh_gauges(&self) {}
+}
+
+/// A log batch published: its settlement, and the aggregates that stay
+/// behind for the next batch.
+struct PublishedBatch {
+    answered: Answered,
+    behind: BTreeSet<String>,
 }

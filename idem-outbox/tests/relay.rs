@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::store::{NewMessage, OutboxMessage, OutboxStore};
+use idem_core::store::{
+    Advance, LogBatch, LogPosition, MessageId, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    OwnerToken, PageAfter, PartitionLease,
+};
 use idem_memory::MemoryOutbox;
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
 
@@ -16,6 +19,8 @@ use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async
 #[derive(Default)]
 struct Recording {
     published: Mutex<Vec<(String, u64, String)>>,
+    /// Each publish call's aggregates.
+    calls: Mutex<Vec<Vec<String>>>,
     refuse: Mutex<Vec<String>>,
     /// Answers for fewer messages than it was given (a broken publisher).
     short: bool,
@@ -35,6 +40,12 @@ impl Recording {
 impl Publisher for Recording {
     async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Result<Published, PublishError>> {
         let refuse = self.refuse.lock().unwrap().clone();
+        self.calls.lock().unwrap().push(
+            batch
+                .iter()
+                .map(|m| m.message().aggregate().to_string())
+                .collect(),
+        );
         let mut answers: Vec<_> = batch
             .iter()
             .map(|m| {
@@ -68,28 +79,35 @@ fn quick() -> RelayOptions {
 }
 
 #[tokio::test]
-async fn a_relay_publishes_each_aggregate_in_sequence_one_at_a_time() {
+async fn a_relay_publishes_each_aggregate_in_sequence_never_two_at_once() {
     let outbox = Arc::new(MemoryOutbox::new());
     for n in 1..=5 {
         for aggregate in ["order-1", "order-2", "order-3"] {
             outbox.enqueue(&message(aggregate, n)).await.unwrap();
         }
+        // An aggregate's messages also stand side by side in the log.
+        outbox
+            .enqueue(&message("order-4", 2 * n - 1))
+            .await
+            .unwrap();
+        outbox.enqueue(&message("order-4", 2 * n)).await.unwrap();
     }
     let publisher = Arc::new(Recording::default());
-    let relay = Relay::new(outbox.clone(), publisher.clone(), quick());
-    let mut passes = 0;
-    loop {
-        let pass = relay.relay_once().await.unwrap();
-        if pass.claimed == 0 {
-            break;
-        }
-        // One message per aggregate in flight: a pass holds three at most.
-        assert!(pass.claimed <= 3, "{pass:?}");
-        passes += 1;
-    }
-    assert_eq!(passes, 5);
+    let options = quick().with_batch(7).unwrap();
+    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
+    let drained = relay.drain().await.unwrap();
+    assert_eq!(drained.published, 25, "{drained:?}");
     for (aggregate, sequences) in publisher.per_aggregate() {
-        assert_eq!(sequences, [1, 2, 3, 4, 5], "{aggregate} out of order");
+        let expected: Vec<u64> = (1..=sequences.len() as u64).collect();
+        assert_eq!(sequences, expected, "{aggregate} out of order");
+    }
+    // A batch reaches the broker in waves: never two messages of one
+    // aggregate in one publish.
+    for call in publisher.calls.lock().unwrap().iter() {
+        let mut aggregates = call.clone();
+        aggregates.sort();
+        aggregates.dedup();
+        assert_eq!(aggregates.len(), call.len(), "{call:?}");
     }
     assert_eq!(outbox.stats().await.unwrap().pending, 0);
 }
@@ -169,7 +187,7 @@ async fn a_message_that_keeps_failing_is_parked_and_only_its_aggregate_waits() {
     let seen = publisher.per_aggregate();
     assert_eq!(seen.get("healthy").map(Vec::as_slice), Some(&[1, 2][..]));
     assert!(!seen.contains_key("poison"));
-    let waiting = outbox.parked(10).await.unwrap();
+    let waiting = outbox.parked(None, 10).await.unwrap();
     assert_eq!(waiting.len(), 1);
     assert_eq!(waiting[0].parts().attempts, 3);
     assert!(
@@ -180,15 +198,19 @@ async fn a_message_that_keeps_failing_is_parked_and_only_its_aggregate_waits() {
             .unwrap()
             .contains("no route")
     );
-    // The operator fixes the route and retries: the aggregate flows again.
+    // The one behind it waits in the lane, unpublished.
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.parked), (1, 1), "{stats:?}");
+    // The operator fixes the route and retries: the aggregate flows again,
+    // in order.
     publisher.refuse.lock().unwrap().clear();
     assert!(outbox.retry(waiting[0].id()).await.unwrap());
-    relay.relay_once().await.unwrap();
-    relay.relay_once().await.unwrap();
+    relay.drain().await.unwrap();
     assert_eq!(
         publisher.per_aggregate().get("poison").map(Vec::as_slice),
         Some(&[1, 2][..])
     );
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
 }
 
 #[tokio::test]
@@ -202,8 +224,8 @@ async fn a_failed_publish_waits_its_back_off_before_the_next_attempt() {
         .unwrap();
     let relay = Relay::new(outbox.clone(), publisher, options);
     assert_eq!(relay.relay_once().await.unwrap().failed, 1);
-    // Within an hour's back-off nothing is claimed again.
-    assert_eq!(relay.relay_once().await.unwrap().claimed, 0);
+    // Within an hour's back-off nothing is read or retried.
+    assert_eq!(relay.relay_once().await.unwrap().read, 0);
     assert_eq!(outbox.stats().await.unwrap().pending, 1);
 }
 
@@ -221,10 +243,10 @@ async fn a_publisher_that_answers_too_little_fails_the_unanswered_message() {
     assert_eq!((pass.published, pass.failed), (1, 1), "{pass:?}");
 }
 
-/// Publishes, then lets its lease lapse and another relay take over before
-/// the first relay marks: the first marks nothing, the second publishes
-/// again with the same id (what a broker's or consumer's deduplication is
-/// for).
+/// Publishes, then lets its lease lapse and another relay take the
+/// partition over before the first relay settles: the first settles
+/// nothing, the second publishes again with the same id (what a broker's or
+/// consumer's deduplication is for).
 struct Slow {
     inner: Recording,
     hold: Duration,
@@ -240,7 +262,7 @@ impl Publisher for Slow {
 }
 
 #[tokio::test]
-async fn a_relay_whose_lease_was_taken_over_marks_nothing() {
+async fn a_relay_whose_lease_was_taken_over_moves_no_cursor() {
     let outbox = Arc::new(MemoryOutbox::new());
     let placed = outbox.enqueue(&message("order-1", 1)).await.unwrap();
     let slow = Arc::new(Slow {
@@ -251,8 +273,11 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing() {
     let stale = Relay::new(outbox.clone(), slow.clone(), short_lease);
     let fresh_publisher = Arc::new(Recording::default());
     let fresh = Relay::new(outbox.clone(), fresh_publisher.clone(), quick());
-    let stalled = tokio::spawn(async move { stale.relay_once().await });
-    // The stale relay has claimed and published; now it waits on its broker
+    let stalled = tokio::spawn({
+        let stale = stale.clone();
+        async move { stale.relay_once().await }
+    });
+    // The stale relay has read and published; now it waits on its broker
     // while its lease lapses.
     while slow.inner.published.lock().unwrap().is_empty() {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -264,9 +289,13 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(taken.published, 1);
+    assert_eq!(taken.partitions, 1);
     let pass = stalled.await.unwrap().unwrap();
     assert_eq!((pass.published, pass.lost), (0, 1), "{pass:?}");
+    assert!(
+        stale.partitions().is_empty(),
+        "it forgot the lost partition"
+    );
     let twice: Vec<String> = slow
         .inner
         .published
@@ -278,6 +307,51 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing() {
         .collect();
     assert_eq!(twice, [placed.id().to_string(), placed.id().to_string()]);
     assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
+
+#[tokio::test]
+async fn relays_share_the_partitions_and_take_over_a_dead_ones_after_its_lease() {
+    let outbox = Arc::new(MemoryOutbox::with_partitions(4, idem_core::store::SystemClock).unwrap());
+    for n in 1..=3 {
+        for aggregate in 0..20 {
+            outbox
+                .enqueue(&message(&format!("order-{aggregate}"), n))
+                .await
+                .unwrap();
+        }
+    }
+    let publisher = Arc::new(Recording::default());
+    let two = quick().with_max_partitions(2).unwrap();
+    let short = two.with_lease(Duration::from_millis(300)).unwrap();
+    let first = Relay::new(outbox.clone(), publisher.clone(), short);
+    let second = Relay::new(outbox.clone(), publisher.clone(), two);
+    first.relay_once().await.unwrap();
+    second.relay_once().await.unwrap();
+    let (mut a, b) = (first.partitions(), second.partitions());
+    assert_eq!((a.len(), b.len()), (2, 2), "{a:?} {b:?}");
+    a.extend(&b);
+    a.sort_unstable();
+    assert_eq!(a, [0, 1, 2, 3], "a partition held twice");
+    // The first relay dies; once its leases lapse a relay with room takes
+    // its partitions over and publishes everything, in order.
+    drop(first);
+    let survivor = Relay::new(outbox.clone(), publisher.clone(), quick());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    survivor.drain().await.unwrap();
+    second.drain().await.unwrap();
+    assert_eq!(survivor.partitions().len(), 2);
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
+    for (aggregate, sequences) in publisher.per_aggregate() {
+        let mut firsts = sequences.clone();
+        firsts.dedup();
+        assert_eq!(firsts, [1, 2, 3], "{aggregate} out of order: {sequences:?}");
+    }
+    // At shutdown a relay gives its partitions back at once.
+    second.release().await;
+    assert!(second.partitions().is_empty());
+    let taker = Relay::new(outbox.clone(), publisher, quick());
+    taker.relay_once().await.unwrap();
+    assert_eq!(taker.partitions().len(), 2);
 }
 
 #[tokio::test]
@@ -313,7 +387,8 @@ async fn a_wake_up_publishes_without_waiting_for_the_poll_interval() {
     }
     let _ = stop.send(());
     running.await.unwrap();
-    assert!(outbox.parked(10).await.unwrap().is_empty());
+    // Its shutdown gave the partition back.
+    assert_eq!(outbox.stats().await.unwrap().partitions[0].holder, None);
 }
 
 #[test]
@@ -342,6 +417,8 @@ fn options_out_of_range_are_refused() {
             .with_in_flight(idem_outbox::MAX_IN_FLIGHT + 1)
             .is_err()
     );
+    assert!(RelayOptions::default().with_max_partitions(0).is_err());
+    assert!(RelayOptions::default().with_max_partitions(1025).is_err());
 }
 
 /// Each stage of a relay reported to the test as it starts, and held there
@@ -412,19 +489,18 @@ fn named(heads: &[(&str, u64)]) -> Vec<(String, u64)> {
     heads.iter().map(|(a, s)| (a.to_string(), *s)).collect()
 }
 
-/// The in-process outbox with its claims reported, its marks held at a
-/// gate, the claims it is told to fail, and a count of what purges delete.
-/// Its clock moves only when told, so enqueue times (and so the claims'
-/// order) are the test's.
+/// The in-process outbox with its reads reported, its advances held at a
+/// gate, the reads it is told to fail, and a count of what purges delete.
+/// Its clock moves only when told, so enqueue times are the test's.
 #[derive(Debug)]
 struct Staged {
     inner: MemoryOutbox,
     clock: idem_core::ManualClock,
-    claims: Option<Arc<Gate>>,
-    marks: Option<Arc<Gate>>,
-    /// The claims (counted from 1) that fail as unavailable.
-    fail_claims: Vec<usize>,
-    claimed: std::sync::atomic::AtomicUsize,
+    reads: Option<Arc<Gate>>,
+    advances: Option<Arc<Gate>>,
+    /// The reads (counted from 1) that fail as unavailable.
+    fail_reads: Vec<usize>,
+    read: std::sync::atomic::AtomicUsize,
     purged: std::sync::atomic::AtomicU64,
 }
 
@@ -441,10 +517,10 @@ impl Default for Staged {
         Self {
             inner: MemoryOutbox::with_clock(clock.clone()),
             clock,
-            claims: None,
-            marks: None,
-            fail_claims: Vec::new(),
-            claimed: Default::default(),
+            reads: None,
+            advances: None,
+            fail_reads: Vec::new(),
+            read: Default::default(),
             purged: Default::default(),
         }
     }
@@ -455,68 +531,73 @@ impl OutboxStore for Staged {
     async fn enqueue(&self, m: &NewMessage) -> Result<OutboxMessage, idem_core::StoreError> {
         self.inner.enqueue(m).await
     }
-    async fn claim(
+    async fn acquire(
         &self,
-        batch: &idem_core::store::BatchClaim,
-    ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
-        let n = self
-            .claimed
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
-        if self.fail_claims.contains(&n) {
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<PartitionLease>, idem_core::StoreError> {
+        self.inner.acquire(owner, lease).await
+    }
+    async fn read(
+        &self,
+        partition: u32,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<LogBatch, idem_core::StoreError> {
+        let n = self.read.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if self.fail_reads.contains(&n) {
             return Err(idem_core::StoreError::unavailable(
                 "memory",
-                idem_core::Operation::Claim,
+                idem_core::Operation::Read,
                 "injected",
             ));
         }
-        let claimed = self.inner.claim(batch).await?;
-        if let Some(gate) = &self.claims {
-            gate.pass(heads(&claimed)).await;
+        let batch = self.inner.read(partition, after, limit).await?;
+        if let Some(gate) = &self.reads {
+            gate.pass(heads(&batch.messages)).await;
         }
-        Ok(claimed)
+        Ok(batch)
     }
-    async fn mark_sent(
+    async fn advance(
         &self,
-        owner: idem_core::store::OwnerToken,
-        ids: &[idem_core::store::MessageId],
-    ) -> Result<u64, idem_core::StoreError> {
-        if let Some(gate) = &self.marks {
-            gate.pass(ids.iter().map(|id| (id.to_string(), 0)).collect())
-                .await;
+        lease: &PartitionLease,
+        advance: &Advance,
+    ) -> Result<PartitionLease, idem_core::StoreError> {
+        if let Some(gate) = &self.advances
+            && !advance.is_empty()
+        {
+            gate.pass(Vec::new()).await;
         }
-        self.inner.mark_sent(owner, ids).await
+        self.inner.advance(lease, advance).await
     }
-    async fn release(
+    async fn due(
         &self,
-        owner: idem_core::store::OwnerToken,
-        ids: &[idem_core::store::MessageId],
-    ) -> Result<u64, idem_core::StoreError> {
-        self.inner.release(owner, ids).await
+        partition: u32,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
+        self.inner.due(partition, limit).await
     }
-    async fn mark_failed(
+    async fn release(&self, lease: &PartitionLease) -> Result<bool, idem_core::StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn parked(
         &self,
-        failure: &idem_core::store::PublishFailure,
-    ) -> Result<idem_core::store::MessageState, idem_core::StoreError> {
-        self.inner.mark_failed(failure).await
+        after: Option<PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
+        self.inner.parked(after, limit).await
     }
-    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, idem_core::StoreError> {
-        self.inner.parked(limit).await
-    }
-    async fn retry(&self, id: idem_core::store::MessageId) -> Result<bool, idem_core::StoreError> {
+    async fn retry(&self, id: MessageId) -> Result<bool, idem_core::StoreError> {
         self.inner.retry(id).await
     }
     async fn drop_message(
         &self,
-        id: idem_core::store::MessageId,
+        id: MessageId,
         reason: &str,
     ) -> Result<bool, idem_core::StoreError> {
         self.inner.drop_message(id, reason).await
     }
-    async fn message(
-        &self,
-        id: idem_core::store::MessageId,
-    ) -> Result<Option<idem_core::store::OutboxMessage>, idem_core::StoreError> {
+    async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, idem_core::StoreError> {
         self.inner.message(id).await
     }
     async fn purge_sent(
@@ -529,7 +610,7 @@ impl OutboxStore for Staged {
             .fetch_add(purged, std::sync::atomic::Ordering::SeqCst);
         Ok(purged)
     }
-    async fn stats(&self) -> Result<idem_core::store::OutboxStats, idem_core::StoreError> {
+    async fn stats(&self) -> Result<OutboxStats, idem_core::StoreError> {
         self.inner.stats().await
     }
     fn capabilities(&self) -> idem_core::store::Capabilities {
@@ -537,8 +618,8 @@ impl OutboxStore for Staged {
     }
 }
 
-/// A publisher held at a gate on every batch, refusing each aggregate it is
-/// told to once, recording every attempt and how many batches it ever held
+/// A publisher held at a gate on every call, refusing each aggregate it is
+/// told to once, recording every attempt and how many calls it ever held
 /// at once.
 struct Held {
     gate: Arc<Gate>,
@@ -612,61 +693,69 @@ async fn interleaved(outbox: &Staged, aggregates: &[&str], per_aggregate: u64) {
     }
 }
 
+/// The relay of `drain_in_pairs`.
+type Pairs = Relay<Staged, Held>;
+
 /// A drain of `outbox` through `publisher`, two messages a batch, with
-/// `in_flight` batches in flight, in a task of its own.
+/// `in_flight` batches in flight, in a task of its own; and the relay, for
+/// the drains after it.
 fn drain_in_pairs(
     outbox: &Arc<Staged>,
     publisher: &Arc<Held>,
     in_flight: usize,
-) -> tokio::task::JoinHandle<Result<idem_outbox::RelayPass, idem_outbox::RelayError>> {
+) -> (
+    Pairs,
+    tokio::task::JoinHandle<Result<idem_outbox::RelayPass, idem_outbox::RelayError>>,
+) {
     let options = quick()
         .with_batch(2)
         .unwrap()
         .with_in_flight(in_flight)
         .unwrap();
     let relay = Relay::new(outbox.clone(), publisher.clone(), options);
-    tokio::spawn(async move { relay.drain().await })
+    let draining = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.drain().await }
+    });
+    (relay, draining)
 }
 
 #[tokio::test]
-async fn batches_in_flight_claim_their_aggregates_next_messages_ahead_and_publish_them_in_order() {
-    let (claims, mut claimed) = gate(true);
-    let (marks, mut marking) = gate(false);
+async fn batches_in_flight_are_read_ahead_published_one_at_a_time_and_settled_in_order() {
+    let (reads, mut read) = gate(true);
+    let (advances, mut advancing) = gate(false);
     let (publishes, mut publishing) = gate(false);
     let outbox = Arc::new(Staged {
-        claims: Some(claims),
-        marks: Some(marks),
+        reads: Some(reads),
+        advances: Some(advances),
         ..Staged::default()
     });
     interleaved(&outbox, &["a", "b", "c", "d", "e", "f"], 2).await;
     let publisher = Arc::new(Held::new(publishes));
-    let draining = drain_in_pairs(&outbox, &publisher, 4);
+    let (_, draining) = drain_in_pairs(&outbox, &publisher, 4);
 
-    // The first batch is held at the broker; three more claims fill the
-    // window, the last with the next messages of the first batch's
-    // aggregates: claimed ahead, nothing marked yet.
-    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
+    // The first batch is held at the broker; three more reads fill the
+    // window, nothing settled yet.
+    assert_eq!(read.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
-    assert_eq!(claimed.next().await, named(&[("c", 1), ("d", 1)]));
-    assert_eq!(claimed.next().await, named(&[("e", 1), ("f", 1)]));
-    assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
-    // The broker confirms the first batch; its mark is held while the
-    // second batch publishes: one batch at the broker at a time, and the
-    // window stays full until a mark.
+    assert_eq!(read.next().await, named(&[("c", 1), ("d", 1)]));
+    assert_eq!(read.next().await, named(&[("e", 1), ("f", 1)]));
+    assert_eq!(read.next().await, named(&[("a", 2), ("b", 2)]));
+    // The broker confirms the first batch; its settlement is held while
+    // the second batch publishes: one batch at the broker at a time, and
+    // the window stays full until a settlement.
     publishing.release(1);
-    assert_eq!(marking.next().await.len(), 2);
+    assert_eq!(advancing.next().await.len(), 0);
     assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
-    assert!(claimed.quiet(), "claimed past a full window");
-    // Once the first batch is marked, the next claim takes c2 and d2 while
-    // c1 and d1 are still at the broker.
-    marking.release(1);
-    assert_eq!(claimed.next().await, named(&[("c", 2), ("d", 2)]));
+    assert!(read.quiet(), "read past a full window");
+    // Once the first batch is settled, the next read goes out.
+    advancing.release(1);
+    assert_eq!(read.next().await, named(&[("c", 2), ("d", 2)]));
 
-    marking.open();
+    advancing.open();
     publishing.open();
     let drained = draining.await.unwrap().unwrap();
     assert_eq!((drained.published, drained.batches), (12, 6), "{drained:?}");
-    assert_eq!(drained.released, 0);
     assert_eq!(
         publisher
             .most_held
@@ -682,35 +771,34 @@ async fn batches_in_flight_claim_their_aggregates_next_messages_ahead_and_publis
 }
 
 #[tokio::test]
-async fn a_message_claimed_ahead_of_a_failure_is_released_unpublished_and_follows_the_retry() {
-    let (claims, mut claimed) = gate(true);
+async fn a_message_read_ahead_of_a_failure_is_held_unpublished_and_follows_the_retry() {
     let (publishes, mut publishing) = gate(false);
-    let outbox = Arc::new(Staged {
-        claims: Some(claims),
-        ..Staged::default()
-    });
+    let outbox = Arc::new(Staged::default());
     interleaved(&outbox, &["a", "b", "c", "d"], 2).await;
     let publisher = Arc::new(Held::new(publishes));
     publisher.refuse_once.lock().unwrap().push("a".into());
-    let draining = drain_in_pairs(&outbox, &publisher, 3);
+    let (relay, draining) = drain_in_pairs(&outbox, &publisher, 3);
 
-    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
+    // a1 fails while a2, read ahead, waits: a2 never reaches the broker in
+    // this drain; it is held behind a1, in the retry lane.
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
-    assert_eq!(claimed.next().await, named(&[("c", 1), ("d", 1)]));
-    assert_eq!(claimed.next().await, named(&[("a", 2), ("b", 2)]));
-    // a1 fails while a2 waits, claimed ahead: once a1 is counted (no
-    // back-off here) it is claimed again, with c2 ahead of c1 at the
-    // broker; a2 never reaches the broker before it.
     publishing.release(1);
     assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
-    assert_eq!(claimed.next().await, named(&[("a", 1), ("c", 2)]));
     publishing.release(1);
     assert_eq!(publishing.next().await, named(&[("b", 2)]));
-
-    publishing.open();
+    publishing.release(1);
+    assert_eq!(publishing.next().await, named(&[("c", 2), ("d", 2)]));
+    publishing.release(1);
     let drained = draining.await.unwrap().unwrap();
-    assert_eq!((drained.published, drained.failed), (8, 1), "{drained:?}");
-    assert_eq!(drained.released, 1, "{drained:?}");
+    assert_eq!(
+        (drained.published, drained.failed, drained.held),
+        (6, 1, 1),
+        "{drained:?}"
+    );
+    // The next drain retries a1 (no back-off here), then a2 behind it.
+    publishing.open();
+    let retried = relay.drain().await.unwrap();
+    assert_eq!(retried.published, 2, "{retried:?}");
     let attempts: Vec<(u64, bool)> = publisher
         .attempts
         .lock()
@@ -727,61 +815,62 @@ async fn a_message_claimed_ahead_of_a_failure_is_released_unpublished_and_follow
 }
 
 #[tokio::test]
-async fn a_store_failure_mid_drain_claims_nothing_more_but_finishes_what_it_claimed() {
-    let (claims, mut claimed) = gate(true);
+async fn a_store_failure_mid_drain_reads_nothing_more_but_settles_what_it_read() {
     let (publishes, mut publishing) = gate(false);
     let outbox = Arc::new(Staged {
-        claims: Some(claims),
-        fail_claims: vec![2],
+        fail_reads: vec![2],
         ..Staged::default()
     });
     interleaved(&outbox, &["a", "b", "c", "d"], 1).await;
     let publisher = Arc::new(Held::new(publishes));
-    let draining = drain_in_pairs(&outbox, &publisher, 3);
+    let (relay, draining) = drain_in_pairs(&outbox, &publisher, 3);
 
-    assert_eq!(claimed.next().await, named(&[("a", 1), ("b", 1)]));
     assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
-    // The second claim fails while the first batch is at the broker.
+    // The second read fails while the first batch is at the broker.
     tokio::time::timeout(Duration::from_secs(60), async {
-        while outbox.claimed.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        while outbox.read.load(std::sync::atomic::Ordering::SeqCst) < 2 {
             tokio::task::yield_now().await;
         }
     })
     .await
-    .expect("the second claim was made");
+    .expect("the second read was made");
     publishing.release(1);
     let error = draining.await.unwrap().unwrap_err();
     assert!(error.to_string().contains("injected"), "{error}");
-    assert!(claimed.quiet(), "claimed after the store failed");
-    assert_eq!(outbox.claimed.load(std::sync::atomic::Ordering::SeqCst), 2);
-    // The first batch was published and marked; the rest waits, unleased.
+    assert_eq!(outbox.read.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // The first batch was published and settled; the rest waits past the
+    // cursor, for the next drain.
     assert_eq!(outbox.stats().await.unwrap().pending, 2);
-    let rest = outbox
-        .claim(&idem_core::store::BatchClaim::new(
-            idem_core::store::OwnerToken::generate(),
-            Duration::from_secs(30),
-            10,
-        ))
-        .await
-        .unwrap();
-    assert_eq!(heads(&rest), named(&[("c", 1), ("d", 1)]));
+    publishing.open();
+    assert_eq!(relay.drain().await.unwrap().published, 2);
 }
 
 #[tokio::test]
-async fn a_drain_publishes_what_its_own_marks_made_due() {
-    for in_flight in [1, 3] {
-        let outbox = Arc::new(Staged::default());
-        interleaved(&outbox, &["a", "b"], 5).await;
-        let publisher = Arc::new(Recording::default());
-        let options = quick().with_in_flight(in_flight).unwrap();
-        let relay = Relay::new(outbox.clone(), publisher.clone(), options);
-        // Every claim is short of the batch of 100, yet one drain takes all.
-        let drained = relay.drain().await.unwrap();
-        assert_eq!((drained.published, drained.batches), (10, 5), "{drained:?}");
-        for (aggregate, sequences) in publisher.per_aggregate() {
-            assert_eq!(sequences, [1, 2, 3, 4, 5], "{aggregate} out of order");
-        }
-    }
+async fn a_blocked_aggregates_new_messages_wait_behind_its_parked_one() {
+    let outbox = Arc::new(MemoryOutbox::new());
+    outbox.enqueue(&message("poison", 1)).await.unwrap();
+    let publisher = Arc::new(Recording::default());
+    publisher.refuse.lock().unwrap().push("poison".into());
+    let once = RelayOptions::default()
+        .with_retries(1, Duration::ZERO, Duration::ZERO)
+        .unwrap();
+    let relay = Relay::new(outbox.clone(), publisher.clone(), once);
+    assert_eq!(relay.drain().await.unwrap().parked, 1);
+    // Later messages of the parked aggregate wait behind it; another
+    // aggregate flows.
+    publisher.refuse.lock().unwrap().clear();
+    outbox.enqueue(&message("poison", 2)).await.unwrap();
+    outbox.enqueue(&message("healthy", 1)).await.unwrap();
+    let pass = relay.drain().await.unwrap();
+    assert_eq!((pass.published, pass.held), (1, 1), "{pass:?}");
+    assert!(!publisher.per_aggregate().contains_key("poison"));
+    let parked = outbox.parked(None, 10).await.unwrap();
+    assert!(outbox.retry(parked[0].id()).await.unwrap());
+    relay.drain().await.unwrap();
+    assert_eq!(
+        publisher.per_aggregate().get("poison").map(Vec::as_slice),
+        Some(&[1, 2][..])
+    );
 }
 
 #[tokio::test]
@@ -871,4 +960,5 @@ fn a_pass_is_counted_and_measured_through_the_metrics_facade() {
     );
     assert_eq!(seen.get(idem_outbox::PENDING), Some(&0.0), "{seen:?}");
     assert!(seen.contains_key(idem_outbox::OLDEST_PENDING), "{seen:?}");
+    assert_eq!(seen.get(idem_outbox::PARTITION_LAG), Some(&0.0), "{seen:?}");
 }

@@ -103,7 +103,7 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(table: &TableName) -> Self {
+    fn new(table: &TableName, _: &PostgresJournalOptions) -> Self {
         let t = table.derived("");
         let row = aliased(&COLUMNS, "r.");
         let key = "r.namespace = $1 AND r.subject = $2 AND r.effect = $3";

@@ -34,7 +34,10 @@ const JOURNAL_MIGRATION: &str = include_str!("../migrations/0002_idem_journal.sq
 const OUTBOX_MIGRATION: &str = include_str!("../migrations/0003_idem_outbox.sql");
 
 /// The indexes of the outbox's migration, by their suffix to the table's name.
-const OUTBOX_INDEXES: [&str; 4] = ["_open_idx", "_pending_idx", "_parked_idx", "_finished_idx"];
+const OUTBOX_INDEXES: [&str; 4] = ["_log_idx", "_lane_idx", "_parked_idx", "_finished_idx"];
+
+/// The statement that ends the outbox's migration, with its partition count.
+const OUTBOX_PARTITIONS: &str = "SELECT idem_outbox_set_partitions(1);";
 
 /// The longest notification channel Postgres accepts (`NAMEDATALEN - 1`).
 const MAX_CHANNEL: usize = 63;
@@ -126,11 +129,15 @@ impl TableName {
     /// [`PostgresOutbox::migration_sql`](crate::PostgresOutbox::migration_sql)):
     /// its tables, indexes and functions renamed, and its notification
     /// channel this table's [`outbox_channel`](Self::outbox_channel).
-    pub(crate) fn outbox_migration_sql(&self) -> String {
+    pub(crate) fn outbox_migration_sql(&self, partitions: u32) -> String {
         // The channel is a string, not a name: set aside before the rename.
         let channel = format!("'{DEFAULT_OUTBOX_TABLE}'");
+        let counted = OUTBOX_MIGRATION.replace(
+            OUTBOX_PARTITIONS,
+            &format!("SELECT idem_outbox_set_partitions({partitions});"),
+        );
         let renamed = self.renamed(
-            &OUTBOX_MIGRATION.replace(&channel, "\u{1}"),
+            &counted.replace(&channel, "\u{1}"),
             DEFAULT_OUTBOX_TABLE,
             &OUTBOX_INDEXES,
         );
@@ -395,36 +402,83 @@ part_options!(
     "a journal keeps no responses"
 );
 
-part_options!(
-    /// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
-    /// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
-    /// Its counter table is named after its table, `<table>_aggregates`, in
-    /// the same schema.
-    ///
-    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
-    /// outbox operation as a whole (acquiring a connection from the pool
-    /// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
-    /// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
-    /// which may wait for a concurrent migration, nor the
-    /// [`listen`](crate::PostgresOutbox::listen)er, which runs until dropped.
-    /// The outbox keeps no responses: a response limit set in the store options
-    /// is only checked to be at least 1 (a message's payload is bounded by
-    /// [`MAX_PAYLOAD_BYTES`](idem_core::store::MAX_PAYLOAD_BYTES)).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use idem_core::StoreOptions;
-    /// use idem_postgres::PostgresOutboxOptions;
-    ///
-    /// let options = PostgresOutboxOptions::default()
-    ///     .table("billing.idem_outbox")
-    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
-    /// # let _ = options;
-    /// ```
-    PostgresOutboxOptions,
-    DEFAULT_OUTBOX_TABLE,
-    "an outbox keeps no responses"
-);
+/// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
+/// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
+/// Its counter and partition tables are named after its table,
+/// `<table>_aggregates` and `<table>_partitions`, in the same schema.
+///
+/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+/// outbox operation as a whole (acquiring a connection from the pool
+/// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
+/// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
+/// which may wait for a concurrent migration. An outbox keeps no responses:
+/// a response limit set in the store options is only checked to be at least 1.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::StoreOptions;
+/// use idem_postgres::PostgresOutboxOptions;
+///
+/// let options = PostgresOutboxOptions::default()
+///     .table("billing.idem_outbox")
+///     .partitions(8)
+///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresOutboxOptions {
+    pub(crate) table: String,
+    pub(crate) store: StoreOptions,
+    pub(crate) partitions: u32,
+}
+
+impl Default for PostgresOutboxOptions {
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_OUTBOX_TABLE.to_string(),
+            store: StoreOptions::default(),
+            partitions: 1,
+        }
+    }
+}
+
+impl PostgresOutboxOptions {
+    /// The table: `table` or `schema.table`, lowercase SQL identifiers
+    /// (default [`DEFAULT_OUTBOX_TABLE`]; see [`TableName`]).
+    #[must_use]
+    pub fn table(mut self, name: &str) -> Self {
+        self.table = name.to_string();
+        self
+    }
+
+    /// The operation timeout (default 5 s, more than zero).
+    #[must_use]
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// How many partitions the outbox has (1 to 1024; 1 by default): each
+    /// is read by one relay at a time, so this bounds how many relays share
+    /// the work. [`migrate`](crate::PostgresOutbox::migrate) sets it; it can
+    /// change only while every message is sent (an aggregate's messages must
+    /// stay in one partition to stay in order).
+    #[must_use]
+    pub fn partitions(mut self, count: u32) -> Self {
+        self.partitions = count;
+        self
+    }
+
+    /// The table name, validated with the shared options (no ceiling on
+    /// responses, which the outbox never stores) and the partition count.
+    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
+        self.store
+            .checked(usize::MAX, usize::MAX, "an outbox keeps no responses")?;
+        idem_core::store::validate_partitions(self.partitions)?;
+        TableName::new(&self.table)
+    }
+}
 
 part_options!(
     /// How a [`PostgresParking`](crate::PostgresParking) is built; validated
@@ -522,18 +576,19 @@ mod tests {
 
     #[test]
     fn outbox_migration_for_another_table_renames_every_object() {
-        let sql = TableName::new("app.events").unwrap().outbox_migration_sql();
+        let sql = TableName::new("app.events")
+            .unwrap()
+            .outbox_migration_sql(8);
         assert!(!sql.contains("idem_outbox"), "{sql}");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events ("));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events_aggregates ("));
-        for function in ["now", "enqueue", "claim"] {
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events_partitions ("));
+        for function in ["now", "xmin", "enqueue", "set_partitions"] {
             assert!(
                 sql.contains(&format!("FUNCTION app.events_{function}(")),
                 "{function}"
             );
         }
-        // An earlier version's index, dropped by its name in the schema.
-        assert!(sql.contains("DROP INDEX IF EXISTS app.events_waiting_idx;"));
         for index in OUTBOX_INDEXES {
             assert!(
                 sql.contains(&format!(
@@ -545,8 +600,12 @@ mod tests {
         assert!(sql.contains("app.events%ROWTYPE"));
         assert!(sql.contains("SETOF app.events\n"));
         assert!(sql.contains("pg_notify('app.events', '')"));
+        assert!(
+            sql.ends_with("SELECT app.events_set_partitions(8);\n"),
+            "{sql}"
+        );
         assert_eq!(
-            TableName::outbox_default().outbox_migration_sql(),
+            TableName::outbox_default().outbox_migration_sql(1),
             OUTBOX_MIGRATION
         );
     }
@@ -564,7 +623,7 @@ mod tests {
         assert!(
             TableName::new(&long)
                 .unwrap()
-                .outbox_migration_sql()
+                .outbox_migration_sql(1)
                 .contains(&format!("pg_notify('{channel}', '')"))
         );
     }

@@ -1,16 +1,18 @@
-//! `PostgresOutbox`: the transactional outbox's store, one row per message
-//! and one counter row per aggregate, each operation one statement (see
-//! `migrations/0003_idem_outbox.sql`).
+//! `PostgresOutbox`: the transactional outbox's store, one row per message,
+//! one counter row per aggregate and one row per partition, each operation
+//! one statement (see `migrations/0003_idem_outbox.sql`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    BatchClaim, Capabilities, Layered, MessageId, MessageParts, MessageState, NewMessage,
-    OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure, Timestamp,
-    forward_outbox_store, millis, validate_lease, validate_outbox_batch,
+    Advance, Capabilities, Layered, LogBatch, LogPosition, MessageId, MessageParts, MessageState,
+    NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
+    PartitionStats, Timestamp, forward_outbox_store, millis, partition_hash, validate_lease,
+    validate_outbox_batch,
 };
-use idem_core::{Operation, StoreError, async_trait};
+use idem_core::{InvalidInput, Operation, StoreError, async_trait};
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor};
 use tokio::sync::Notify;
@@ -25,11 +27,15 @@ use crate::part::aliased;
 /// FUNCTION races otherwise); neither the records' lock nor the journal's.
 const MIGRATION_LOCK: i64 = 0x1de3_0003;
 
-/// The columns every statement reads back, one per part of a message.
-const COLUMNS: [&str; 15] = [
+/// The columns every statement reads back, one per part of a message; with
+/// `passed`, whether its partition's cursor passed it.
+const COLUMNS: [&str; 16] = [
     "id",
     "aggregate",
     "sequence",
+    "part",
+    "okey",
+    "pos",
     "kind",
     "header_names",
     "header_values",
@@ -39,8 +45,6 @@ const COLUMNS: [&str; 15] = [
     "last_error",
     "enqueued_at",
     "available_at",
-    "lease_owner",
-    "lease_until",
     "sent_at",
 ];
 
@@ -52,39 +56,45 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The outbox store on Postgres, over the caller's `sqlx::PgPool`: one row
 /// per message in the table `idem_outbox` (or another, see
-/// [`PostgresOutboxOptions`]) and one counter row per aggregate in
-/// `idem_outbox_aggregates`, in the same database as the business data, so
+/// [`PostgresOutboxOptions`]), one counter row per aggregate in
+/// `idem_outbox_aggregates` and one row per partition in
+/// `idem_outbox_partitions`, in the same database as the business data, so
 /// [`enqueue_in`](Self::enqueue_in) writes a message inside the business
 /// transaction that causes it: the message exists exactly when the change
 /// committed.
 ///
-/// - **Order.** An enqueue takes its aggregate's next sequence by updating
-///   the aggregate's counter row, whose lock it holds until its transaction
-///   ends: a second transaction enqueueing for the same aggregate waits for
-///   the first, so sequences follow the commit order. A message not yet
-///   committed is always the last of its aggregate, and a claim takes each
-///   aggregate's head (its lowest sequence not sent or dropped), so a
-///   message that commits late is never skipped.
-/// - **Claims.** A claim is one statement: it locks the available heads of
-///   aggregates with nothing parked and nothing leased to another relay
-///   (and the message after what the claiming relay holds, under its
-///   lease), oldest first, with `FOR UPDATE SKIP LOCKED`, and leases them.
-///   Racing relays never block each other and never hold two messages of
-///   one aggregate: a message a claim locks is re-checked on its latest
-///   version, and what is below it changes only by its own relay's doing
-///   or for good (sent or dropped). Its cost follows the batch, not the
-///   backlog, whatever the table's statistics: a walk down the pending
-///   messages' index and one probe per message claimed (the claim
-///   function's comment in the migration says how).
+/// - **Partitions.** A message goes to its aggregate's partition (a stable
+///   hash of the aggregate modulo the count, [`PostgresOutboxOptions::partitions`],
+///   1 by default); each partition is a log, read by one relay at a time
+///   under a lease, through a cursor that moves once per batch (one row
+///   written for a whole batch, the one write a batch costs).
+/// - **Order, and late commits.** A message's place in its log is its
+///   transaction's id (or its aggregate's previous message's, if higher)
+///   and a sequence number; a read takes only messages whose transaction
+///   id is below the oldest one still running, so a message that commits
+///   late can never land before one already read. An enqueue takes its
+///   aggregate's next sequence by updating the aggregate's counter row,
+///   whose lock it holds until its transaction ends: a second transaction
+///   enqueueing for the same aggregate waits for the first, so sequences
+///   and places follow the commit order. One consequence: a transaction
+///   that stays open (any write transaction in the cluster, idle in
+///   transaction included) holds every relay back until it ends; set
+///   `idle_in_transaction_session_timeout`, and keep business transactions
+///   short.
+/// - **Failures.** A message the broker refused leaves the log for its
+///   partition's retry lane, with the later messages of its aggregate; the
+///   lane holds few rows, and the log none of their writes.
 /// - **One round trip.** Every operation is one statement (after the
 ///   connection has prepared it once), for every outcome. Leases, back-off
 ///   and ages are the database server's clock's. Build the pool with
 ///   [`guarded`](crate::guarded) (no ping before every use, and no
 ///   connection back in service inside a transaction block).
 /// - **Purges.** [`purge_sent`](OutboxStore::purge_sent) deletes one
-///   bounded batch of sent and dropped messages (`SKIP LOCKED`, so racing
-///   purges share the work). The counter rows stay, one small row per
-///   aggregate ever seen, so an aggregate's sequences never start again.
+///   bounded batch of sent and dropped messages: each partition's oldest
+///   before its cursor, and what left the retry lane. A message is written
+///   once and deleted once, so the table's dead rows are its purges'. The
+///   counter rows stay, one small row per aggregate ever seen, so an
+///   aggregate's sequences never start again.
 /// - **Wake-ups.** An enqueue notifies the table's channel, which Postgres
 ///   delivers when the transaction commits; [`listen`](Self::listen) turns
 ///   those notifications into wake-ups of a relay.
@@ -96,7 +106,8 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// metrics.
 ///
 /// ```no_run
-/// use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken};
+/// use std::time::Duration;
+/// use idem_core::store::{Advance, NewMessage, OutboxStore, OwnerToken};
 /// use idem_postgres::PostgresOutbox;
 /// use idem_postgres::sqlx::postgres::PgPoolOptions;
 ///
@@ -110,10 +121,12 @@ const LISTEN_MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///     .enqueue(&NewMessage::new("order-42", "order.placed", b"{}".to_vec())?)
 ///     .await?;
 /// assert_eq!(placed.parts().sequence, 1);
-/// let owner = OwnerToken::generate();
-/// let batch = outbox.claim(&BatchClaim::new(owner, std::time::Duration::from_secs(30), 100)).await?;
-/// let ids: Vec<_> = batch.iter().map(|m| m.id()).collect();
-/// outbox.mark_sent(owner, &ids).await?;
+/// let lease = outbox.acquire(OwnerToken::generate(), Duration::from_secs(30)).await?.expect("a free partition");
+/// let batch = outbox.read(lease.partition(), lease.cursor(), 100).await?;
+/// // ... published and confirmed ...
+/// if let Some(end) = batch.end() {
+///     outbox.advance(&lease, &Advance::to(end)).await?;
+/// }
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
@@ -127,11 +140,13 @@ forward_outbox_store!(PostgresOutbox => messages);
 /// validated name.
 #[derive(Debug)]
 struct Statements {
+    partitions: u32,
     enqueue: Arc<str>,
-    claim: Arc<str>,
-    mark_sent: Arc<str>,
+    acquire: Arc<str>,
+    read: Arc<str>,
+    advance: Arc<str>,
+    due: Arc<str>,
     release: Arc<str>,
-    mark_failed: Arc<str>,
     parked: Arc<str>,
     retry: Arc<str>,
     drop_message: Arc<str>,
@@ -141,91 +156,154 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(table: &TableName) -> Self {
+    fn new(table: &TableName, options: &PostgresOutboxOptions) -> Self {
         let t = table.derived("");
+        let p = table.derived("_partitions");
         let now = table.derived("_now");
+        let xmin = table.derived("_xmin");
         let row = aliased(&COLUMNS, "r.");
         // Each statement reads the clock once, in a materialized CTE (a
         // scalar subquery per use would read it once per use).
         let clock = format!("WITH c AS MATERIALIZED (SELECT {now}() AS now)");
+        // Whether a message in the log is at or before its cursor.
+        let passed =
+            "(r.state IS NULL AND (r.okey, r.pos) <= (p.cursor_key, p.cursor_pos)) AS passed";
         Self {
+            partitions: options.partitions,
             enqueue: format!(
-                "SELECT {row} FROM {}($1, $2, $3, $4, $5, $6) AS r",
+                "SELECT {row}, false AS passed FROM {}($1, $2, $3, $4, $5, $6, $7) AS r",
                 table.derived("_enqueue")
             )
             .into(),
-            // One call of the claim function (its comment in the
-            // migration says how it walks, and why it never sorts).
-            claim: format!(
-                "SELECT {row} FROM {}($1, $2, $3) AS r ORDER BY r.enqueued_at, r.id",
-                table.derived("_claim")
+            // The lowest free partition, locked before it is taken (a racing
+            // acquire skips it), and checked again on its latest version.
+            acquire: format!(
+                "{clock}, free AS (SELECT f.part FROM {p} AS f, c \
+                   WHERE f.owner IS NULL OR f.lease_until IS NULL OR f.lease_until <= c.now \
+                   ORDER BY f.part LIMIT 1 FOR UPDATE OF f SKIP LOCKED) \
+                 UPDATE {p} AS p SET owner = $1, lease_until = c.now + $2 FROM c, free \
+                 WHERE p.part = free.part \
+                 RETURNING p.part, p.lease_until, p.cursor_key, p.cursor_pos"
             )
             .into(),
-            // Only a pending message holds a lease (a claim leases pending
-            // heads, and every way out of pending clears the lease), so a
-            // live lease of the owner's is the whole condition. A test of
-            // the state here would match the pending index's predicate, and
-            // the generic plan of a table without statistics then walks
-            // every pending row of that index, checking each against the
-            // ids, instead of looking the ids up by key.
-            mark_sent: format!(
-                "{clock} UPDATE {t} AS r SET state = 'sent', sent_at = c.now, lease_until = NULL \
-                 FROM c WHERE r.id = ANY($2) AND r.lease_owner = $1 AND r.lease_until > c.now"
+            // Walks the log's index from the position given, up to the
+            // oldest transaction still running (both bounds of the index
+            // scan), and tests each message's aggregate for a message in
+            // the lane with one probe of the lane's index.
+            read: format!(
+                "WITH x AS MATERIALIZED (SELECT {xmin}() AS xmin), \
+                 p AS MATERIALIZED (SELECT cursor_key, cursor_pos FROM {p} WHERE part = $1) \
+                 SELECT {row}, {passed}, EXISTS (SELECT 1 FROM {t} AS l \
+                   WHERE l.part = r.part AND l.aggregate = r.aggregate \
+                     AND l.state IN ('waiting', 'parked')) AS blocked \
+                 FROM {t} AS r CROSS JOIN x LEFT JOIN p ON true \
+                 WHERE r.part = $1 AND r.state IS NULL AND (r.part, r.okey, r.pos) > ($1, $2, $3) \
+                   AND r.okey < x.xmin \
+                 ORDER BY r.okey, r.pos LIMIT $4"
             )
             .into(),
-            // As mark_sent: a live lease of the owner's is the whole
-            // condition.
+            // One statement: the partition's row (fenced by the lease,
+            // renewed, its cursor moved forward only), and the messages the
+            // batch failed, held or sent from the lane, each only under
+            // that row and in the state it was read in. The back-off
+            // saturates at the largest time a bigint holds.
+            advance: format!(
+                "{clock}, p AS (UPDATE {p} AS p SET lease_until = c.now + $3, \
+                   cursor_key = CASE WHEN $4::bigint IS NOT NULL \
+                     AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
+                     THEN $4::bigint ELSE p.cursor_key END, \
+                   cursor_pos = CASE WHEN $4::bigint IS NOT NULL \
+                     AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
+                     THEN $5::bigint ELSE p.cursor_pos END \
+                   FROM c WHERE p.part = $1 AND p.owner = $2 AND p.lease_until > c.now \
+                   RETURNING p.part, p.lease_until, p.cursor_key, p.cursor_pos), \
+                 f AS (UPDATE {t} AS r SET attempts = least(r.attempts + 1, 4294967295), \
+                   last_error = e.error, \
+                   available_at = c.now + least(e.retry, 9223372036854775807 - c.now), \
+                   state = CASE WHEN least(r.attempts + 1, 4294967295) >= e.max \
+                                THEN 'parked' ELSE 'waiting' END \
+                   FROM p, c, unnest($6::uuid[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[]) \
+                     AS e(id, attempts, error, retry, max) \
+                   WHERE r.id = e.id AND r.part = p.part AND r.attempts = e.attempts \
+                     AND (r.state IS NULL OR r.state = 'waiting') RETURNING r.id), \
+                 h AS (UPDATE {t} AS r SET state = 'waiting', available_at = c.now FROM p, c \
+                   WHERE r.id = ANY($11) AND r.part = p.part AND r.state IS NULL RETURNING r.id), \
+                 s AS (UPDATE {t} AS r SET state = 'sent', sent_at = c.now FROM p, c \
+                   WHERE r.id = ANY($12) AND r.part = p.part AND r.state = 'waiting' RETURNING r.id) \
+                 SELECT p.lease_until, p.cursor_key, p.cursor_pos FROM p"
+            )
+            .into(),
+            // Each aggregate's first message in the lane (the lane's index
+            // in order), then those waiting and due, oldest first.
+            due: format!(
+                "{clock} SELECT {row}, false AS passed FROM ( \
+                   SELECT DISTINCT ON (l.aggregate) l.* FROM {t} AS l \
+                   WHERE l.part = $1 AND l.state IN ('waiting', 'parked') \
+                   ORDER BY l.aggregate, l.sequence) AS r, c \
+                 WHERE r.state = 'waiting' AND r.available_at <= c.now \
+                 ORDER BY r.enqueued_at, r.id LIMIT $2"
+            )
+            .into(),
             release: format!(
-                "{clock} UPDATE {t} AS r SET lease_until = NULL \
-                 FROM c WHERE r.id = ANY($2) AND r.lease_owner = $1 AND r.lease_until > c.now"
-            )
-            .into(),
-            // The back-off saturates at the largest time a bigint holds.
-            mark_failed: format!(
-                "{clock} UPDATE {t} AS r SET attempts = least(r.attempts + 1, 4294967295), \
-                 last_error = $3, lease_until = NULL, \
-                 available_at = c.now + least($4, 9223372036854775807 - c.now), \
-                 state = CASE WHEN least(r.attempts + 1, 4294967295) >= $5 \
-                              THEN 'parked' ELSE 'pending' END \
-                 FROM c WHERE r.id = $2 AND r.lease_owner = $1 AND r.lease_until > c.now \
-                 AND r.state = 'pending' \
-                 RETURNING r.state AS state"
+                "{clock} UPDATE {p} AS p SET owner = NULL, lease_until = NULL FROM c \
+                 WHERE p.part = $1 AND p.owner = $2 AND p.lease_until > c.now"
             )
             .into(),
             parked: format!(
-                "SELECT {row} FROM {t} AS r WHERE r.state = 'parked' \
-                 ORDER BY r.enqueued_at, r.id LIMIT $1"
+                "SELECT {row}, false AS passed FROM {t} AS r \
+                 WHERE r.state = 'parked' AND (r.enqueued_at, r.id) > ($1, $2) \
+                 ORDER BY r.enqueued_at, r.id LIMIT $3"
             )
             .into(),
             retry: format!(
-                "{clock} UPDATE {t} AS r SET state = 'pending', attempts = 0, available_at = c.now \
+                "{clock} UPDATE {t} AS r SET state = 'waiting', attempts = 0, available_at = c.now \
                  FROM c WHERE r.id = $1 AND r.state = 'parked'"
             )
             .into(),
             // The drop's time in sent_at: a purge ages it from there.
             drop_message: format!(
-                "{clock} UPDATE {t} AS r SET state = 'dropped', last_error = $2, \
-                 lease_until = NULL, sent_at = c.now \
-                 FROM c WHERE r.id = $1 AND r.state IN ('pending', 'parked')"
+                "{clock} UPDATE {t} AS r SET state = 'dropped', last_error = $2, sent_at = c.now \
+                 FROM c WHERE r.id = $1 AND r.state = 'parked'"
             )
             .into(),
-            message: format!("SELECT {row} FROM {t} AS r WHERE r.id = $1").into(),
-            // A bounded batch, walking the finished index; SKIP LOCKED lets
-            // racing purges share the work.
+            message: format!(
+                "SELECT {row}, {passed} FROM {t} AS r LEFT JOIN {p} AS p ON p.part = r.part \
+                 WHERE r.id = $1"
+            )
+            .into(),
+            // A bounded batch: each partition's oldest messages before its
+            // cursor (a walk of the log's index from its start) that are old
+            // enough by their enqueue, and what left the lane, old enough by
+            // its sent_at.
             purge: format!(
-                "DELETE FROM {t} AS r WHERE r.state IN ('sent', 'dropped') AND r.id IN ( \
-                   SELECT d.id FROM {t} AS d \
-                   WHERE d.state IN ('sent', 'dropped') \
-                     AND coalesce(d.sent_at, d.enqueued_at) <= (SELECT {now}()) - $1 \
-                   LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                "WITH c AS MATERIALIZED (SELECT {now}() - $1 AS cutoff), \
+                 logged AS (SELECT v.id FROM {p} AS p CROSS JOIN c CROSS JOIN LATERAL ( \
+                     SELECT r.id, r.enqueued_at FROM {t} AS r \
+                     WHERE r.part = p.part AND r.state IS NULL \
+                       AND (r.part, r.okey, r.pos) <= (p.part, p.cursor_key, p.cursor_pos) \
+                     ORDER BY r.okey, r.pos LIMIT $2) AS v \
+                   WHERE v.enqueued_at <= c.cutoff), \
+                 finished AS (SELECT r.id FROM {t} AS r, c \
+                   WHERE r.state IN ('sent', 'dropped') AND r.sent_at <= c.cutoff LIMIT $2) \
+                 DELETE FROM {t} AS r WHERE r.id IN ( \
+                   SELECT id FROM (SELECT id FROM logged UNION ALL SELECT id FROM finished) AS d \
+                   LIMIT $2)"
             )
             .into(),
             stats: format!(
-                "SELECT count(*) FILTER (WHERE r.state = 'pending') AS pending, \
-                 count(*) FILTER (WHERE r.state = 'parked') AS parked, \
-                 min(r.enqueued_at) FILTER (WHERE r.state = 'pending') AS oldest, \
-                 (SELECT {now}()) AS now \
-                 FROM {t} AS r WHERE r.state IN ('pending', 'parked')"
+                "{clock} SELECT p.part, p.owner, p.lease_until, p.cursor_key, p.cursor_pos, c.now, \
+                   l.pending AS logged, l.oldest AS logged_oldest, \
+                   w.waiting, w.oldest AS waiting_oldest, w.parked \
+                 FROM {p} AS p CROSS JOIN c \
+                 CROSS JOIN LATERAL (SELECT count(*) AS pending, min(r.enqueued_at) AS oldest \
+                   FROM {t} AS r WHERE r.part = p.part AND r.state IS NULL \
+                     AND (r.part, r.okey, r.pos) > (p.part, p.cursor_key, p.cursor_pos)) AS l \
+                 CROSS JOIN LATERAL (SELECT \
+                     count(*) FILTER (WHERE r.state = 'waiting') AS waiting, \
+                     min(r.enqueued_at) FILTER (WHERE r.state = 'waiting') AS oldest, \
+                     count(*) FILTER (WHERE r.state = 'parked') AS parked \
+                   FROM {t} AS r WHERE r.part = p.part AND r.state IN ('waiting', 'parked')) AS w \
+                 ORDER BY p.part"
             )
             .into(),
         }
@@ -237,7 +315,7 @@ crate::part::table_accessors!(
     PostgresOutbox,
     "idem_outbox",
     "0003_idem_outbox.sql",
-    outbox_migration_sql,
+    |parts| parts.table.outbox_migration_sql(parts.sql.partitions),
     MIGRATION_LOCK
 );
 
@@ -469,29 +547,23 @@ fn bigint(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-impl Messages {
-    /// Runs `sql`, an update of the messages among `ids` that `owner`
-    /// holds; how many it changed.
-    async fn owned(
-        &self,
-        sql: &Arc<str>,
-        operation: Operation,
-        owner: OwnerToken,
-        ids: &[MessageId],
-    ) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<uuid::Uuid> = ids.iter().map(MessageId::as_uuid).collect();
-        let done = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-            .bind(owner.as_uuid())
-            .bind(ids)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| classify(operation, e))?;
-        Ok(done.rows_affected())
-    }
+/// A position's numbers as bigints (each below 2^63, as the store gives
+/// them).
+fn position_columns(position: LogPosition) -> (i64, i64) {
+    let part = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    (part(position.major()), part(position.minor()))
+}
 
+/// The position in `row`'s columns `key` and `pos`.
+fn position(row: &PgRow, key: &str, pos: &str, op: Operation) -> Result<LogPosition, StoreError> {
+    let number = |name: &str| -> Result<u64, StoreError> {
+        let n: i64 = column(row, name, op)?;
+        u64::try_from(n).map_err(|_| corrupt(op, "position"))
+    };
+    Ok(LogPosition::new(number(key)?, number(pos)?))
+}
+
+impl Messages {
     /// Enqueues on `executor` (the pool, or the caller's transaction); the
     /// caller's layer bounds it.
     async fn enqueue_on<'e>(
@@ -505,9 +577,11 @@ impl Messages {
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_str()))
             .unzip();
+        let hash = i64::try_from(partition_hash(message.aggregate())).unwrap_or(i64::MAX);
         let row = sqlx::query(AssertSqlSafe(self.sql.enqueue.clone()))
             .bind(message.id().as_uuid())
             .bind(message.aggregate())
+            .bind(hash)
             .bind(message.kind())
             .bind(names)
             .bind(values)
@@ -517,6 +591,34 @@ impl Messages {
             .map_err(|e| classify(OP, e))?;
         stored(&row, OP)
     }
+
+    /// The lease in `row` (its `lease_until`, `cursor_key` and
+    /// `cursor_pos`) of `partition` to `owner` for `lease`.
+    fn lease(
+        row: &PgRow,
+        partition: u32,
+        owner: OwnerToken,
+        lease: Duration,
+        op: Operation,
+    ) -> Result<PartitionLease, StoreError> {
+        let until = time(row, "lease_until", op)?.ok_or_else(|| corrupt(op, "lease"))?;
+        let cursor = position(row, "cursor_key", "cursor_pos", op)?;
+        Ok(PartitionLease::issued(
+            partition, owner, lease, until, cursor,
+        ))
+    }
+
+    /// `partition` as the bigint the tables keep.
+    fn partition(&self, partition: u32) -> Result<i32, StoreError> {
+        if partition >= self.sql.partitions {
+            return Err(InvalidInput::OutOfRange {
+                field: "partition",
+                reason: "the outbox has no such partition",
+            }
+            .into());
+        }
+        i32::try_from(partition).map_err(|_| corrupt(Operation::Read, "partition"))
+    }
 }
 
 /// A timestamp column, or none.
@@ -525,7 +627,8 @@ fn time(row: &PgRow, name: &str, operation: Operation) -> Result<Option<Timestam
     Ok(millis.map(Timestamp::from_unix_millis))
 }
 
-/// The message in `row`, its columns named as [`COLUMNS`] are.
+/// The message in `row`, its columns named as [`COLUMNS`] are, with
+/// `passed`.
 fn stored(row: &PgRow, op: Operation) -> Result<OutboxMessage, StoreError> {
     let text = |name: &str| column::<String>(row, name, op);
     let id: uuid::Uuid = column(row, "id", op)?;
@@ -534,20 +637,25 @@ fn stored(row: &PgRow, op: Operation) -> Result<OutboxMessage, StoreError> {
     if names.len() != values.len() {
         return Err(corrupt(op, "headers"));
     }
-    let state = MessageState::parse(&text("state")?).ok_or_else(|| corrupt(op, "state"))?;
+    let passed: Option<bool> = column(row, "passed", op)?;
+    let state = match column::<Option<String>>(row, "state", op)? {
+        None if passed == Some(true) => MessageState::Sent,
+        None => MessageState::Pending,
+        Some(name) => MessageState::parse(&name).ok_or_else(|| corrupt(op, "state"))?,
+    };
     let sequence: i64 = column(row, "sequence", op)?;
     let attempts: i64 = column(row, "attempts", op)?;
+    let part: i32 = column(row, "part", op)?;
     let required = |name: &str, field| time(row, name, op)?.ok_or_else(|| corrupt(op, field));
     let parts = MessageParts {
         sequence: u64::try_from(sequence).map_err(|_| corrupt(op, "sequence"))?,
+        partition: u32::try_from(part).map_err(|_| corrupt(op, "partition"))?,
+        position: position(row, "okey", "pos", op)?,
         state,
         attempts: u32::try_from(attempts).map_err(|_| corrupt(op, "attempts"))?,
         last_error: column(row, "last_error", op)?,
         enqueued_at: required("enqueued_at", "enqueued at")?,
         available_at: required("available_at", "available at")?,
-        lease_owner: column::<Option<uuid::Uuid>>(row, "lease_owner", op)?
-            .map(OwnerToken::from_uuid),
-        lease_until: time(row, "lease_until", op)?,
         sent_at: time(row, "sent_at", op)?,
     };
     let message = NewMessage::from_stored(
@@ -560,20 +668,120 @@ fn stored(row: &PgRow, op: Operation) -> Result<OutboxMessage, StoreError> {
     Ok(OutboxMessage::new(message, parts))
 }
 
+fn uuids(ids: &[MessageId]) -> Vec<uuid::Uuid> {
+    ids.iter().map(MessageId::as_uuid).collect()
+}
+
 #[async_trait]
 impl OutboxStore for Messages {
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
         self.enqueue_on(&self.pool, message).await
     }
 
-    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
-        let owner = batch.owner;
-        const OP: Operation = Operation::Claim;
-        let lease = validate_lease(batch.lease)?;
-        let limit = validate_outbox_batch(batch.limit)?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+    async fn acquire(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        const OP: Operation = Operation::Acquire;
+        let lease = validate_lease(lease)?;
+        let row = sqlx::query(AssertSqlSafe(self.sql.acquire.clone()))
             .bind(owner.as_uuid())
             .bind(millis(lease))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let part: i32 = column(&row, "part", OP)?;
+        let partition = u32::try_from(part).map_err(|_| corrupt(OP, "partition"))?;
+        Self::lease(&row, partition, owner, lease, OP).map(Some)
+    }
+
+    async fn read(
+        &self,
+        partition: u32,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<LogBatch, StoreError> {
+        const OP: Operation = Operation::Read;
+        let limit = validate_outbox_batch(limit)?;
+        let part = self.partition(partition)?;
+        let (key, pos) = position_columns(after);
+        let rows = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
+            .bind(part)
+            .bind(key)
+            .bind(pos)
+            .bind(bigint(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        let mut blocked = BTreeSet::new();
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let message = stored(row, OP)?;
+            if column::<bool>(row, "blocked", OP)? {
+                blocked.insert(message.message().aggregate().to_string());
+            }
+            messages.push(message);
+        }
+        Ok(LogBatch::new(messages, blocked))
+    }
+
+    async fn advance(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+    ) -> Result<PartitionLease, StoreError> {
+        const OP: Operation = Operation::Advance;
+        let part = self.partition(lease.partition())?;
+        let to = advance.to.map(position_columns);
+        let failed = &advance.failed;
+        let row = sqlx::query(AssertSqlSafe(self.sql.advance.clone()))
+            .bind(part)
+            .bind(lease.owner().as_uuid())
+            .bind(millis(lease.lease()))
+            .bind(to.map(|(key, _)| key))
+            .bind(to.map(|(_, pos)| pos))
+            .bind(failed.iter().map(|f| f.id.as_uuid()).collect::<Vec<_>>())
+            .bind(
+                failed
+                    .iter()
+                    .map(|f| i64::from(f.attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(failed.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
+            .bind(
+                failed
+                    .iter()
+                    .map(|f| millis(f.retry_after))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                failed
+                    .iter()
+                    .map(|f| i64::from(f.max_attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(uuids(&advance.held))
+            .bind(uuids(&advance.sent))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        let Some(row) = row else {
+            return Err(StoreError::LostLease);
+        };
+        let renewed = Self::lease(&row, lease.partition(), lease.owner(), lease.lease(), OP)?;
+        Ok(lease.renewed(renewed.until(), renewed.cursor()))
+    }
+
+    async fn due(&self, partition: u32, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        const OP: Operation = Operation::Read;
+        let limit = validate_outbox_batch(limit)?;
+        let part = self.partition(partition)?;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.due.clone()))
+            .bind(part)
             .bind(bigint(limit))
             .fetch_all(&self.pool)
             .await
@@ -581,38 +789,30 @@ impl OutboxStore for Messages {
         rows.iter().map(|row| stored(row, OP)).collect()
     }
 
-    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
-        self.owned(&self.sql.mark_sent, Operation::MarkSent, owner, ids)
+    async fn release(&self, lease: &PartitionLease) -> Result<bool, StoreError> {
+        let part = self.partition(lease.partition())?;
+        let done = sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+            .bind(part)
+            .bind(lease.owner().as_uuid())
+            .execute(&self.pool)
             .await
+            .map_err(|e| classify(Operation::Release, e))?;
+        Ok(done.rows_affected() > 0)
     }
 
-    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
-        self.owned(&self.sql.release, Operation::Release, owner, ids)
-            .await
-    }
-
-    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
-        const OP: Operation = Operation::MarkFailed;
-        let row = sqlx::query(AssertSqlSafe(self.sql.mark_failed.clone()))
-            .bind(failure.owner.as_uuid())
-            .bind(failure.id.as_uuid())
-            .bind(failure.error.as_str())
-            .bind(millis(failure.retry_after))
-            .bind(i64::from(failure.max_attempts))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| classify(OP, e))?;
-        let Some(row) = row else {
-            return Err(StoreError::LostLease);
-        };
-        let state: String = column(&row, "state", OP)?;
-        MessageState::parse(&state).ok_or_else(|| corrupt(OP, "state"))
-    }
-
-    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn parked(
+        &self,
+        after: Option<PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
         const OP: Operation = Operation::List;
         let limit = validate_outbox_batch(limit)?;
+        let (at, id) = after.map_or((i64::MIN, uuid::Uuid::nil()), |after| {
+            (after.enqueued_at.as_unix_millis(), after.id.as_uuid())
+        });
         let rows = sqlx::query(AssertSqlSafe(self.sql.parked.clone()))
+            .bind(at)
+            .bind(id)
             .bind(bigint(limit))
             .fetch_all(&self.pool)
             .await
@@ -656,21 +856,41 @@ impl OutboxStore for Messages {
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         const OP: Operation = Operation::Stats;
-        let row = sqlx::query(AssertSqlSafe(self.sql.stats.clone()))
-            .fetch_one(&self.pool)
+        let rows = sqlx::query(AssertSqlSafe(self.sql.stats.clone()))
+            .fetch_all(&self.pool)
             .await
             .map_err(|e| classify(OP, e))?;
-        let count = |name: &'static str| -> Result<u64, StoreError> {
-            let n: i64 = column(&row, name, OP)?;
-            u64::try_from(n).map_err(|_| corrupt(OP, name))
-        };
-        let now = Timestamp::from_unix_millis(column(&row, "now", OP)?);
-        let oldest = time(&row, "oldest", OP)?;
-        Ok(OutboxStats::new(
-            count("pending")?,
-            count("parked")?,
-            oldest.map(|at| now.saturating_duration_since(at)),
-        ))
+        let mut partitions = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let count = |name: &'static str| -> Result<u64, StoreError> {
+                let n: i64 = column(row, name, OP)?;
+                u64::try_from(n).map_err(|_| corrupt(OP, name))
+            };
+            let part: i32 = column(row, "part", OP)?;
+            let now = Timestamp::from_unix_millis(column(row, "now", OP)?);
+            let mut stats =
+                PartitionStats::new(u32::try_from(part).map_err(|_| corrupt(OP, "partition"))?);
+            stats.pending = count("logged")? + count("waiting")?;
+            stats.parked = count("parked")?;
+            let oldest = [
+                time(row, "logged_oldest", OP)?,
+                time(row, "waiting_oldest", OP)?,
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            stats.oldest_pending_age = oldest.map(|at| now.saturating_duration_since(at));
+            stats.cursor = position(row, "cursor_key", "cursor_pos", OP)?;
+            let until = time(row, "lease_until", OP)?.filter(|until| *until > now);
+            if let (Some(owner), Some(until)) =
+                (column::<Option<uuid::Uuid>>(row, "owner", OP)?, until)
+            {
+                stats.holder = Some(OwnerToken::from_uuid(owner));
+                stats.held_until = Some(until);
+            }
+            partitions.push(stats);
+        }
+        Ok(OutboxStats::of_partitions(partitions))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -63,7 +63,7 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(table: &TableName) -> Self {
+    fn new(table: &TableName, _: &PostgresParkingOptions) -> Self {
         let t = table.derived("");
         let now = table.derived("_now");
         Self {

@@ -11,6 +11,9 @@
 /// the SQL of `$file`.
 macro_rules! table_accessors {
     ($ty:ident, $default:literal, $file:literal, $migration:ident, $lock:ident) => {
+        $crate::part::table_accessors!($ty, $default, $file, |parts| parts.table.$migration(), $lock);
+    };
+    ($ty:ident, $default:literal, $file:literal, |$parts:ident| $migration:expr, $lock:ident) => {
         impl $ty {
             /// The table.
             ///
@@ -45,7 +48,8 @@ macro_rules! table_accessors {
             /// # }
             /// ```
             pub fn migration_sql(&self) -> String {
-                self.parts().table.$migration()
+                let $parts = self.parts();
+                $migration
             }
 
             /// Creates what the migration creates where it is missing (the
@@ -136,7 +140,7 @@ macro_rules! part_constructors {
                     options.store.operation_timeout(),
                 );
                 let inner = $inner {
-                    sql: ::std::sync::Arc::new(Statements::new(&table)),
+                    sql: ::std::sync::Arc::new(Statements::new(&table, options)),
                     pool,
                     table,
                 };

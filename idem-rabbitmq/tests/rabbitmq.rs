@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::outbox::{
-    HoldAfterPublish, LEASE, PATIENCE, Refusing, Running, check_order, drained, fill,
-    relay_options, wait_until,
+    HoldAfterPublish, LEASE, PATIENCE, Refusing, Running, check_order, drained, fill, logged,
+    partitioned, relay_options, sharing_options, wait_until,
 };
 use common::{Topology, header, read, summary, text};
 use idem_conformance::faults::FaultProxy;
 use idem_core::ManualClock;
-use idem_core::store::{BatchClaim, NewMessage, OutboxStore, OwnerToken, Timestamp};
+use idem_core::store::{NewMessage, OutboxStore, Timestamp};
 use idem_memory::MemoryOutbox;
 use idem_outbox::{Published, Publisher, Relay};
 use idem_rabbitmq::{RabbitError, RabbitOptions, RabbitPublisher};
@@ -58,14 +58,7 @@ async fn a_batch_is_confirmed_and_consumed_with_its_id_type_headers_and_payload(
         .unwrap();
         outbox.enqueue(&message).await.unwrap();
     }
-    let batch = outbox
-        .claim(&BatchClaim::new(
-            OwnerToken::generate(),
-            Duration::from_secs(60),
-            100,
-        ))
-        .await
-        .unwrap();
+    let batch = logged(&outbox).await;
     assert_eq!(batch.len(), 5);
 
     let results = publisher.publish(&batch).await;
@@ -118,14 +111,7 @@ async fn an_unroutable_message_is_an_error_and_the_channel_goes_on() {
         .enqueue(&NewMessage::new("order-1", "order.placed", b"{}".to_vec()).unwrap())
         .await
         .unwrap();
-    let batch = outbox
-        .claim(&BatchClaim::new(
-            OwnerToken::generate(),
-            Duration::from_secs(60),
-            10,
-        ))
-        .await
-        .unwrap();
+    let batch = logged(&outbox).await;
 
     let results = publisher.publish(&batch).await;
     let error = results[0]
@@ -178,20 +164,18 @@ async fn a_missing_exchange_is_refused_when_the_publisher_is_made() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_relays_publish_every_message_once_in_order_per_aggregate() {
+async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_order() {
     let topology = Topology::new(true).await;
     let mut consumer = topology.consumer().await;
-    let outbox = Arc::new(MemoryOutbox::new());
-    // 2,000 of 50 aggregates: 10,000 of 100 take 8 s on a quiet machine but
-    // over two minutes under scripts/test --under-load.
-    let enqueued = fill(&outbox, "agg", "order.changed", 50, 40).await;
+    let outbox = Arc::new(partitioned());
+    let enqueued = fill(&outbox, "agg", "order.changed", 100, 100).await;
     // Two connections, each shared by two relays.
     let first: Arc<dyn Publisher> = Arc::new(publisher(&topology).await);
     let second: Arc<dyn Publisher> = Arc::new(publisher(&topology).await);
     let relays = Running::start(
         &outbox,
         vec![first.clone(), second.clone(), first, second],
-        relay_options(),
+        sharing_options(),
     );
     drained(&outbox).await;
     relays.stop().await;
@@ -260,7 +244,7 @@ async fn a_poison_message_parks_its_aggregate_while_the_others_flow() {
     })
     .await;
     relays.stop().await;
-    let parked = outbox.parked(10).await.unwrap();
+    let parked = outbox.parked(None, 10).await.unwrap();
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].message().aggregate(), "poison-3");
     assert_eq!(parked[0].parts().sequence, 1);

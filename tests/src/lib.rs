@@ -409,7 +409,7 @@ where
 }
 
 /// Expands to one `#[test]` per case of the outbox store's contract
-/// ([`outbox`]). A claim sees the whole outbox, so the expression must
+/// ([`outbox`]). A read or an acquire sees the whole outbox, so the expression must
 /// build an empty store of the case's own (a fresh table, a fresh process
 /// store) each time it is evaluated.
 ///
@@ -432,36 +432,36 @@ macro_rules! __outbox_cases {
     ($mode:ident $args:tt) => {
         $crate::__expand_cases! {outbox $mode $args [
             enqueue_stores_a_pending_message_with_its_aggregates_next_sequence,
+            a_message_lands_in_its_aggregates_partition,
             enqueue_delivered_twice_stores_once,
-            a_claim_gives_each_aggregate_its_head_only,
-            a_claim_holds_at_most_its_limit,
-            a_claim_takes_the_next_message_of_an_aggregate_its_owner_holds,
-            a_claim_never_takes_a_message_past_one_its_owner_let_go,
-            release_frees_only_what_its_owner_holds_counting_nothing,
-            a_lapsed_claim_is_claimed_again,
-            mark_sent_marks_only_what_its_owner_holds,
-            a_taken_over_relay_marks_nothing,
-            mark_sent_delivered_twice_marks_nothing_more,
-            after_a_message_is_sent_the_next_of_its_aggregate_is_claimed,
-            a_failed_message_is_freed_and_waits_its_back_off,
+            an_aggregates_sequence_keeps_counting_after_a_purge,
+            a_read_answers_the_log_after_a_position_in_order,
+            a_read_names_the_blocked_aggregates_and_skips_the_lane,
+            acquire_takes_the_lowest_free_partition,
+            a_lapsed_partition_is_acquired_again_at_its_cursor,
+            a_lease_under_a_second_holds_for_its_length,
+            a_release_frees_the_partition_at_once_keeping_its_cursor,
+            an_advance_moves_the_cursor_never_back,
+            a_taken_over_relay_advances_nothing,
+            a_lapsed_owner_advances_nothing_even_unclaimed,
+            an_advance_renews_the_lease,
+            a_failed_message_waits_its_back_off_in_the_lane,
             the_last_failure_parks_the_message_and_its_aggregate_only,
-            a_failure_without_the_lease_is_lost,
-            a_retried_message_is_pending_again,
-            a_dropped_message_keeps_its_reason_and_frees_its_aggregate,
-            purge_deletes_only_sent_messages_older_than_asked,
-            stats_count_the_backlog_and_age_its_oldest,
-            limits_out_of_range_are_invalid_input,
-            concurrent_claims_never_share_an_aggregate,
-            dropping_a_sent_message_changes_nothing,
+            held_messages_follow_their_aggregates_first,
+            an_advance_delivered_twice_changes_nothing_more,
+            due_takes_each_aggregates_first_oldest_first,
+            a_retried_message_waits_again_with_no_attempts,
             a_retried_message_keeps_its_place_in_its_aggregate,
             a_retried_message_keeps_its_last_error_and_is_due_at_once,
-            a_release_keeps_the_last_failure_and_frees_at_once,
+            a_dropped_message_keeps_its_reason_and_frees_its_aggregate,
+            only_a_parked_message_is_retried_or_dropped,
+            parked_messages_are_listed_oldest_first_in_pages,
+            purge_deletes_only_sent_messages_at_least_as_old_as_asked,
             a_dropped_message_is_purged_aged_from_its_drop,
-            an_aggregates_sequence_keeps_counting_after_a_purge,
+            stats_count_each_partitions_backlog,
             stats_age_only_the_pending_backlog,
-            a_lease_under_a_second_holds_for_its_length,
-            a_lapsed_owner_marks_nothing_even_unclaimed,
-            a_claim_takes_the_oldest_heads_first,
+            limits_out_of_range_are_invalid_input,
+            concurrent_acquires_never_share_a_partition,
         ]}
     };
 }

@@ -63,6 +63,36 @@ pub async fn fill(
     stored
 }
 
+/// Every message in the logs of `outbox`'s partitions, partition by
+/// partition in log order: what a relay would read.
+pub async fn logged(outbox: &MemoryOutbox) -> Vec<OutboxMessage> {
+    let partitions = outbox.stats().await.unwrap().partitions.len();
+    let mut logged = Vec::new();
+    for partition in 0..partitions {
+        let batch = outbox
+            .read(
+                u32::try_from(partition).unwrap(),
+                idem_core::store::LogPosition::START,
+                idem_core::store::MAX_OUTBOX_BATCH,
+            )
+            .await
+            .unwrap();
+        logged.extend(batch.messages);
+    }
+    logged
+}
+
+/// An outbox of eight partitions, for relays that share them.
+pub fn partitioned() -> MemoryOutbox {
+    MemoryOutbox::with_partitions(8, idem_core::store::SystemClock).unwrap()
+}
+
+/// Relays that share eight partitions, taking three each at most (room to
+/// take over a dead one's).
+pub fn sharing_options() -> RelayOptions {
+    relay_options().with_max_partitions(3).unwrap()
+}
+
 /// The relays' lease.
 pub const LEASE: Duration = Duration::from_secs(30);
 

@@ -41,7 +41,7 @@ use async_nats::jetstream;
 use clap::{Parser, ValueEnum};
 use idem_consumer::{Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait};
 use idem_core::store::{
-    InboundMessage, MessageParts, MessageState, NewMessage, OutboxMessage, Timestamp,
+    InboundMessage, LogPosition, MessageParts, MessageState, NewMessage, OutboxMessage, Timestamp,
 };
 use idem_core::{HandlerError, StoreError};
 use idem_memory::MemoryParking;
@@ -136,13 +136,13 @@ fn messages(count: usize) -> Result<Vec<OutboxMessage>, Fail> {
         )?;
         let parts = MessageParts {
             sequence: (n / 100 + 1) as u64,
+            partition: 0,
+            position: LogPosition::new(n as u64 + 1, 0),
             state: MessageState::Pending,
             attempts: 0,
             last_error: None,
             enqueued_at: Timestamp::from_unix_millis(0),
             available_at: Timestamp::from_unix_millis(0),
-            lease_owner: None,
-            lease_until: None,
             sent_at: None,
         };
         batch.push(OutboxMessage::new(message, parts));

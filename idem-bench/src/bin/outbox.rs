@@ -9,22 +9,25 @@
 //!
 //! For each broker:
 //!
-//! 1. **Throughput.** A Postgres outbox on a fresh table, pre-filled with
-//!    `--messages` over `--aggregates`, drained by one relay (one
-//!    publisher, one broker connection: a first batch by
-//!    `Relay::relay_once`, then `Relay::drain` until every message is
-//!    marked sent) at batch 1 and batch 100, each with 1 batch in flight
-//!    (claim, publish, mark, one after another) and with `--in-flight`
-//!    batches (`RelayOptions::with_in_flight`: the next batch is claimed,
-//!    with the next messages of the aggregates at the broker, and earlier
-//!    ones marked while the broker confirms one; the broker still gets one
-//!    batch at a time). Against the raw baseline, measured in the
+//! 1. **Throughput.** A Postgres outbox of 1 or 2 partitions on a fresh
+//!    table, pre-filled with `--messages` over `--aggregates`, drained by
+//!    one relay holding every partition (one publisher, one broker
+//!    connection: a first batch of each partition by `Relay::relay_once`,
+//!    then `Relay::drain` until every message is published) at batch 1 and
+//!    batch 100, each with 1 batch in flight per partition (read, publish,
+//!    advance, one after another) and with `--in-flight` batches
+//!    (`RelayOptions::with_in_flight`: the next batch is read and the
+//!    cursor moved past earlier ones while the broker confirms one; the
+//!    broker still gets a partition's batches one at a time). Each batch
+//!    costs the store one read and one write (its advance: the cursor's
+//!    row), counted; and the message table's dead rows after the drain
+//!    are read from the server's statistics. Against the raw baseline, measured in the
 //!    same run: the same client publishing as many messages of the same
 //!    shape to the same broker in batches of the same size, awaiting every
 //!    confirm of a batch before the next (lapin in confirm mode, persistent
 //!    and mandatory; async-nats awaiting each PubAck). The ratio relay/raw
 //!    (messages per second, relay over raw) is what the outbox costs.
-//!    Each stage's time (claim, publish, mark) is added up over the drain
+//!    Each stage's time (read, publish, advance) is added up over the drain
 //!    and reported per batch; with batches in flight the stages overlap, so
 //!    they add up to more than a batch takes. A last measurement at batch
 //!    100 spreads the messages over `--wide-aggregates` (1,000).
@@ -38,9 +41,9 @@
 //!    and writing one row): floor/raw bounds relay/raw on this machine,
 //!    whatever the store's design. Raw and floor run 5 times each,
 //!    alternating, and each reports its median run.
-//! 2. **Postgres round trips per relay batch** (its claim, its share of the
-//!    marks, one per failure, and the drain's last claim that finds
-//!    nothing), counted on the wire by idem-postgres's counting proxy
+//! 2. **Postgres round trips per relay batch** (its read, its share of the
+//!    advances, the retry lane's reads, and the drain's last read that
+//!    finds nothing), counted on the wire by idem-postgres's counting proxy
 //!    (`idem-postgres/tests/common/proxy.rs`, compiled in from there) in
 //!    front of the relay's pool (four connections), on a second drain of up
 //!    to 1,000 messages: the proxy leaves Nagle's algorithm on, so the timed
@@ -82,8 +85,8 @@ use idem_bench::cpu::{self, CpuPerUnit, CpuSample};
 use idem_bench::percentile;
 use idem_core::StoreError;
 use idem_core::store::{
-    BatchClaim, Capabilities, MessageId, MessageState, NewMessage, OutboxMessage, OutboxStats,
-    OutboxStore, OwnerToken, PublishFailure,
+    Advance, Capabilities, LogBatch, LogPosition, MessageId, NewMessage, OutboxMessage,
+    OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
 };
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
@@ -113,6 +116,10 @@ type BenchError = Box<dyn std::error::Error + Send + Sync>;
 /// The relay batch sizes measured, and the raw baseline's.
 const BATCHES: [usize; 2] = [1, 100];
 
+/// The partition counts each relay measurement runs with: one relay
+/// drains every partition at once.
+const PARTITIONS: [u32; 2] = [1, 2];
+
 /// The batch of the measurement over `--wide-aggregates`, and of the
 /// drains with Postgres `--pg-delay-ms` away.
 const WIDE_BATCH: usize = 100;
@@ -128,7 +135,7 @@ const RAW_ROUNDS: usize = 5;
 /// Messages (at most) of the drain through the counting proxy.
 const COUNTED_MESSAGES: usize = 1000;
 
-/// The relay's pool in the throughput measurement: a claim and a mark run
+/// The relay's pool in the throughput measurement: a read and an advance run
 /// at once with batches in flight, and sqlx pings every connection as it
 /// returns to the pool; with spare connections the next statement need not
 /// wait for that ping.
@@ -186,14 +193,14 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     wide_aggregates: usize,
     /// Batches the relay keeps in flight in the second measurement of each
-    /// batch size (the first is 1: claim, publish, mark one after another).
+    /// batch size (the first is 1: read, publish, advance one after another).
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
     /// Milliseconds each way between the relay and Postgres in one more
     /// drain of each batch-100 measurement (through a proxy that holds every
     /// byte that long), as a database across a network would be; 0 skips
     /// it. Round trips then cost time but no CPU, which is where batches in
-    /// flight (the next claimed while the broker confirms the last) pay.
+    /// flight (the next read while the broker confirms the last) pay.
     #[arg(long, default_value_t = 1)]
     pg_delay_ms: u64,
     /// Seconds of enqueueing in the latency measurement.
@@ -212,13 +219,16 @@ struct Args {
 struct Throughput {
     broker: &'static str,
     batch: usize,
-    /// Batches the relay keeps in flight (`RelayOptions::with_in_flight`):
-    /// 1 is claim, publish, mark, one after another.
+    /// Batches the relay keeps in flight per partition
+    /// (`RelayOptions::with_in_flight`): 1 is read, publish, advance, one
+    /// after another.
     in_flight: usize,
+    /// The outbox's partitions, all drained by the one relay at once.
+    partitions: u32,
     messages: usize,
     aggregates: usize,
-    /// Messages per second through the relay, from its first claim to the
-    /// last message marked sent.
+    /// Messages per second through the relay, from its first read to its
+    /// last advance.
     relay_msgs_per_s: f64,
     /// Messages per second through the client alone, confirms awaited
     /// (the median of [`RAW_ROUNDS`] runs).
@@ -230,24 +240,29 @@ struct Throughput {
     /// added up over batches. With batches in flight the three parts
     /// overlap, so they add up to more than `relay_seconds`.
     relay_publish_seconds: f64,
-    /// The time spent in the store's claims, added up.
-    relay_claim_seconds: f64,
-    /// The time spent marking messages sent (or failed), added up.
-    relay_mark_seconds: f64,
+    /// The time spent in the store's reads, added up.
+    relay_read_seconds: f64,
+    /// The time spent in the store's advances, added up.
+    relay_advance_seconds: f64,
+    /// The store's writes (advances) per batch of the timed drain.
+    pg_writes_per_batch: f64,
+    /// Dead rows of the message table after the timed drain, and of its
+    /// partition table (the one row an advance rewrites).
+    dead_rows_messages: i64,
+    dead_rows_partitions: i64,
     raw_seconds: f64,
-    /// Relay passes that claimed something.
+    /// Reads that found something.
     batches: u64,
     /// Messages of the second drain, through the counting proxy, that the
     /// round trips below come from.
     counted_messages: usize,
-    /// Its relay passes that claimed something.
+    /// Its reads that found something.
     counted_batches: u64,
     /// Statement round trips of the first batch (it prepares the statements).
     pg_round_trips_first_batch: u64,
-    /// Mean statement round trips of every later batch: its claim, its share
-    /// of the marks (confirmed messages waiting for a mark are marked
-    /// together, so with batches in flight a mark may cover several
-    /// batches), one per failure, and the drain's last claim that found
+    /// Mean statement round trips of every later batch: its read, its
+    /// share of the advances (batches confirmed together are settled in
+    /// one), the retry lane's reads and the drain's last read that found
     /// nothing.
     pg_round_trips_per_batch: f64,
     /// Syncs with no statement (sqlx's pings), over the whole counted drain.
@@ -351,18 +366,32 @@ impl Pg {
         pool(self.options.clone(), max).await
     }
 
-    /// An outbox on the table `name` of the run's schema, over `pool`.
-    fn outbox(&self, pool: PgPool, name: &str) -> Result<PostgresOutbox, BenchError> {
+    /// An outbox of `partitions` on the table `name` of the run's schema,
+    /// over `pool`.
+    fn outbox(
+        &self,
+        pool: PgPool,
+        name: &str,
+        partitions: u32,
+    ) -> Result<PostgresOutbox, BenchError> {
         let table = format!("{}.{name}", self.schema);
         Ok(PostgresOutbox::with_options(
             pool,
-            PostgresOutboxOptions::default().table(&table),
+            PostgresOutboxOptions::default()
+                .table(&table)
+                .partitions(partitions),
         )?)
     }
 
-    /// A migrated outbox on a new table `name`, over a pool of its own.
-    async fn fresh_outbox(&self, name: &str, max: u32) -> Result<PostgresOutbox, BenchError> {
-        let outbox = self.outbox(self.pool(max).await?, name)?;
+    /// A migrated outbox of `partitions` on a new table `name`, over a pool
+    /// of its own.
+    async fn fresh_outbox(
+        &self,
+        name: &str,
+        max: u32,
+        partitions: u32,
+    ) -> Result<PostgresOutbox, BenchError> {
+        let outbox = self.outbox(self.pool(max).await?, name, partitions)?;
         outbox.migrate().await?;
         Ok(outbox)
     }
@@ -463,13 +492,15 @@ fn add_elapsed(total: &AtomicU64, started: Instant) {
     total.fetch_add(nanos, Ordering::SeqCst);
 }
 
-/// An outbox store that adds up the time of its claims and of its marks
-/// (sent and failed), so a relay pass splits into its parts.
+/// An outbox store that adds up the time of its reads (of the logs and the
+/// retry lanes) and of its advances, and counts its advances (the one
+/// write of a batch), so a relay pass splits into its parts.
 #[derive(Debug)]
 struct TimedStore {
     inner: PostgresOutbox,
-    claiming: AtomicU64,
-    marking: AtomicU64,
+    reading: AtomicU64,
+    advancing: AtomicU64,
+    advances: AtomicU64,
 }
 
 #[async_trait]
@@ -478,36 +509,55 @@ impl OutboxStore for TimedStore {
         self.inner.enqueue(message).await
     }
 
-    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
-        let started = Instant::now();
-        let claimed = self.inner.claim(batch).await;
-        add_elapsed(&self.claiming, started);
-        claimed
+    async fn acquire(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        self.inner.acquire(owner, lease).await
     }
 
-    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+    async fn read(
+        &self,
+        partition: u32,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<LogBatch, StoreError> {
         let started = Instant::now();
-        let marked = self.inner.mark_sent(owner, ids).await;
-        add_elapsed(&self.marking, started);
-        marked
+        let read = self.inner.read(partition, after, limit).await;
+        add_elapsed(&self.reading, started);
+        read
     }
 
-    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+    async fn advance(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+    ) -> Result<PartitionLease, StoreError> {
         let started = Instant::now();
-        let released = self.inner.release(owner, ids).await;
-        add_elapsed(&self.marking, started);
-        released
+        let advanced = self.inner.advance(lease, advance).await;
+        add_elapsed(&self.advancing, started);
+        self.advances.fetch_add(1, Ordering::SeqCst);
+        advanced
     }
 
-    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
+    async fn due(&self, partition: u32, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
         let started = Instant::now();
-        let state = self.inner.mark_failed(failure).await;
-        add_elapsed(&self.marking, started);
-        state
+        let due = self.inner.due(partition, limit).await;
+        add_elapsed(&self.reading, started);
+        due
     }
 
-    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
-        self.inner.parked(limit).await
+    async fn release(&self, lease: &PartitionLease) -> Result<bool, StoreError> {
+        self.inner.release(lease).await
+    }
+
+    async fn parked(
+        &self,
+        after: Option<PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        self.inner.parked(after, limit).await
     }
 
     async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
@@ -540,10 +590,15 @@ struct Drain {
     elapsed: Duration,
     /// Of which in the publisher, to the broker's last confirm.
     publishing: Duration,
-    /// Of which in the store's claims.
-    claiming: Duration,
-    /// Of which in the store's marks, sent and failed.
-    marking: Duration,
+    /// Of which in the store's reads (logs and retry lanes).
+    reading: Duration,
+    /// Of which in the store's advances (cursor moves and failures).
+    advancing: Duration,
+    /// The store's advances: its writes.
+    writes: u64,
+    /// Dead rows of the message table and of its partition table once the
+    /// drain is over, by the server's statistics.
+    dead_rows: (i64, i64),
     batches: u64,
     first_batch: u64,
     /// Batches after the first, and their statement round trips.
@@ -552,8 +607,8 @@ struct Drain {
     pings: u64,
     round_trips: u64,
     failed: u64,
-    /// CPU per message over the drain (from its first claim to its last
-    /// mark), by process.
+    /// CPU per message over the drain (from its first read to its last
+    /// advance), by process.
     cpu: CpuPerUnit,
 }
 
@@ -562,6 +617,7 @@ struct Drain {
 struct Shape {
     batch: usize,
     in_flight: usize,
+    partitions: u32,
     messages: usize,
     aggregates: usize,
 }
@@ -593,10 +649,11 @@ async fn relay_drain(
     let Shape {
         batch,
         in_flight,
+        partitions,
         messages,
         aggregates,
     } = shape;
-    let filler = pg.fresh_outbox(name, FILL_TASKS as u32).await?;
+    let filler = pg.fresh_outbox(name, FILL_TASKS as u32, partitions).await?;
     fill(&filler, messages, aggregates).await?;
     filler.pool().close().await;
 
@@ -615,15 +672,16 @@ async fn relay_drain(
         None => pg.options.clone(),
     };
     let relay_pool = pool(options, RELAY_CONNECTIONS).await?;
-    let outbox = pg.outbox(relay_pool.clone(), name)?;
+    let outbox = pg.outbox(relay_pool.clone(), name, partitions)?;
     let timed = Arc::new(Timed {
         inner: publisher,
         nanos: AtomicU64::new(0),
     });
     let store = Arc::new(TimedStore {
         inner: outbox,
-        claiming: AtomicU64::new(0),
-        marking: AtomicU64::new(0),
+        reading: AtomicU64::new(0),
+        advancing: AtomicU64::new(0),
+        advances: AtomicU64::new(0),
     });
     let relay = Relay::new(
         Arc::clone(&store),
@@ -646,8 +704,10 @@ async fn relay_drain(
     let mut drain = Drain {
         elapsed: Duration::ZERO,
         publishing: Duration::ZERO,
-        claiming: Duration::ZERO,
-        marking: Duration::ZERO,
+        reading: Duration::ZERO,
+        advancing: Duration::ZERO,
+        writes: 0,
+        dead_rows: (0, 0),
         batches: 0,
         first_batch: 0,
         later_batches: 0,
@@ -669,7 +729,7 @@ async fn relay_drain(
             return Err(format!("the relay published {published} of {messages} in time").into());
         }
         let pass = relay.drain().await?;
-        if pass.claimed == 0 {
+        if pass.read == 0 {
             // Only failed messages are left, waiting out their back-off.
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
@@ -683,13 +743,37 @@ async fn relay_drain(
     drain.elapsed = started.elapsed();
     drain.cpu = CpuSample::now(broker).per_unit_since(&cpu_before, messages);
     drain.publishing = Duration::from_nanos(timed.nanos.load(Ordering::SeqCst));
-    drain.claiming = Duration::from_nanos(store.claiming.load(Ordering::SeqCst));
-    drain.marking = Duration::from_nanos(store.marking.load(Ordering::SeqCst));
+    drain.reading = Duration::from_nanos(store.reading.load(Ordering::SeqCst));
+    drain.advancing = Duration::from_nanos(store.advancing.load(Ordering::SeqCst));
+    drain.writes = store.advances.load(Ordering::SeqCst);
+    drain.dead_rows = dead_rows(pg, name).await?;
     drain.pings = pings() - pings_before;
     // Every ReadyForQuery answers a statement or a ping.
     drain.round_trips = ready() - ready_before;
     relay_pool.close().await;
     Ok(drain)
+}
+
+/// Dead rows of the outbox `name`'s message table and partition table, by
+/// the server's statistics, once the backends' counts reached them (each
+/// reports at most once a second).
+async fn dead_rows(pg: &Pg, name: &str) -> Result<(i64, i64), BenchError> {
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let dead = |table: String| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables \
+             WHERE schemaname = $1 AND relname = $2",
+        )
+        .bind(&pg.schema)
+        .bind(table)
+        .fetch_optional(&pg.admin)
+        .await
+        .map(Option::unwrap_or_default)
+    };
+    Ok((
+        dead(name.to_string()).await?,
+        dead(format!("{name}_partitions")).await?,
+    ))
 }
 
 /// One broker: what the run created on it, a relay publisher, the raw
@@ -1054,7 +1138,7 @@ impl Nats {
 
 /// The least Postgres work of any relay over Postgres, per batch: one
 /// statement, committed, that reads the batch's rows (payloads and
-/// headers, from an outbox filled as the relay's, in its claim's index
+/// headers, from an outbox filled as the relay's, in its log's index
 /// order) and writes one row (a cursor). No relay does less: it reads each
 /// message once and must record, durably, that the batch went out. So the
 /// raw publish with this statement beside each batch (sent as the batch
@@ -1064,8 +1148,8 @@ struct Floor {
     pool: PgPool,
     statement: String,
     batch: i64,
-    /// The last row read: its enqueue time and id.
-    after: (i64, uuid::Uuid),
+    /// The last row read: its place in the log.
+    after: (i64, i64),
 }
 
 impl Floor {
@@ -1088,8 +1172,8 @@ impl Floor {
             .await?;
         let statement = format!(
             "WITH batch AS (SELECT * FROM {table} \
-                 WHERE state = 'pending' AND (enqueued_at, id) > ($1, $2) \
-                 ORDER BY enqueued_at, id LIMIT $3), \
+                 WHERE part = 0 AND state IS NULL AND (part, okey, pos) > (0, $1, $2) \
+                 ORDER BY okey, pos LIMIT $3), \
              moved AS (UPDATE {cursor} SET position = position + 1 WHERE id = 1 \
                  RETURNING position) \
              SELECT batch.*, moved.position FROM batch CROSS JOIN moved"
@@ -1098,13 +1182,13 @@ impl Floor {
             pool,
             statement,
             batch: i64::try_from(batch)?,
-            after: (i64::MIN, uuid::Uuid::nil()),
+            after: (0, 0),
         })
     }
 
     /// Reads from the first row again.
     fn rewind(&mut self) {
-        self.after = (i64::MIN, uuid::Uuid::nil());
+        self.after = (0, 0);
     }
 
     /// The next batch's statement.
@@ -1117,7 +1201,7 @@ impl Floor {
             .fetch_all(&self.pool)
             .await?;
         if let Some(last) = rows.last() {
-            self.after = (last.try_get("enqueued_at")?, last.try_get("id")?);
+            self.after = (last.try_get("okey")?, last.try_get("pos")?);
         }
         for row in &rows {
             let payload: &[u8] = row.try_get("payload")?;
@@ -1194,7 +1278,7 @@ async fn throughput(
     broker.purge().await?;
     let floor_name = format!("floor_{}_b{batch}_a{aggregates}", broker.name());
     fill(
-        &pg.fresh_outbox(&floor_name, 1).await?,
+        &pg.fresh_outbox(&floor_name, 1, 1).await?,
         messages,
         aggregates,
     )
@@ -1212,15 +1296,20 @@ async fn throughput(
     broker.purge().await?;
     let mut windows = vec![1, args.in_flight];
     windows.dedup();
-    let mut measured = Vec::with_capacity(windows.len());
-    for in_flight in windows {
+    let runs: Vec<(u32, usize)> = PARTITIONS
+        .iter()
+        .flat_map(|&p| windows.iter().map(move |&w| (p, w)))
+        .collect();
+    let mut measured = Vec::with_capacity(runs.len());
+    for (partitions, in_flight) in runs {
         let name = format!(
-            "relay_{}_b{batch}_a{aggregates}_f{in_flight}",
+            "relay_{}_b{batch}_a{aggregates}_f{in_flight}_p{partitions}",
             broker.name()
         );
         let shape = Shape {
             batch,
             in_flight,
+            partitions,
             messages,
             aggregates,
         };
@@ -1251,10 +1340,8 @@ async fn throughput(
             broker.publisher().await?,
             &format!("{name}_counted"),
             Shape {
-                batch,
-                in_flight,
                 messages: counted_messages,
-                aggregates,
+                ..shape
             },
             Route::Counted,
             processes,
@@ -1286,6 +1373,7 @@ async fn throughput(
             broker: broker.name(),
             batch,
             in_flight,
+            partitions,
             messages,
             aggregates,
             relay_msgs_per_s,
@@ -1293,8 +1381,11 @@ async fn throughput(
             ratio: relay_msgs_per_s / raw_msgs_per_s,
             relay_seconds: drain.elapsed.as_secs_f64(),
             relay_publish_seconds: drain.publishing.as_secs_f64(),
-            relay_claim_seconds: drain.claiming.as_secs_f64(),
-            relay_mark_seconds: drain.marking.as_secs_f64(),
+            relay_read_seconds: drain.reading.as_secs_f64(),
+            relay_advance_seconds: drain.advancing.as_secs_f64(),
+            pg_writes_per_batch: drain.writes as f64 / drain.batches.max(1) as f64,
+            dead_rows_messages: drain.dead_rows.0,
+            dead_rows_partitions: drain.dead_rows.1,
             raw_seconds: raw.elapsed.as_secs_f64(),
             batches: drain.batches,
             counted_messages,
@@ -1324,7 +1415,7 @@ async fn throughput(
 async fn latency(pg: &Pg, broker: &Broker, args: &Args) -> Result<Latency, BenchError> {
     let name = format!("latency_{}", broker.name());
     // The listener's connection, the relay's and the enqueuer's.
-    let outbox = pg.fresh_outbox(&name, 4).await?;
+    let outbox = pg.fresh_outbox(&name, 4, 1).await?;
     broker.purge().await?;
     let (consumer, mut arrivals) = broker.consume().await?;
     let relay = Relay::new(
@@ -1439,18 +1530,22 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         md,
         "## Outbox relay against the raw broker client\n\n\
          {} messages per measurement, over {} aggregates (and over {} at batch {} in the last \
-         rows), message i to aggregate i mod aggregates, pre-filled in a fresh Postgres table \
-         and drained by one relay (one publisher, one broker connection) with 1 or {} batches in \
-         flight (`RelayOptions::with_in_flight`: the next batch is claimed and earlier ones \
-         marked while the broker confirms one; the broker gets one batch at a time either way); \
+         rows), message i to aggregate i mod aggregates, pre-filled in a fresh Postgres outbox \
+         of 1 or 2 partitions and drained by one relay holding them all (one publisher, one \
+         broker connection) with 1 or {} batches in flight per partition \
+         (`RelayOptions::with_in_flight`: the next batch is read and the cursor moved past \
+         earlier ones while the broker confirms one; the broker gets a partition's batches one \
+         at a time either way); \
          raw, measured per batch size in the same run (the median of {} runs): the same client publishing as many \
          messages of the same shape to the same broker in batches of the same size, awaiting \
          every confirm (RabbitMQ) or PubAck (JetStream) of a batch before the next. relay/raw is \
          relay msg/s over raw msg/s, each from its first message to its last confirm (relay: \
-         to its last mark). The claim, publish and mark columns are each stage's time added up \
-         over the drain and divided by its batches; with batches in flight they overlap, so \
-         they add up to more than the time a batch takes. Postgres round trips per relay batch \
-         (its claim, its share of the marks, one per failure, the drain's last empty claim) are \
+         to its last advance). The read, publish and advance columns are each stage's time added \
+         up over the drain and divided by its batches; with batches in flight they overlap, so \
+         they add up to more than the time a batch takes. PG writes per batch are the store's \
+         advances (each writes the partition's one row); dead rows are the message table's and \
+         the partition table's after the drain. Postgres round trips per relay batch \
+         (its read, its share of the advances, the drain's last empty read) are \
          counted on the wire, on a second drain of up to {} messages through a counting proxy \
          (the timed drain goes straight to the server); the first batch, run alone, which also \
          prepares the statements, in parentheses; sqlx's pings of connections returning to the \
@@ -1464,28 +1559,32 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         COUNTED_MESSAGES
     );
     md.push_str(
-        "| broker | batch | aggregates | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: claim + publish + mark | PG round trips / batch | sqlx pings / batch | batches | failed relay/raw |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | partitions | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: read + publish + advance | PG writes / batch | PG round trips / batch | sqlx pings / batch | dead rows: messages, partitions | batches | failed relay/raw |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line {
             let per_batch = |seconds: f64| seconds * 1000.0 / t.batches.max(1) as f64;
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} ({}) | {:.2} | {} | {}/{} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} | {:.2} ({}) | {:.2} | {}, {} | {} | {}/{} |",
                 t.broker,
                 t.batch,
                 t.aggregates,
+                t.partitions,
                 t.in_flight,
                 t.relay_msgs_per_s,
                 t.raw_msgs_per_s,
                 t.ratio,
-                per_batch(t.relay_claim_seconds),
+                per_batch(t.relay_read_seconds),
                 per_batch(t.relay_publish_seconds),
-                per_batch(t.relay_mark_seconds),
+                per_batch(t.relay_advance_seconds),
+                t.pg_writes_per_batch,
                 t.pg_round_trips_per_batch,
                 t.pg_round_trips_first_batch,
                 t.pg_pings as f64 / t.counted_batches.max(1) as f64,
+                t.dead_rows_messages,
+                t.dead_rows_partitions,
                 t.batches,
                 t.relay_failed,
                 t.raw_failed,
@@ -1504,18 +1603,19 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          next to raw's is bounded by raw's CPU per message over the relay's.\n"
     );
     md.push_str(
-        "| broker | batch | aggregates | in flight | store alone msg/s | store alone / raw | raw µs/msg: client + broker | relay µs/msg: relay + broker + PG | store alone µs/msg: relay + PG | raw CPU / relay CPU |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | partitions | in flight | store alone msg/s | store alone / raw | raw µs/msg: client + broker | relay µs/msg: relay + broker + PG | store alone µs/msg: relay + PG | raw CPU / relay CPU |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line {
             let (raw, relay, alone) = (t.raw_cpu, t.relay_cpu, t.store_alone_cpu);
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.0} | {:.2} | {:.1} + {:.1} | {:.1} + {:.1} + {:.1} | {:.1} + {:.1} | {:.2} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {:.2} | {:.1} + {:.1} | {:.1} + {:.1} + {:.1} | {:.1} + {:.1} | {:.2} |",
                 t.broker,
                 t.batch,
                 t.aggregates,
+                t.partitions,
                 t.in_flight,
                 t.store_alone_msgs_per_s,
                 t.store_alone_msgs_per_s / t.raw_msgs_per_s.max(f64::EPSILON),
@@ -1535,18 +1635,19 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         "\n## The floor of any relay over Postgres\n\n\
          The raw publish again, with, beside each batch (sent as it starts), the least Postgres \
          work any relay does for it: one committed statement that reads the batch's rows from \
-         an outbox filled as the relay's (in its claim's index order, payloads and headers) \
+         an outbox filled as the relay's (in its log's index order, payloads and headers) \
          and writes one row (a cursor). floor/raw bounds relay/raw on this machine, whatever \
          the store's design. Floor and raw are each the median of {} runs, alternating.\n",
         RAW_ROUNDS
     );
     md.push_str(
-        "| broker | batch | aggregates | raw msg/s | floor msg/s | floor/raw | relay/raw, best | floor µs/msg: client + broker + PG |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | raw msg/s | floor msg/s | floor/raw | relay/raw, best | relay/floor, best | floor µs/msg: client + broker + PG |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line
             && t.in_flight == 1
+            && t.partitions == 1
         {
             let best = lines
                 .iter()
@@ -1563,7 +1664,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 .fold(0.0, f64::max);
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} + {:.1} + {:.1} |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} + {:.1} + {:.1} |",
                 t.broker,
                 t.batch,
                 t.aggregates,
@@ -1571,6 +1672,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 t.floor_msgs_per_s,
                 t.floor_msgs_per_s / t.raw_msgs_per_s.max(f64::EPSILON),
                 best,
+                best * t.raw_msgs_per_s / t.floor_msgs_per_s.max(f64::EPSILON),
                 t.floor_cpu.own_us,
                 t.floor_cpu.broker_us,
                 t.floor_cpu.postgres_us,
@@ -1587,8 +1689,8 @@ fn markdown(lines: &[Line], args: &Args) -> String {
             args.pg_delay_ms, WIDE_BATCH, args.pg_delay_ms
         );
         md.push_str(
-            "| broker | batch | aggregates | in flight | relay msg/s, Postgres away | raw msg/s | relay/raw |\n\
-             |---|---:|---:|---:|---:|---:|---:|\n",
+            "| broker | batch | aggregates | partitions | in flight | relay msg/s, Postgres away | raw msg/s | relay/raw |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for line in lines {
             if let Line::Throughput(t) = line
@@ -1596,10 +1698,11 @@ fn markdown(lines: &[Line], args: &Args) -> String {
             {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} |",
+                    "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} |",
                     t.broker,
                     t.batch,
                     t.aggregates,
+                    t.partitions,
                     t.in_flight,
                     remote,
                     t.raw_msgs_per_s,

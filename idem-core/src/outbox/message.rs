@@ -3,10 +3,10 @@
 
 use crate::plumbing::clock::Timestamp;
 use crate::plumbing::error::InvalidInput;
-use crate::plumbing::fencing::OwnerToken;
 use crate::plumbing::limits::header;
 use crate::plumbing::limits::typed_payload;
 use crate::plumbing::scope::check_name;
+use sha2::{Digest, Sha256};
 use std::fmt;
 
 /// A message's unique id, minted when it is enqueued: the broker message id
@@ -137,8 +137,13 @@ impl NewMessage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MessageState {
-    /// Waiting to be published (or retried after a failure).
+    /// In its partition's log, past the cursor: the relay publishes it in
+    /// its turn.
     Pending,
+    /// Out of the log, in its partition's retry lane: it failed and is due
+    /// again at `available_at`, or it waits behind an earlier message of
+    /// its aggregate that did.
+    Waiting,
     /// Published: the broker confirmed it.
     Sent,
     /// Failed too many times: it waits for an operator, and so does every
@@ -153,6 +158,7 @@ impl MessageState {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
+            Self::Waiting => "waiting",
             Self::Sent => "sent",
             Self::Parked => "parked",
             Self::Dropped => "dropped",
@@ -161,10 +167,101 @@ impl MessageState {
 
     /// The state named `name`.
     pub fn parse(name: &str) -> Option<Self> {
-        [Self::Pending, Self::Sent, Self::Parked, Self::Dropped]
-            .into_iter()
-            .find(|state| state.as_str() == name)
+        [
+            Self::Pending,
+            Self::Waiting,
+            Self::Sent,
+            Self::Parked,
+            Self::Dropped,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == name)
     }
+
+    /// Whether the message has left the backlog for good (sent or dropped).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Sent | Self::Dropped)
+    }
+}
+
+/// A place in a partition's log, in the store's order of what committed:
+/// a relay reads after one, and moves its partition's cursor to one. Two
+/// numbers, compared in turn, whose meaning is the store's (Postgres: the
+/// enqueuing transaction's id, then the row's; memory: a counter); a relay
+/// only hands back what the store gave it.
+///
+/// ```
+/// use idem_core::store::LogPosition;
+///
+/// assert!(LogPosition::START < LogPosition::new(1, 0));
+/// assert!(LogPosition::new(1, 9) < LogPosition::new(2, 0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LogPosition {
+    major: u64,
+    minor: u64,
+}
+
+impl LogPosition {
+    /// Before every message: a new partition's cursor.
+    pub const START: Self = Self { major: 0, minor: 0 };
+
+    /// The position `(major, minor)`.
+    pub const fn new(major: u64, minor: u64) -> Self {
+        Self { major, minor }
+    }
+
+    /// Its first number.
+    pub const fn major(self) -> u64 {
+        self.major
+    }
+
+    /// Its second number.
+    pub const fn minor(self) -> u64 {
+        self.minor
+    }
+}
+
+impl fmt::Display for LogPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The hash that places an aggregate in a partition: the first eight bytes
+/// of the SHA-256 of its name, as a number below 2^63 (so a database's
+/// signed 64-bit integer holds it). Stable across processes, versions and
+/// languages: a store may compute the partition itself as this modulo its
+/// count.
+///
+/// ```
+/// use idem_core::store::{partition_hash, partition_of};
+///
+/// let hash = partition_hash("order-42");
+/// assert!(hash < 1 << 63);
+/// assert_eq!(u64::from(partition_of("order-42", 16)), hash % 16);
+/// ```
+pub fn partition_hash(aggregate: &str) -> u64 {
+    let digest = Sha256::digest(aggregate.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first) >> 1
+}
+
+/// The partition of `aggregate` among `partitions` (0 counts as 1): its
+/// [`partition_hash`] modulo the count. Every message of an aggregate lands
+/// in one partition, so one relay publishes them, in order.
+///
+/// ```
+/// use idem_core::store::partition_of;
+///
+/// assert_eq!(partition_of("order-42", 1), 0);
+/// assert!(partition_of("order-42", 8) < 8);
+/// assert_eq!(partition_of("order-42", 8), partition_of("order-42", 8));
+/// ```
+pub fn partition_of(aggregate: &str, partitions: u32) -> u32 {
+    let count = u64::from(partitions.max(1));
+    u32::try_from(partition_hash(aggregate) % count).unwrap_or(0)
 }
 
 /// What changes in a stored message, apart from what was enqueued.
@@ -172,6 +269,10 @@ impl MessageState {
 pub struct MessageParts {
     /// Its place in its aggregate: 1, 2, 3... in commit order.
     pub sequence: u64,
+    /// Its partition: [`partition_of`] its aggregate.
+    pub partition: u32,
+    /// Its place in its partition's log.
+    pub position: LogPosition,
     /// Where it stands.
     pub state: MessageState,
     /// How many publishes failed.
@@ -180,14 +281,13 @@ pub struct MessageParts {
     pub last_error: Option<String>,
     /// When it was enqueued, by the store's clock.
     pub enqueued_at: Timestamp,
-    /// Not published before this (a retry's back-off).
+    /// While [`Waiting`](MessageState::Waiting): not published before this
+    /// (a retry's back-off); otherwise its enqueue.
     pub available_at: Timestamp,
-    /// The relay holding it, while one does.
-    pub lease_owner: Option<OwnerToken>,
-    /// Until when that relay holds it.
-    pub lease_until: Option<Timestamp>,
-    /// When it left the backlog, by the store's clock: the broker
-    /// confirmed it, or an operator dropped it.
+    /// When it left the retry lane, by the store's clock: the broker
+    /// confirmed it there, or an operator dropped it. `None` for a message
+    /// sent from the log (the cursor passed it; its send is not recorded
+    /// per message).
     pub sent_at: Option<Timestamp>,
 }
 
@@ -230,10 +330,5 @@ impl OutboxMessage {
         let mut parts = self.parts.clone();
         edit(&mut parts);
         Self::new(self.message.clone(), parts)
-    }
-
-    /// Whether `owner` holds it at the store's time `now`.
-    pub fn is_held_by(&self, owner: OwnerToken, now: Timestamp) -> bool {
-        self.parts.lease_owner == Some(owner) && self.parts.lease_until.is_some_and(|u| u > now)
     }
 }

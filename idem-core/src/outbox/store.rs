@@ -1,83 +1,139 @@
-//! The outbox's store: the operations a relay uses to publish messages in
-//! order, once per aggregate at a time, and what they take and answer.
+//! The outbox's store: a log per partition that a relay reads through a
+//! cursor, a retry lane beside it, and what they take and answer.
 
-use crate::outbox::message::{MessageId, MessageState, NewMessage, OutboxMessage};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use crate::outbox::message::{LogPosition, MessageId, MessageState, NewMessage, OutboxMessage};
 use crate::plumbing::capabilities::Capabilities;
 use crate::plumbing::clock::Timestamp;
 use crate::plumbing::error::{Operation, StoreError};
 use crate::plumbing::fencing::OwnerToken;
 use crate::plumbing::layer::Layered;
 use async_trait::async_trait;
-use std::fmt;
-use std::time::Duration;
 
-/// The age of the backlog, for gauges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Messages waiting to be published.
-    pub pending: u64,
-    /// Messages parked.
-    pub parked: u64,
-    /// How long the oldest pending message has waited, by the store's
-    /// clock (sent and parked messages do not count).
-    pub oldest_pending_age: Option<Duration>,
-}
-
-impl OutboxStats {
-    /// Stats from each figure.
-    pub fn new(pending: u64, parked: u64, oldest_pending_age: Option<Duration>) -> Self {
-        Self {
-            pending,
-            parked,
-            oldest_pending_age,
-        }
-    }
-}
-
-/// What a relay asks of [`OutboxStore::claim`]: up to `limit` messages,
-/// leased to `owner` for `lease`.
+/// A relay's hold on one partition, minted by
+/// [`OutboxStore::acquire`] and renewed by each
+/// [`advance`](OutboxStore::advance): the partition, its holder, for how
+/// long, and the cursor as the holder last moved it.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::store::{BatchClaim, OwnerToken};
+/// use idem_core::store::{LogPosition, OwnerToken, PartitionLease, Timestamp};
 ///
-/// let batch = BatchClaim::new(OwnerToken::generate(), Duration::from_secs(30), 100);
-/// assert_eq!(batch.limit, 100);
+/// let owner = OwnerToken::generate();
+/// let until = Timestamp::from_unix_millis(30_000);
+/// let lease = PartitionLease::issued(3, owner, Duration::from_secs(30), until, LogPosition::START);
+/// assert_eq!((lease.partition(), lease.owner(), lease.until()), (3, owner, until));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BatchClaim {
-    /// Who leases the messages.
-    pub owner: OwnerToken,
-    /// For how long, by the store's clock (1 ms to 7 days: the store
-    /// refuses others).
-    pub lease: Duration,
-    /// At most this many (1 to [`MAX_OUTBOX_BATCH`](crate::store::MAX_OUTBOX_BATCH): the store refuses
-    /// others).
-    pub limit: usize,
+pub struct PartitionLease {
+    partition: u32,
+    owner: OwnerToken,
+    lease: Duration,
+    until: Timestamp,
+    cursor: LogPosition,
 }
 
-impl BatchClaim {
-    /// Up to `limit` messages for `owner`, for `lease`.
-    pub fn new(owner: OwnerToken, lease: Duration, limit: usize) -> Self {
+impl PartitionLease {
+    /// The lease a store issued: `partition` held by `owner` for `lease`,
+    /// until `until` by the store's clock, its cursor at `cursor`.
+    pub fn issued(
+        partition: u32,
+        owner: OwnerToken,
+        lease: Duration,
+        until: Timestamp,
+        cursor: LogPosition,
+    ) -> Self {
         Self {
+            partition,
             owner,
             lease,
-            limit,
+            until,
+            cursor,
+        }
+    }
+
+    /// The partition held.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// Who holds it.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// For how long each acquire or advance holds it.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Until when, by the store's clock.
+    pub fn until(&self) -> Timestamp {
+        self.until
+    }
+
+    /// The cursor: every message of the log at or before it was sent (or
+    /// taken out of the log into the retry lane).
+    pub fn cursor(&self) -> LogPosition {
+        self.cursor
+    }
+
+    /// The same lease renewed until `until`, its cursor at `cursor`.
+    #[must_use]
+    pub fn renewed(self, until: Timestamp, cursor: LogPosition) -> Self {
+        Self {
+            until,
+            cursor,
+            ..self
         }
     }
 }
 
-/// A failed publish, as [`OutboxStore::mark_failed`] counts it: the message,
-/// the owner whose lease it is under, the broker's error, and what the
+/// What [`OutboxStore::read`] found in a partition's log.
+///
+/// ```
+/// use idem_core::store::LogBatch;
+///
+/// let empty = LogBatch::default();
+/// assert!(empty.messages.is_empty() && empty.end().is_none());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogBatch {
+    /// The messages, in log order.
+    pub messages: Vec<OutboxMessage>,
+    /// Of their aggregates, those with a message in the partition's retry
+    /// lane (waiting or parked): their messages here must not reach the
+    /// broker before it, so a relay moves them to the lane
+    /// ([`Advance::held`]).
+    pub blocked: BTreeSet<String>,
+}
+
+impl LogBatch {
+    /// A batch of `messages` (in log order), with the `blocked` aggregates.
+    pub fn new(messages: Vec<OutboxMessage>, blocked: BTreeSet<String>) -> Self {
+        Self { messages, blocked }
+    }
+
+    /// The position of its last message: where a cursor moves once every
+    /// message of the batch is settled.
+    pub fn end(&self) -> Option<LogPosition> {
+        self.messages.last().map(|m| m.parts().position)
+    }
+}
+
+/// A failed publish, as [`Advance::failed`] records it: the message, the
+/// attempts it had when the relay read it, the broker's error, and what the
 /// failure leads to.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::store::{MessageId, OwnerToken, PublishFailure};
+/// use idem_core::store::{MessageId, PublishFailure};
 ///
-/// let failure = PublishFailure::new(OwnerToken::generate(), MessageId::generate(), "nacked")
+/// let failure = PublishFailure::new(MessageId::generate(), 0, "nacked")
 ///     .retry_after(Duration::from_secs(2))
 ///     .max_attempts(5);
 /// assert_eq!(failure.max_attempts, 5);
@@ -85,32 +141,33 @@ impl BatchClaim {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PublishFailure {
-    /// Whose lease the message is under.
-    pub owner: OwnerToken,
     /// The message.
     pub id: MessageId,
+    /// Its failed attempts when the relay read it: the failure counts only
+    /// on that count, so a failure delivered twice counts once.
+    pub attempts: u32,
     /// Why it failed, kept with the message.
     pub error: String,
-    /// How long until the message is available again.
+    /// How long until the message is due again.
     pub retry_after: Duration,
     /// The failures at which the message is parked instead (at least 1).
     pub max_attempts: u32,
 }
 
 impl PublishFailure {
-    /// A failure of `id` under `owner`'s lease: available again at once,
-    /// parked at its tenth failure.
-    pub fn new(owner: OwnerToken, id: MessageId, error: impl Into<String>) -> Self {
+    /// A failure of `id`, read with `attempts` failed attempts: due again
+    /// at once, parked at its tenth failure.
+    pub fn new(id: MessageId, attempts: u32, error: impl Into<String>) -> Self {
         Self {
-            owner,
             id,
+            attempts,
             error: error.into(),
             retry_after: Duration::ZERO,
             max_attempts: 10,
         }
     }
 
-    /// Available again only after `retry_after`.
+    /// Due again only after `retry_after`.
     #[must_use]
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.retry_after = retry_after;
@@ -125,69 +182,249 @@ impl PublishFailure {
     }
 }
 
-/// The storage of a transactional outbox (`idem-outbox`).
+/// What a relay settles in one [`OutboxStore::advance`]: where the cursor
+/// moves, and what became of the messages it did not simply publish from
+/// the log.
+///
+/// ```
+/// use idem_core::store::{Advance, LogPosition, MessageId, PublishFailure};
+///
+/// let settled = Advance::to(LogPosition::new(7, 2))
+///     .failed(PublishFailure::new(MessageId::generate(), 0, "nacked"))
+///     .held(MessageId::generate());
+/// assert_eq!(settled.to, Some(LogPosition::new(7, 2)));
+/// assert!(Advance::default().is_empty());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Advance {
+    /// Where the cursor moves: every message of the log up to it was
+    /// published and confirmed, but those failed or held here.
+    pub to: Option<LogPosition>,
+    /// Messages of the retry lane the broker confirmed.
+    pub sent: Vec<MessageId>,
+    /// Failed publishes, of log or lane messages.
+    pub failed: Vec<PublishFailure>,
+    /// Log messages not published because an earlier message of their
+    /// aggregate is in the lane: they move to the lane behind it.
+    pub held: Vec<MessageId>,
+}
+
+impl Advance {
+    /// The cursor moved to `to`.
+    pub fn to(to: LogPosition) -> Self {
+        Self {
+            to: Some(to),
+            ..Self::default()
+        }
+    }
+
+    /// The same, with `id` (a lane message) confirmed.
+    #[must_use]
+    pub fn sent(mut self, id: MessageId) -> Self {
+        self.sent.push(id);
+        self
+    }
+
+    /// The same, with `failure` recorded.
+    #[must_use]
+    pub fn failed(mut self, failure: PublishFailure) -> Self {
+        self.failed.push(failure);
+        self
+    }
+
+    /// The same, with `id` (a log message) held behind its aggregate.
+    #[must_use]
+    pub fn held(mut self, id: MessageId) -> Self {
+        self.held.push(id);
+        self
+    }
+
+    /// Whether it settles nothing (an advance of it only renews the lease).
+    pub fn is_empty(&self) -> bool {
+        self.to.is_none() && self.sent.is_empty() && self.failed.is_empty() && self.held.is_empty()
+    }
+}
+
+/// Where a listing of parked messages goes on: after this place in their
+/// order (first enqueued, then id), the last message of the page before.
+///
+/// ```
+/// use idem_core::store::{MessageId, PageAfter, Timestamp};
+///
+/// let after = PageAfter::new(Timestamp::from_unix_millis(1_000), MessageId::generate());
+/// assert_eq!(after.enqueued_at, Timestamp::from_unix_millis(1_000));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PageAfter {
+    /// The enqueue of the last message listed.
+    pub enqueued_at: Timestamp,
+    /// Its id.
+    pub id: MessageId,
+}
+
+impl PageAfter {
+    /// After the message enqueued at `enqueued_at` with `id`.
+    pub fn new(enqueued_at: Timestamp, id: MessageId) -> Self {
+        Self { enqueued_at, id }
+    }
+
+    /// After `message`: the next page of a listing that ended with it.
+    pub fn of(message: &OutboxMessage) -> Self {
+        Self::new(message.parts().enqueued_at, message.id())
+    }
+
+    /// Whether `message` comes after this place.
+    pub fn precedes(&self, message: &OutboxMessage) -> bool {
+        (self.enqueued_at, self.id) < (message.parts().enqueued_at, message.id())
+    }
+}
+
+/// One partition's backlog and holder, for gauges and operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PartitionStats {
+    /// The partition.
+    pub partition: u32,
+    /// Messages not yet sent: in the log past the cursor, or waiting in the
+    /// retry lane.
+    pub pending: u64,
+    /// Messages parked.
+    pub parked: u64,
+    /// How long the oldest pending message has waited, by the store's
+    /// clock: the partition's lag.
+    pub oldest_pending_age: Option<Duration>,
+    /// The relay holding it, while one does.
+    pub holder: Option<OwnerToken>,
+    /// Until when it holds it.
+    pub held_until: Option<Timestamp>,
+    /// Its cursor.
+    pub cursor: LogPosition,
+}
+
+impl PartitionStats {
+    /// The stats of `partition`, idle and unheld.
+    pub fn new(partition: u32) -> Self {
+        Self {
+            partition,
+            ..Self::default()
+        }
+    }
+}
+
+/// The backlog, for gauges: totals and each partition's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Messages not yet sent (pending in a log, or waiting in a lane).
+    pub pending: u64,
+    /// Messages parked.
+    pub parked: u64,
+    /// How long the oldest pending message has waited, by the store's
+    /// clock (sent and parked messages do not count).
+    pub oldest_pending_age: Option<Duration>,
+    /// Each partition's, by partition.
+    pub partitions: Vec<PartitionStats>,
+}
+
+impl OutboxStats {
+    /// The totals of `partitions`, and the partitions themselves.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::store::{OutboxStats, PartitionStats};
+    ///
+    /// let mut busy = PartitionStats::new(1);
+    /// busy.pending = 3;
+    /// busy.oldest_pending_age = Some(Duration::from_secs(2));
+    /// let stats = OutboxStats::of_partitions(vec![PartitionStats::new(0), busy]);
+    /// assert_eq!((stats.pending, stats.oldest_pending_age), (3, Some(Duration::from_secs(2))));
+    /// ```
+    pub fn of_partitions(mut partitions: Vec<PartitionStats>) -> Self {
+        partitions.sort_by_key(|p| p.partition);
+        Self {
+            pending: partitions.iter().map(|p| p.pending).sum(),
+            parked: partitions.iter().map(|p| p.parked).sum(),
+            oldest_pending_age: partitions.iter().filter_map(|p| p.oldest_pending_age).max(),
+            partitions,
+        }
+    }
+}
+
+/// The storage of a transactional outbox (`idem-outbox`): one log per
+/// partition, read by one relay at a time through a cursor, and a retry
+/// lane beside each log for what failed.
 ///
 /// # Contract
 ///
 /// Each sentence is a case of the public outbox suite in `idem-conformance`.
 ///
-/// - **Enqueue.** [`enqueue`](Self::enqueue) stores a message pending, with
-///   the next sequence of its aggregate (1 for the first); a second enqueue
-///   of one id stores nothing more and returns the first. An aggregate's
-///   sequence keeps counting after its messages were purged: it never
-///   starts again at 1. Backends that share the caller's transaction
-///   enqueue inside it, so a message exists exactly when the business
-///   change committed, and sequences follow the commit order within an
-///   aggregate.
-/// - **Claim.** [`claim`](Self::claim) leases to the batch's `owner`, for
-///   its `lease` by the store's clock at the store's precision (a lease
-///   under a second is not rounded to nothing: another owner's claim right
-///   after it gets nothing), up to its `limit` messages: for each
-///   aggregate, its lowest pending message that nobody holds, if it is
-///   available (`available_at` passed) and every open (pending or parked)
-///   message of the aggregate below it is held by that owner. So a claim
-///   takes each aggregate's head, never two messages of one aggregate, and
-///   nothing above a parked message or one another owner holds. When more
-///   are due than `limit`, it takes those enqueued first (by `enqueued_at`,
-///   then id). It never skips a message: one that commits late is claimed
-///   when it is the head of its aggregate. A lease that lapsed counts as
-///   none, for claims and for its owner alike.
-/// - **Claim ahead.** The message after those its owner holds is claimed
-///   too, under the earliest of their leases, so an aggregate's leases
-///   lapse together: a relay claims an aggregate's next message while the
-///   broker confirms the last, and publishes it once that one is confirmed.
-/// - **Sent.** [`mark_sent`](Self::mark_sent) marks the given messages sent,
-///   in one operation, only those `owner` still holds (a lease that lapsed,
-///   even with nobody claiming the message since, holds nothing); it
-///   answers how many. Delivered twice, the second marks nothing more and
-///   fails nothing.
-/// - **Release.** [`release`](Self::release) frees the given messages that
-///   `owner` holds, unpublished: available at once, no attempt counted,
-///   nothing written but the lease's end (the attempts and the last error
-///   of earlier failures stay as they were); it answers how many.
-///   Delivered twice, the second frees nothing.
-/// - **Failed.** [`mark_failed`](Self::mark_failed) counts a failed publish
-///   under its owner's lease, keeps the error, frees the message, and makes
-///   it available again after `retry_after`; at `max_attempts` failures it is
-///   parked instead, and so, in effect, its aggregate. Without the lease:
-///   [`StoreError::LostLease`], nothing written.
+/// - **Enqueue.** [`enqueue`](Self::enqueue) stores a message pending with
+///   the next sequence of its aggregate (1 for the first), in the
+///   partition [`partition_of`](crate::store::partition_of) its aggregate
+///   among the store's partitions, at the end of that partition's log; a
+///   second enqueue of one id stores nothing more and returns the first. An
+///   aggregate's sequence keeps counting after its messages were purged: it
+///   never starts again at 1. Backends that share the caller's transaction
+///   enqueue inside it, so a message exists exactly when the business change
+///   committed, and sequences follow the commit order within an aggregate.
+/// - **Log.** [`read`](Self::read) answers up to `limit` messages of a
+///   partition's log after a position, in log order, each with its
+///   position: an aggregate's in sequence order, and never one that
+///   something still uncommitted could precede (a message that commits
+///   late takes a position after every one read before it committed), so a
+///   relay reading through a cursor skips nothing. Messages taken out of
+///   the log (into the retry lane, or dropped) are not read. The batch
+///   names the aggregates among its messages that have a message in the
+///   partition's retry lane (blocked).
+/// - **Partitions.** [`acquire`](Self::acquire) leases to `owner` the
+///   lowest-numbered partition nobody holds (never held, released, or its
+///   lease lapsed), for `lease` by the store's clock at the store's
+///   precision (a lease under a second is not rounded to nothing), and
+///   answers its cursor where its last holder left it; `None` while every
+///   partition is held. A lease that lapsed counts as none, for another
+///   owner and for its own alike. [`release`](Self::release) frees a
+///   partition its owner holds at once, its cursor kept.
+/// - **Advance.** [`advance`](Self::advance) is one write, taking effect
+///   only while the lease's owner holds the partition (a lease that lapsed,
+///   even with nobody acquiring the partition since, holds nothing:
+///   [`StoreError::LostLease`], nothing written). It moves the cursor to
+///   `to` (never back), takes each failed message out of the log (or keeps
+///   it in the lane) with one more attempt, its error kept and due again
+///   after its back-off, parked at its `max_attempts`-th failure; moves
+///   the held log messages to the lane, due at once behind their
+///   aggregate's first, attempts unchanged; marks the sent lane messages
+///   sent at the store's time; and renews the lease for its length. A
+///   failure counts only on the attempts it names, a hold only on a message
+///   in the log, a send only on a waiting one: delivered twice, an advance
+///   changes nothing more.
+/// - **Lane.** [`due`](Self::due) answers, for each aggregate of a
+///   partition with messages in its retry lane, its first (lowest
+///   sequence) if it is waiting and due (`available_at` passed), the
+///   oldest enqueued first, at most `limit`: a parked message holds its
+///   aggregate's lane until an operator retries or drops it.
 /// - **Operator.** [`parked`](Self::parked) lists parked messages, oldest
-///   (first enqueued) first; [`retry`](Self::retry) makes a parked message
-///   pending again in its place (its sequence kept, so it is claimed before
-///   the later messages of its aggregate), with its attempts reset, its
-///   last error kept, and available at once whatever its back-off;
-///   [`drop_message`](Self::drop_message) drops a pending or parked message
-///   so its aggregate flows again, keeping the reason as its `last_error`
-///   and the time of the drop as its `sent_at`. A sent (or dropped)
-///   message is not dropped: nothing changes. Each answers whether it
-///   changed anything. [`message`](Self::message) reads one message in any
-///   state, so a dropped message's reason is read there.
+///   (first enqueued, then id) first, after a given one for the next page;
+///   [`retry`](Self::retry) makes a parked message waiting again in its
+///   place (its sequence kept, so it goes before the later messages of its
+///   aggregate), its attempts reset, its last error kept, due at once;
+///   [`drop_message`](Self::drop_message) drops a parked message, keeping
+///   the reason as its `last_error` and the time of the drop as its
+///   `sent_at`, so the rest of its aggregate flows again. A message that is
+///   not parked is neither retried nor dropped: nothing changes. Each
+///   answers whether it changed anything. [`message`](Self::message) reads
+///   one message in any state (a log message past its partition's cursor
+///   is pending, one at or before it sent), so a dropped message's reason
+///   is read there.
 /// - **Purge.** [`purge_sent`](Self::purge_sent) deletes up to `limit` sent
-///   or dropped messages at least `older_than` old, aged from their
-///   `sent_at` (the send, or the drop), never an unsent one.
-/// - **Stats.** [`stats`](Self::stats) counts pending and parked messages,
-///   and ages the oldest pending one: neither sent nor parked messages
-///   count in the age.
+///   or dropped messages at least `older_than` old, never an unsent one: a
+///   message sent from the log aged from its enqueue, one sent from the
+///   lane or dropped from its `sent_at`.
+/// - **Stats.** [`stats`](Self::stats) answers each partition's pending
+///   messages (past the cursor, or waiting) and parked ones, the age of its
+///   oldest pending message (neither sent nor parked messages count), its
+///   holder and cursor, and the totals.
 /// - **Time.** Leases, back-off and ages are the store's clock's, never
 ///   the caller's: a store whose clock is far from the process's passes
 ///   every case. A store author whose store reads a clock of its own (a
@@ -196,45 +433,70 @@ impl PublishFailure {
 ///   own stores with its `SkewedClock`.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
-    /// Stores `message` pending with its aggregate's next sequence.
+    /// Stores `message` pending with its aggregate's next sequence, at the
+    /// end of its partition's log.
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError>;
 
-    /// Leases the available heads of up to `batch.limit` aggregates to
-    /// `batch.owner`, and the next message of each aggregate it holds.
-    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError>;
+    /// Leases the lowest-numbered free partition to `owner` for `lease`;
+    /// `None` while every one is held.
+    async fn acquire(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<PartitionLease>, StoreError>;
 
-    /// Marks `ids` sent where `owner` holds them; how many it marked.
-    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError>;
+    /// Up to `limit` messages of `partition`'s log after `after`, in log
+    /// order, and which of their aggregates are blocked.
+    async fn read(
+        &self,
+        partition: u32,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<LogBatch, StoreError>;
 
-    /// Frees `ids` where `owner` holds them, counting no attempt; how many
-    /// it freed.
-    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError>;
-
-    /// Counts `failure` under its owner's lease; the state it leaves
-    /// (pending again, or parked).
+    /// Settles `advance` under `lease` in one write; the lease renewed.
     ///
     /// # Errors
     ///
-    /// [`StoreError::LostLease`] unless the owner holds it.
-    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError>;
+    /// [`StoreError::LostLease`] unless the lease's owner holds the
+    /// partition.
+    async fn advance(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+    ) -> Result<PartitionLease, StoreError>;
 
-    /// Parked messages, oldest first, at most `limit`.
-    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError>;
+    /// The first message of each aggregate in `partition`'s retry lane that
+    /// is waiting and due, oldest first, at most `limit`.
+    async fn due(&self, partition: u32, limit: usize) -> Result<Vec<OutboxMessage>, StoreError>;
 
-    /// Makes a parked message pending again; whether it was parked.
+    /// Frees the partition `lease` holds, if its owner holds it still;
+    /// whether it did.
+    async fn release(&self, lease: &PartitionLease) -> Result<bool, StoreError>;
+
+    /// Parked messages, oldest first, after `after` (the last of the
+    /// previous page), at most `limit`.
+    async fn parked(
+        &self,
+        after: Option<PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError>;
+
+    /// Makes a parked message waiting again, due at once; whether it was
+    /// parked.
     async fn retry(&self, id: MessageId) -> Result<bool, StoreError>;
 
-    /// Drops a pending or parked message with `reason`; whether it did.
+    /// Drops a parked message with `reason`; whether it did.
     async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError>;
 
     /// The message `id` in whatever state it is, while it is stored.
     async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError>;
 
     /// Deletes up to `limit` sent or dropped messages at least `older_than`
-    /// old (since their `sent_at`); how many.
+    /// old; how many.
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError>;
 
-    /// The backlog.
+    /// The backlog, by partition.
     async fn stats(&self) -> Result<OutboxStats, StoreError>;
 
     /// What the store is.
@@ -250,36 +512,56 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
             .await
     }
 
-    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
-        let claimed = self.get_ref().claim(batch);
+    async fn acquire(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        let acquired = self.get_ref().acquire(owner, lease);
         self.layer()
-            .traced(Operation::Claim, None, None, claimed)
+            .traced(Operation::Acquire, None, None, acquired)
             .await
     }
 
-    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
-        let sent = self.get_ref().mark_sent(owner, ids);
+    async fn read(
+        &self,
+        partition: u32,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<LogBatch, StoreError> {
+        let read = self.get_ref().read(partition, after, limit);
+        self.layer().traced(Operation::Read, None, None, read).await
+    }
+
+    async fn advance(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+    ) -> Result<PartitionLease, StoreError> {
+        let advanced = self.get_ref().advance(lease, advance);
         self.layer()
-            .traced(Operation::MarkSent, None, None, sent)
+            .traced(Operation::Advance, None, None, advanced)
             .await
     }
 
-    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
-        let released = self.get_ref().release(owner, ids);
+    async fn due(&self, partition: u32, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        let due = self.get_ref().due(partition, limit);
+        self.layer().traced(Operation::Read, None, None, due).await
+    }
+
+    async fn release(&self, lease: &PartitionLease) -> Result<bool, StoreError> {
+        let released = self.get_ref().release(lease);
         self.layer()
             .traced(Operation::Release, None, None, released)
             .await
     }
 
-    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
-        let failed = self.get_ref().mark_failed(failure);
-        self.layer()
-            .traced(Operation::MarkFailed, None, None, failed)
-            .await
-    }
-
-    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
-        let parked = self.get_ref().parked(limit);
+    async fn parked(
+        &self,
+        after: Option<PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let parked = self.get_ref().parked(after, limit);
         self.layer()
             .traced(Operation::List, None, None, parked)
             .await
@@ -337,43 +619,56 @@ macro_rules! __forward_outbox_store {
             ) -> ::core::result::Result<$crate::store::OutboxMessage, $crate::StoreError> {
                 self.$field.enqueue(message).await
             }
-            async fn claim(
+            async fn acquire(
                 &self,
-                batch: &$crate::store::BatchClaim,
+                owner: $crate::store::OwnerToken,
+                lease: ::core::time::Duration,
             ) -> ::core::result::Result<
-                ::std::vec::Vec<$crate::store::OutboxMessage>,
+                ::core::option::Option<$crate::store::PartitionLease>,
                 $crate::StoreError,
             > {
-                self.$field.claim(batch).await
+                self.$field.acquire(owner, lease).await
             }
-            async fn mark_sent(
+            async fn read(
                 &self,
-                owner: $crate::store::OwnerToken,
-                ids: &[$crate::store::MessageId],
-            ) -> ::core::result::Result<u64, $crate::StoreError> {
-                self.$field.mark_sent(owner, ids).await
+                partition: u32,
+                after: $crate::store::LogPosition,
+                limit: usize,
+            ) -> ::core::result::Result<$crate::store::LogBatch, $crate::StoreError> {
+                self.$field.read(partition, after, limit).await
             }
-            async fn release(
+            async fn advance(
                 &self,
-                owner: $crate::store::OwnerToken,
-                ids: &[$crate::store::MessageId],
-            ) -> ::core::result::Result<u64, $crate::StoreError> {
-                self.$field.release(owner, ids).await
+                lease: &$crate::store::PartitionLease,
+                advance: &$crate::store::Advance,
+            ) -> ::core::result::Result<$crate::store::PartitionLease, $crate::StoreError> {
+                self.$field.advance(lease, advance).await
             }
-            async fn mark_failed(
+            async fn due(
                 &self,
-                failure: &$crate::store::PublishFailure,
-            ) -> ::core::result::Result<$crate::store::MessageState, $crate::StoreError> {
-                self.$field.mark_failed(failure).await
-            }
-            async fn parked(
-                &self,
+                partition: u32,
                 limit: usize,
             ) -> ::core::result::Result<
                 ::std::vec::Vec<$crate::store::OutboxMessage>,
                 $crate::StoreError,
             > {
-                self.$field.parked(limit).await
+                self.$field.due(partition, limit).await
+            }
+            async fn release(
+                &self,
+                lease: &$crate::store::PartitionLease,
+            ) -> ::core::result::Result<bool, $crate::StoreError> {
+                self.$field.release(lease).await
+            }
+            async fn parked(
+                &self,
+                after: ::core::option::Option<$crate::store::PageAfter>,
+                limit: usize,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::store::OutboxMessage>,
+                $crate::StoreError,
+            > {
+                self.$field.parked(after, limit).await
             }
             async fn retry(
                 &self,
@@ -419,18 +714,19 @@ macro_rules! __forward_outbox_store {
 /// What a store does with a [`PublishFailure`]: the message it leaves.
 impl OutboxMessage {
     /// The message after `failure` at the store's time `now`: one more
-    /// attempt, the error kept, the lease freed, available again after the
+    /// attempt, the error kept, in the retry lane due again after the
     /// back-off, parked at the last attempt.
     #[must_use]
     pub fn failed(&self, failure: &PublishFailure, now: Timestamp) -> Self {
         self.edited(|parts| {
             parts.attempts = parts.attempts.saturating_add(1);
             parts.last_error = Some(failure.error.clone());
-            parts.lease_until = None;
             parts.available_at = now + failure.retry_after;
-            if parts.attempts >= failure.max_attempts {
-                parts.state = MessageState::Parked;
-            }
+            parts.state = if parts.attempts >= failure.max_attempts {
+                MessageState::Parked
+            } else {
+                MessageState::Waiting
+            };
         })
     }
 }

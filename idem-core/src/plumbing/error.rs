@@ -78,7 +78,7 @@ pub enum Operation {
     Complete,
     /// A lease renewal.
     Renew,
-    /// A release.
+    /// A release: of a claim, or of an outbox partition.
     Release,
     /// A checkpoint.
     Checkpoint,
@@ -96,7 +96,8 @@ pub enum Operation {
     Setup,
     /// Recording an outbound operation in a journal.
     Record,
-    /// Leasing a journal's operation to an executor.
+    /// Leasing a journal's operation to an executor, or an outbox's
+    /// partition to a relay.
     Acquire,
     /// Counting a send of a journal's operation.
     MarkSent,
@@ -118,8 +119,11 @@ pub enum Operation {
     Park,
     /// Settling a parked message: replayed or dropped.
     Resolve,
-    /// A version check: moving an aggregate's version to an event's.
+    /// A version check: moving an aggregate's version to an event's; or a
+    /// relay's settling of a batch: moving an outbox partition's cursor.
     Advance,
+    /// Reading an outbox partition's log, or its retry lane.
+    Read,
 }
 
 impl Operation {
@@ -150,6 +154,7 @@ impl Operation {
             Self::Park => "park",
             Self::Resolve => "resolve",
             Self::Advance => "advance",
+            Self::Read => "read",
         }
     }
 }

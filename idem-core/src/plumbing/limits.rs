@@ -54,3 +54,31 @@ pub fn validate_outbox_batch(limit: usize) -> Result<usize, InvalidInput> {
         })
     }
 }
+
+/// The most partitions an outbox has: each is read by one relay at a
+/// time, so this bounds how far a backlog is spread.
+pub const MAX_PARTITIONS: u32 = 1_024;
+
+/// Checks an outbox's partition count: 1 to [`MAX_PARTITIONS`].
+///
+/// ```
+/// use idem_core::store::validate_partitions;
+///
+/// assert_eq!(validate_partitions(16)?, 16);
+/// assert!(validate_partitions(0).is_err());
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+///
+/// # Errors
+///
+/// [`InvalidInput::OutOfRange`] outside it.
+pub fn validate_partitions(count: u32) -> Result<u32, InvalidInput> {
+    if (1..=MAX_PARTITIONS).contains(&count) {
+        Ok(count)
+    } else {
+        Err(InvalidInput::OutOfRange {
+            field: "partitions",
+            reason: "must be 1 to 1024",
+        })
+    }
+}

@@ -1,18 +1,22 @@
 //! An outbox store of one's own, written against [`idem_core::store`]
 //! alone, with the realistic bugs the public outbox suite must catch.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    BatchClaim, Capabilities, Clock, ClockSource, Durability, MessageId, MessageParts,
-    MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PublishFailure,
-    SystemClock, Timestamp, TransactionSharing, validate_lease, validate_outbox_batch,
+    Advance, Capabilities, Clock, ClockSource, Durability, LogBatch, LogPosition, MessageId,
+    MessageParts, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
+    PageAfter, PartitionLease, PartitionStats, SystemClock, Timestamp, TransactionSharing,
+    partition_of, validate_lease, validate_outbox_batch,
 };
-use idem_core::{StoreError, async_trait};
+use idem_core::{InvalidInput, StoreError, async_trait};
 
 use crate::Rivals;
+
+/// How many partitions the store has.
+const OWN_PARTITIONS: u32 = 4;
 
 /// A deliberate bug of an outbox store, for proving that the outbox suite
 /// catches it.
@@ -25,85 +29,134 @@ pub enum OutboxDefect {
     GlobalSequence,
     /// Stores a message again when its id is enqueued twice.
     DuplicateIds,
-    /// Claims every pending message of an aggregate, not its head alone.
-    WholeAggregate,
-    /// Claims aggregates that another relay holds.
-    IgnoresLeases,
-    /// Never lets a lapsed claim go to another relay.
-    NoTakeover,
-    /// Marks sent whatever relay asks.
-    SentIgnoresOwner,
-    /// Makes a failed message available at once, whatever its back-off.
-    NoBackOff,
-    /// Parks the message but lets the rest of its aggregate flow.
-    ParkedAggregateFlows,
-    /// Fails whoever asks.
-    FailureIgnoresOwner,
-    /// Keeps the attempts of a retried message.
-    RetryKeepsAttempts,
-    /// Drops the message but forgets it was dropped: it flows again.
-    DropResends,
-    /// Purges whatever is old, sent or not.
-    PurgesUnsent,
-    /// Ignores `older_than` when purging.
-    PurgeIgnoresAge,
-    /// Counts parked messages as pending.
-    StatsMixParked,
-    /// Accepts any batch limit.
-    LimitUnchecked,
-    /// Reads and writes a claim under two acquisitions of the lock, a
-    /// rival's read between them.
-    NonAtomicClaim,
-    /// Never claims past what the claiming owner holds.
-    NoClaimAhead,
-    /// Gives a message claimed ahead a lease of its own.
-    FreshLeaseAhead,
-    /// Claims past a message its owner's lease left (freed or lapsed), as
-    /// if the owner still held it.
-    AheadPastFreed,
-    /// Frees whatever relay asks.
-    ReleaseIgnoresOwner,
-    /// Counts a release as a failed attempt.
-    ReleaseCountsAttempt,
-    /// Keeps leases in whole seconds, so a lease under a second is none.
-    LeaseInWholeSeconds,
-    /// Lets a lapsed owner mark its message sent while nobody claimed it.
-    SentAfterLapse,
-    /// Gives a retried message its aggregate's next sequence, as if new.
-    RetryRequeues,
-    /// Drops sent messages too.
-    DropsSent,
-    /// Drops a message without keeping the reason.
-    DropLosesReason,
-    /// Ages a dropped message from its enqueue, not from its drop.
-    PurgeAgesDropsFromEnqueue,
     /// Numbers an aggregate from the messages it still stores, so a purge
     /// starts its sequence again.
     SequenceRestartsAfterPurge,
-    /// Ends leases by the process's clock and judges them by the store's.
-    LeaseOnProcessClock,
-    /// Ages the backlog from parked messages too.
-    StatsAgeCountsParked,
-    /// Ages the backlog from sent messages too.
-    StatsAgeCountsSent,
-    /// Takes the heads of the lowest sequences first, not the oldest.
-    HeadsBySequence,
-    /// Purges only messages strictly older than asked.
-    PurgeStrictlyOlder,
-    /// Clears the last error when a message is released.
-    ReleaseClearsError,
+    /// Places an aggregate by the length of its name, not its hash.
+    PartitionByLength,
+    /// Reads a log by aggregate name, not in log order.
+    ReadByAggregate,
+    /// Reads the message at the position asked too.
+    ReadIncludesAfter,
+    /// Reads the messages of the retry lane with the log.
+    ReadsTheLane,
+    /// Never names a blocked aggregate.
+    NoBlocked,
+    /// Acquires partitions that another relay holds.
+    AcquireHeld,
+    /// Acquires the highest free partition first.
+    AcquireHighest,
+    /// Never acquires a partition whose lease lapsed.
+    NoTakeover,
+    /// Answers an acquire with a cursor at the start of the log.
+    CursorForgotten,
+    /// Keeps leases in whole seconds, so a lease under a second is none.
+    LeaseInWholeSeconds,
+    /// Releases a partition for whatever relay asks.
+    ReleaseIgnoresOwner,
+    /// Settles an advance for whatever relay asks.
+    AdvanceIgnoresOwner,
+    /// Lets a lapsed owner advance while nobody acquired its partition.
+    AdvanceAfterLapse,
+    /// Moves a cursor back when asked.
+    CursorMovesBack,
+    /// Answers an advance with a renewed lease but keeps the old one.
+    NoRenewal,
+    /// Makes a failed message due at once, whatever its back-off.
+    NoBackOff,
+    /// Lets the messages behind a parked one flow.
+    ParkedAggregateFlows,
+    /// Counts a hold as an attempt.
+    HoldCountsAttempt,
+    /// Makes every waiting message due, not each aggregate's first.
+    WholeLaneDue,
+    /// Counts a failure again, and stamps a send again, when an advance is
+    /// delivered twice.
+    FailureCountsTwice,
+    /// Takes the lane's heads by sequence, not the oldest first.
+    DueBySequence,
+    /// Keeps the attempts of a retried message.
+    RetryKeepsAttempts,
+    /// Gives a retried message its aggregate's next sequence, as if new.
+    RetryRequeues,
     /// Leaves a retried message waiting out its back-off.
     RetryKeepsBackOff,
     /// Clears the last error when a message is retried.
     RetryClearsError,
+    /// Drops a message without keeping the reason.
+    DropLosesReason,
+    /// Drops the message but leaves its aggregate blocked behind it.
+    DropKeepsBlocking,
+    /// Drops and retries messages that are not parked.
+    OperatorIgnoresState,
+    /// Lists parked messages newest first.
+    ParkedNewestFirst,
+    /// Purges whatever is old, sent or not.
+    PurgesUnsent,
+    /// Ignores `older_than` when purging.
+    PurgeIgnoresAge,
+    /// Ages a dropped message from its enqueue, not from its drop.
+    PurgeAgesDropsFromEnqueue,
+    /// Purges only messages strictly older than asked.
+    PurgeStrictlyOlder,
+    /// Counts parked messages as pending.
+    StatsMixParked,
+    /// Ages the backlog from parked messages too.
+    StatsAgeCountsParked,
+    /// Ages the backlog from sent messages too.
+    StatsAgeCountsSent,
+    /// Reports no partition's holder.
+    StatsNoHolder,
+    /// Accepts any batch limit.
+    LimitUnchecked,
+    /// Reads and writes an acquire under two acquisitions of the lock, a
+    /// rival's read between them.
+    NonAtomicAcquire,
+    /// Ends leases by the process's clock and judges them by the store's.
+    LeaseOnProcessClock,
+}
+
+/// One partition: its holder and cursor.
+#[derive(Debug, Clone, Copy, Default)]
+struct Partition {
+    holder: Option<(OwnerToken, Timestamp)>,
+    cursor: LogPosition,
 }
 
 #[derive(Default)]
 struct State {
+    /// Every message; one in a log is kept pending, and sent once its
+    /// partition's cursor passed it.
     messages: Vec<OutboxMessage>,
+    partitions: Vec<Partition>,
     last_sequence: u64,
+    last_position: u64,
     /// Each aggregate's last sequence.
     sequences: HashMap<String, u64>,
+}
+
+impl State {
+    /// `m` as it stands: a log message at or before its cursor sent.
+    fn shown(&self, m: &OutboxMessage) -> OutboxMessage {
+        let cursor = self
+            .partitions
+            .get(m.parts().partition as usize)
+            .map(|p| p.cursor)
+            .unwrap_or_default();
+        if m.state() == MessageState::Pending && m.parts().position <= cursor {
+            edited(m, |p| p.state = MessageState::Sent)
+        } else {
+            m.clone()
+        }
+    }
+
+    fn find(&mut self, id: MessageId) -> Option<&mut OutboxMessage> {
+        self.messages.iter_mut().find(|m| m.id() == id)
+    }
+}
+
+fn edited(m: &OutboxMessage, edit: impl FnOnce(&mut MessageParts)) -> OutboxMessage {
+    m.edited(edit)
 }
 
 /// The outbox store: a list under one lock, on the system clock.
@@ -136,8 +189,12 @@ impl OwnOutbox {
 
     /// A store with `defect`.
     pub fn with_defect(defect: OutboxDefect) -> Self {
+        let state = State {
+            partitions: vec![Partition::default(); OWN_PARTITIONS as usize],
+            ..State::default()
+        };
         Self {
-            state: Mutex::default(),
+            state: Mutex::new(state),
             clock: Arc::new(SystemClock),
             defect,
             rivals: Rivals::default(),
@@ -159,90 +216,78 @@ impl OwnOutbox {
         self.defect == defect
     }
 
-    /// The messages a claim by `owner` at `now` takes, by index, each with
-    /// its lease's end (`until`, or the earliest of the owner's leases it
-    /// was claimed past).
-    fn due(
-        &self,
-        messages: &[OutboxMessage],
-        owner: OwnerToken,
-        now: Timestamp,
-        until: Timestamp,
-        limit: usize,
-    ) -> Vec<(usize, Timestamp)> {
-        let mut due = Vec::new();
-        // Per aggregate seen: the lease a message past the owner's run
-        // takes, or None once its claimable message was found.
-        let mut runs: Vec<(&str, Option<Timestamp>)> = Vec::new();
-        let mut order: Vec<usize> = (0..messages.len()).collect();
-        order.sort_by_key(|&i| {
-            (
-                messages[i].parts().sequence,
-                messages[i].parts().enqueued_at,
-            )
-        });
-        for i in order {
-            let m = &messages[i];
-            let aggregate = m.message().aggregate();
-            if matches!(m.state(), MessageState::Sent | MessageState::Dropped) {
-                continue;
-            }
-            if m.state() == MessageState::Parked && self.is(OutboxDefect::ParkedAggregateFlows) {
-                continue;
-            }
-            let run = match runs.iter().position(|(a, _)| *a == aggregate) {
-                Some(k) => k,
-                None => {
-                    runs.push((aggregate, Some(until)));
-                    runs.len() - 1
-                }
-            };
-            let passing = runs[run].1;
-            if passing.is_none() && !self.is(OutboxDefect::WholeAggregate) {
-                continue;
-            }
-            let lease_until = passing.unwrap_or(until);
-            let held = if self.is(OutboxDefect::AheadPastFreed) {
-                m.parts().lease_owner == Some(owner)
-            } else {
-                m.is_held_by(owner, now)
-            };
-            if m.state() == MessageState::Pending && held && !self.is(OutboxDefect::NoClaimAhead) {
-                let earliest = m
-                    .parts()
-                    .lease_until
-                    .map_or(lease_until, |u| u.min(lease_until));
-                runs[run].1 = Some(if self.is(OutboxDefect::FreshLeaseAhead) {
-                    until
-                } else {
-                    earliest
-                });
-                continue;
-            }
-            runs[run].1 = None;
-            let leased = m
-                .parts()
-                .lease_until
-                .is_some_and(|until| until > now || self.is(OutboxDefect::NoTakeover));
-            if m.state() == MessageState::Pending
-                && (!leased || self.is(OutboxDefect::IgnoresLeases))
-                && m.parts().available_at <= now
-            {
-                due.push((i, lease_until));
-            }
+    fn limit(&self, limit: usize) -> Result<usize, StoreError> {
+        if self.is(OutboxDefect::LimitUnchecked) {
+            return Ok(limit.max(1));
         }
-        if !self.is(OutboxDefect::HeadsBySequence) {
-            due.sort_by_key(|&(i, _)| (messages[i].parts().enqueued_at, messages[i].id()));
-        }
-        due.truncate(limit);
-        due
+        Ok(validate_outbox_batch(limit)?)
     }
-}
 
-fn edited(message: &OutboxMessage, edit: impl FnOnce(&mut MessageParts)) -> OutboxMessage {
-    let mut parts = message.parts().clone();
-    edit(&mut parts);
-    OutboxMessage::new(message.message().clone(), parts)
+    fn partition(&self, state: &State, partition: u32) -> Result<usize, StoreError> {
+        let index = partition as usize;
+        if index < state.partitions.len() {
+            Ok(index)
+        } else {
+            Err(InvalidInput::OutOfRange {
+                field: "partition",
+                reason: "no such partition",
+            }
+            .into())
+        }
+    }
+
+    /// When a lease of `lease` taken now ends.
+    fn lease_end(&self, now: Timestamp, lease: Duration) -> Timestamp {
+        if self.is(OutboxDefect::LeaseInWholeSeconds) {
+            return now + Duration::from_secs(lease.as_secs());
+        }
+        if self.is(OutboxDefect::LeaseOnProcessClock) {
+            return SystemClock.now() + lease;
+        }
+        now + lease
+    }
+
+    /// Whether `owner` holds `partition` at `now`.
+    fn holds(&self, partition: &Partition, owner: OwnerToken, now: Timestamp) -> bool {
+        match partition.holder {
+            Some((holder, until)) => {
+                (holder == owner || self.is(OutboxDefect::AdvanceIgnoresOwner))
+                    && (until > now || self.is(OutboxDefect::AdvanceAfterLapse))
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `partition` is free at `now` for an acquire.
+    fn free(&self, partition: &Partition, now: Timestamp) -> bool {
+        match partition.holder {
+            None => true,
+            Some(_) if self.is(OutboxDefect::AcquireHeld) => true,
+            Some((_, until)) => until <= now && !self.is(OutboxDefect::NoTakeover),
+        }
+    }
+
+    /// The lane of `partition`: each aggregate's waiting or parked
+    /// messages, in sequence order.
+    fn lane(&self, state: &State, partition: u32) -> BTreeMap<String, Vec<OutboxMessage>> {
+        let mut lane: BTreeMap<String, Vec<OutboxMessage>> = BTreeMap::new();
+        for m in &state.messages {
+            let blocking = match m.state() {
+                MessageState::Waiting | MessageState::Parked => true,
+                MessageState::Dropped => self.is(OutboxDefect::DropKeepsBlocking),
+                _ => false,
+            };
+            if m.parts().partition == partition && blocking {
+                lane.entry(m.message().aggregate().to_string())
+                    .or_default()
+                    .push(m.clone());
+            }
+        }
+        for waiting in lane.values_mut() {
+            waiting.sort_by_key(|m| m.parts().sequence);
+        }
+        lane
+    }
 }
 
 #[async_trait]
@@ -253,33 +298,41 @@ impl OutboxStore for OwnOutbox {
         if !self.is(OutboxDefect::DuplicateIds)
             && let Some(existing) = state.messages.iter().find(|m| m.id() == message.id())
         {
-            return Ok(existing.clone());
+            return Ok(state.shown(existing));
         }
+        let aggregate = message.aggregate().to_string();
         let sequence = if self.is(OutboxDefect::GlobalSequence) {
             state.last_sequence += 1;
             state.last_sequence
         } else if self.is(OutboxDefect::SequenceRestartsAfterPurge) {
-            1 + state
+            let stored = state
                 .messages
                 .iter()
-                .filter(|m| m.message().aggregate() == message.aggregate())
-                .map(|m| m.parts().sequence)
-                .max()
-                .unwrap_or(0)
+                .filter(|m| m.message().aggregate() == aggregate)
+                .count();
+            stored as u64 + 1
         } else {
-            next_sequence(&mut state, message.aggregate())
+            let last = state.sequences.entry(aggregate.clone()).or_insert(0);
+            *last += 1;
+            *last
         };
+        let partition = if self.is(OutboxDefect::PartitionByLength) {
+            (aggregate.len() as u32) % OWN_PARTITIONS
+        } else {
+            partition_of(&aggregate, OWN_PARTITIONS)
+        };
+        state.last_position += 1;
         let stored = OutboxMessage::new(
             message.clone(),
             MessageParts {
                 sequence,
+                partition,
+                position: LogPosition::new(state.last_position, 0),
                 state: MessageState::Pending,
                 attempts: 0,
                 last_error: None,
                 enqueued_at: now,
                 available_at: now,
-                lease_owner: None,
-                lease_until: None,
                 sent_at: None,
             },
         );
@@ -287,268 +340,363 @@ impl OutboxStore for OwnOutbox {
         Ok(stored)
     }
 
-    async fn claim(&self, batch: &BatchClaim) -> Result<Vec<OutboxMessage>, StoreError> {
-        let BatchClaim {
+    async fn acquire(
+        &self,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        let lease = validate_lease(lease)?;
+        let mut now = self.clock.now();
+        let pick = |state: &State, now: Timestamp| -> Option<usize> {
+            let free = |(_, p): &(usize, &Partition)| self.free(p, now);
+            if self.is(OutboxDefect::AcquireHighest) {
+                state.partitions.iter().enumerate().rev().find(free)
+            } else {
+                state.partitions.iter().enumerate().find(free)
+            }
+            .map(|(i, _)| i)
+        };
+        let picked = if self.is(OutboxDefect::NonAtomicAcquire) {
+            let picked = pick(&self.locked(), now);
+            let _reading = self.rivals.meet(&()).await;
+            // The lease counts from after the wait, so only the race shows.
+            now = self.clock.now();
+            picked
+        } else {
+            None
+        };
+        let mut state = self.locked();
+        let Some(index) = picked.or_else(|| pick(&state, now)) else {
+            return Ok(None);
+        };
+        let until = self.lease_end(now, lease);
+        let partition = &mut state.partitions[index];
+        partition.holder = Some((owner, until));
+        let cursor = if self.is(OutboxDefect::CursorForgotten) {
+            LogPosition::START
+        } else {
+            partition.cursor
+        };
+        Ok(Some(PartitionLease::issued(
+            index as u32,
             owner,
             lease,
-            limit,
-            ..
-        } = *batch;
-        let mut lease = validate_lease(lease)?;
-        if self.is(OutboxDefect::LeaseInWholeSeconds) {
-            lease = Duration::from_secs(lease.as_secs());
-        }
-        let limit = if self.is(OutboxDefect::LimitUnchecked) {
-            limit.max(1)
-        } else {
-            validate_outbox_batch(limit)?
-        };
-        let now = self.clock.now();
-        let until = if self.is(OutboxDefect::LeaseOnProcessClock) {
-            SystemClock.now() + lease
-        } else {
-            now + lease
-        };
-        if self.is(OutboxDefect::NonAtomicClaim) {
-            // Decided under one acquisition of the lock, written under
-            // another, held between them until a rival claim has read too.
-            let due = self.due(&self.locked().messages, owner, now, until, limit);
-            let _reading = self.rivals.meet(&()).await;
-            return Ok(take(&mut self.locked(), &due, owner));
-        }
-        let mut state = self.locked();
-        let due = self.due(&state.messages, owner, now, until, limit);
-        Ok(take(&mut state, &due, owner))
+            until,
+            cursor,
+        )))
     }
 
-    async fn mark_sent(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+    async fn read(
+        &self,
+        partition: u32,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<LogBatch, StoreError> {
+        let limit = self.limit(limit)?;
+        let state = self.locked();
+        self.partition(&state, partition)?;
+        let mut log: Vec<OutboxMessage> = state
+            .messages
+            .iter()
+            .filter(|m| m.parts().partition == partition)
+            .filter(|m| {
+                m.state() == MessageState::Pending
+                    || (self.is(OutboxDefect::ReadsTheLane) && m.state() == MessageState::Waiting)
+            })
+            .filter(|m| {
+                m.parts().position > after
+                    || (self.is(OutboxDefect::ReadIncludesAfter) && m.parts().position == after)
+            })
+            .map(|m| state.shown(m))
+            .collect();
+        if self.is(OutboxDefect::ReadByAggregate) {
+            log.sort_by(|a, b| a.message().aggregate().cmp(b.message().aggregate()));
+        } else {
+            log.sort_by_key(|m| m.parts().position);
+        }
+        log.truncate(limit);
+        let lane = self.lane(&state, partition);
+        let blocked: BTreeSet<String> = if self.is(OutboxDefect::NoBlocked) {
+            BTreeSet::new()
+        } else {
+            log.iter()
+                .map(|m| m.message().aggregate().to_string())
+                .filter(|a| lane.contains_key(a))
+                .collect()
+        };
+        Ok(LogBatch::new(log, blocked))
+    }
+
+    async fn advance(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+    ) -> Result<PartitionLease, StoreError> {
         let now = self.clock.now();
         let mut state = self.locked();
-        let mut marked = 0;
-        for m in state.messages.iter_mut() {
-            let held = m.parts().lease_owner == Some(owner)
-                && (m.parts().lease_until.is_some_and(|u| u > now)
-                    || self.is(OutboxDefect::SentAfterLapse));
-            if ids.contains(&m.id())
+        let index = self.partition(&state, lease.partition())?;
+        if !self.holds(&state.partitions[index], lease.owner(), now) {
+            return Err(StoreError::LostLease);
+        }
+        let until = self.lease_end(now, lease.lease());
+        let partition = &mut state.partitions[index];
+        if !self.is(OutboxDefect::NoRenewal) {
+            partition.holder = Some((lease.owner(), until));
+        }
+        if let Some(to) = advance.to {
+            partition.cursor = if self.is(OutboxDefect::CursorMovesBack) {
+                to
+            } else {
+                partition.cursor.max(to)
+            };
+        }
+        let cursor = partition.cursor;
+        let ours = |m: &OutboxMessage| m.parts().partition == lease.partition();
+        for failure in &advance.failed {
+            let counts_twice = self.is(OutboxDefect::FailureCountsTwice);
+            if let Some(m) = state.find(failure.id)
+                && ours(m)
+                && (m.parts().attempts == failure.attempts || counts_twice)
+                && matches!(m.state(), MessageState::Pending | MessageState::Waiting)
+            {
+                *m = m.failed(failure, now);
+                if self.is(OutboxDefect::NoBackOff) {
+                    *m = edited(m, |p| p.available_at = now);
+                }
+            }
+        }
+        for id in &advance.held {
+            let counts = self.is(OutboxDefect::HoldCountsAttempt);
+            if let Some(m) = state.find(*id)
+                && ours(m)
                 && m.state() == MessageState::Pending
-                && (held || self.is(OutboxDefect::SentIgnoresOwner))
+            {
+                *m = edited(m, |p| {
+                    p.state = MessageState::Waiting;
+                    p.available_at = now;
+                    if counts {
+                        p.attempts += 1;
+                    }
+                });
+            }
+        }
+        for id in &advance.sent {
+            let restamps = self.is(OutboxDefect::FailureCountsTwice);
+            if let Some(m) = state.find(*id)
+                && ours(m)
+                && (m.state() == MessageState::Waiting
+                    || (restamps && m.state() == MessageState::Sent))
             {
                 *m = edited(m, |p| {
                     p.state = MessageState::Sent;
                     p.sent_at = Some(now);
-                    p.lease_until = None;
                 });
-                marked += 1;
             }
         }
-        Ok(marked)
+        Ok(lease.renewed(until, cursor))
     }
 
-    async fn release(&self, owner: OwnerToken, ids: &[MessageId]) -> Result<u64, StoreError> {
+    async fn due(&self, partition: u32, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
+        let limit = self.limit(limit)?;
         let now = self.clock.now();
-        let mut state = self.locked();
-        let mut released = 0;
-        for m in state.messages.iter_mut() {
-            let held = m.is_held_by(owner, now)
-                || (self.is(OutboxDefect::ReleaseIgnoresOwner)
-                    && m.parts().lease_until > Some(now));
-            if ids.contains(&m.id()) && m.state() == MessageState::Pending && held {
-                let counted = self.is(OutboxDefect::ReleaseCountsAttempt);
-                let cleared = self.is(OutboxDefect::ReleaseClearsError);
-                *m = edited(m, |p| {
-                    p.lease_until = None;
-                    if counted {
-                        p.attempts += 1;
-                    }
-                    if cleared {
-                        p.last_error = None;
-                    }
-                });
-                released += 1;
-            }
-        }
-        Ok(released)
-    }
-
-    async fn mark_failed(&self, failure: &PublishFailure) -> Result<MessageState, StoreError> {
-        let now = self.clock.now();
-        let mut state = self.locked();
-        let Some(m) = state.messages.iter_mut().find(|m| m.id() == failure.id) else {
-            return Err(StoreError::LostLease);
-        };
-        let held = m.is_held_by(failure.owner, now);
-        if m.state() != MessageState::Pending
-            || !(held || self.is(OutboxDefect::FailureIgnoresOwner))
-        {
-            return Err(StoreError::LostLease);
-        }
-        let mut counted = failure.clone();
-        if self.is(OutboxDefect::NoBackOff) {
-            counted.retry_after = Duration::ZERO;
-        }
-        *m = m.failed(&counted, now);
-        Ok(m.state())
-    }
-
-    async fn parked(&self, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {
-        let limit = if self.is(OutboxDefect::LimitUnchecked) {
-            limit.max(1)
-        } else {
-            validate_outbox_batch(limit)?
-        };
         let state = self.locked();
-        Ok(state
+        self.partition(&state, partition)?;
+        let lane = self.lane(&state, partition);
+        let mut due: Vec<OutboxMessage> = Vec::new();
+        for waiting in lane.values() {
+            let candidates: Vec<&OutboxMessage> = if self.is(OutboxDefect::WholeLaneDue) {
+                waiting.iter().collect()
+            } else if self.is(OutboxDefect::ParkedAggregateFlows) {
+                waiting
+                    .iter()
+                    .filter(|m| m.state() != MessageState::Parked)
+                    .take(1)
+                    .collect()
+            } else {
+                waiting.iter().take(1).collect()
+            };
+            due.extend(
+                candidates
+                    .into_iter()
+                    .filter(|m| m.state() == MessageState::Waiting)
+                    .filter(|m| m.parts().available_at <= now)
+                    .cloned(),
+            );
+        }
+        if self.is(OutboxDefect::DueBySequence) {
+            due.sort_by_key(|m| (m.parts().sequence, m.id()));
+        } else {
+            due.sort_by_key(|m| (m.parts().enqueued_at, m.id()));
+        }
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn release(&self, lease: &PartitionLease) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        let index = self.partition(&state, lease.partition())?;
+        let partition = &mut state.partitions[index];
+        let held = match partition.holder {
+            Some((holder, until)) => {
+                (holder == lease.owner() || self.is(OutboxDefect::ReleaseIgnoresOwner))
+                    && until > now
+            }
+            None => false,
+        };
+        if held {
+            partition.holder = None;
+        }
+        Ok(held)
+    }
+
+    async fn parked(
+        &self,
+        after: Option<PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let limit = self.limit(limit)?;
+        let state = self.locked();
+        let mut parked: Vec<OutboxMessage> = state
             .messages
             .iter()
             .filter(|m| m.state() == MessageState::Parked)
-            .take(limit)
+            .filter(|m| after.is_none_or(|after| after.precedes(m)))
             .cloned()
-            .collect())
+            .collect();
+        parked.sort_by_key(|m| (m.parts().enqueued_at, m.id()));
+        if self.is(OutboxDefect::ParkedNewestFirst) {
+            parked.reverse();
+        }
+        parked.truncate(limit);
+        Ok(parked)
     }
 
     async fn retry(&self, id: MessageId) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut state = self.locked();
-        let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
+        let next = state.last_sequence + 1_000_000;
+        let any = self.is(OutboxDefect::OperatorIgnoresState);
+        let Some(m) = state.find(id) else {
             return Ok(false);
         };
-        if m.state() != MessageState::Parked {
+        if m.state() != MessageState::Parked && !any {
             return Ok(false);
         }
-        let keep = self.is(OutboxDefect::RetryKeepsAttempts);
-        let waits = self.is(OutboxDefect::RetryKeepsBackOff);
-        let clears = self.is(OutboxDefect::RetryClearsError);
         *m = edited(m, |p| {
-            p.state = MessageState::Pending;
-            if !keep {
+            p.state = MessageState::Waiting;
+            if !self.is(OutboxDefect::RetryKeepsAttempts) {
                 p.attempts = 0;
             }
-            if !waits {
+            if !self.is(OutboxDefect::RetryKeepsBackOff) {
                 p.available_at = now;
             }
-            if clears {
+            if self.is(OutboxDefect::RetryClearsError) {
                 p.last_error = None;
             }
-        });
-        if self.is(OutboxDefect::RetryRequeues) {
-            let aggregate = m.message().aggregate().to_string();
-            let sequence = next_sequence(&mut state, &aggregate);
-            if let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) {
-                *m = edited(m, |p| {
-                    p.sequence = sequence;
-                    p.enqueued_at = now;
-                });
+            if self.is(OutboxDefect::RetryRequeues) {
+                p.sequence = next;
             }
-        }
+        });
         Ok(true)
     }
 
     async fn drop_message(&self, id: MessageId, reason: &str) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut state = self.locked();
-        let Some(m) = state.messages.iter_mut().find(|m| m.id() == id) else {
+        let any = self.is(OutboxDefect::OperatorIgnoresState);
+        let Some(m) = state.find(id) else {
             return Ok(false);
         };
-        let droppable = matches!(m.state(), MessageState::Pending | MessageState::Parked)
-            || (self.is(OutboxDefect::DropsSent) && m.state() == MessageState::Sent);
-        if !droppable {
+        if m.state() != MessageState::Parked && !any {
             return Ok(false);
         }
-        let resend = self.is(OutboxDefect::DropResends);
-        let forget = self.is(OutboxDefect::DropLosesReason);
         *m = edited(m, |p| {
-            p.state = if resend {
-                MessageState::Pending
-            } else {
-                MessageState::Dropped
-            };
-            if !forget {
+            p.state = MessageState::Dropped;
+            if !self.is(OutboxDefect::DropLosesReason) {
                 p.last_error = Some(reason.to_string());
             }
-            p.lease_until = None;
             p.sent_at = Some(now);
         });
         Ok(true)
     }
 
     async fn message(&self, id: MessageId) -> Result<Option<OutboxMessage>, StoreError> {
-        Ok(self
-            .locked()
+        let state = self.locked();
+        Ok(state
             .messages
             .iter()
             .find(|m| m.id() == id)
-            .cloned())
+            .map(|m| state.shown(m)))
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
-        let limit = if self.is(OutboxDefect::LimitUnchecked) {
-            limit.max(1)
-        } else {
-            validate_outbox_batch(limit)?
-        };
-        let older_than = if self.is(OutboxDefect::PurgeIgnoresAge) {
-            Duration::ZERO
-        } else {
-            older_than
-        };
+        let limit = self.limit(limit)?;
         let cutoff = self.clock.now() - older_than;
+        let old_enough = |at: Timestamp| {
+            self.is(OutboxDefect::PurgeIgnoresAge)
+                || at < cutoff
+                || (at == cutoff && !self.is(OutboxDefect::PurgeStrictlyOlder))
+        };
         let mut state = self.locked();
-        let mut purged = 0;
-        state.messages.retain(|m| {
-            let done = matches!(m.state(), MessageState::Sent | MessageState::Dropped)
-                || self.is(OutboxDefect::PurgesUnsent);
-            let at = if m.state() == MessageState::Dropped
-                && self.is(OutboxDefect::PurgeAgesDropsFromEnqueue)
-            {
-                m.parts().enqueued_at
-            } else {
-                m.parts().sent_at.unwrap_or(m.parts().enqueued_at)
+        let shown: Vec<OutboxMessage> = state.messages.iter().map(|m| state.shown(m)).collect();
+        let mut doomed = Vec::new();
+        for m in &shown {
+            let parts = m.parts();
+            let aged_from = match (m.state(), parts.sent_at) {
+                (MessageState::Dropped, _) if self.is(OutboxDefect::PurgeAgesDropsFromEnqueue) => {
+                    Some(parts.enqueued_at)
+                }
+                (MessageState::Sent | MessageState::Dropped, Some(at)) => Some(at),
+                (MessageState::Sent, None) => Some(parts.enqueued_at),
+                _ if self.is(OutboxDefect::PurgesUnsent) => Some(parts.enqueued_at),
+                _ => None,
             };
-            let old = if self.is(OutboxDefect::PurgeStrictlyOlder) {
-                at < cutoff
-            } else {
-                at <= cutoff
-            };
-            if done && old && purged < limit {
-                purged += 1;
-                false
-            } else {
-                true
+            if aged_from.is_some_and(old_enough) && doomed.len() < limit {
+                doomed.push(m.id());
             }
-        });
-        Ok(purged as u64)
+        }
+        state.messages.retain(|m| !doomed.contains(&m.id()));
+        Ok(doomed.len() as u64)
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         let now = self.clock.now();
         let state = self.locked();
-        let counted = |m: &&OutboxMessage| {
-            m.state() == MessageState::Pending
-                || (self.is(OutboxDefect::StatsMixParked) && m.state() == MessageState::Parked)
-        };
-        let pending: Vec<&OutboxMessage> = state.messages.iter().filter(counted).collect();
-        let parked = state
-            .messages
-            .iter()
-            .filter(|m| m.state() == MessageState::Parked)
-            .count() as u64;
-        let aged = |m: &&OutboxMessage| match m.state() {
-            MessageState::Pending => true,
-            MessageState::Parked => self.is(OutboxDefect::StatsAgeCountsParked),
-            MessageState::Sent => self.is(OutboxDefect::StatsAgeCountsSent),
-            _ => false,
-        };
-        let oldest = state
-            .messages
-            .iter()
-            .filter(aged)
-            .map(|m| m.parts().enqueued_at)
-            .min();
-        Ok(OutboxStats::new(
-            pending.len() as u64,
-            parked,
-            oldest.map(|at| now.saturating_duration_since(at)),
-        ))
+        let mut partitions: Vec<PartitionStats> = (0..state.partitions.len())
+            .map(|i| {
+                let mut stats = PartitionStats::new(i as u32);
+                let partition = state.partitions[i];
+                stats.cursor = partition.cursor;
+                if let Some((holder, until)) = partition.holder.filter(|(_, u)| *u > now)
+                    && !self.is(OutboxDefect::StatsNoHolder)
+                {
+                    stats.holder = Some(holder);
+                    stats.held_until = Some(until);
+                }
+                stats
+            })
+            .collect();
+        for m in state.messages.iter().map(|m| state.shown(m)) {
+            let Some(stats) = partitions.get_mut(m.parts().partition as usize) else {
+                continue;
+            };
+            let pending = matches!(m.state(), MessageState::Pending | MessageState::Waiting);
+            let parked = m.state() == MessageState::Parked;
+            if pending || (parked && self.is(OutboxDefect::StatsMixParked)) {
+                stats.pending += 1;
+            } else if parked {
+                stats.parked += 1;
+            }
+            let aged = pending
+                || (parked && self.is(OutboxDefect::StatsAgeCountsParked))
+                || (m.state() == MessageState::Sent && self.is(OutboxDefect::StatsAgeCountsSent));
+            if aged {
+                let age = now.saturating_duration_since(m.parts().enqueued_at);
+                stats.oldest_pending_age = stats.oldest_pending_age.max(Some(age));
+            }
+        }
+        Ok(OutboxStats::of_partitions(partitions))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -560,25 +708,4 @@ impl OutboxStore for OwnOutbox {
             usize::MAX,
         )
     }
-}
-
-/// The next sequence of `aggregate`, counted.
-fn next_sequence(state: &mut State, aggregate: &str) -> u64 {
-    let last = state.sequences.entry(aggregate.to_string()).or_insert(0);
-    *last += 1;
-    *last
-}
-
-/// Leases the messages at `due` to `owner` until `until`; what it took.
-fn take(state: &mut State, due: &[(usize, Timestamp)], owner: OwnerToken) -> Vec<OutboxMessage> {
-    due.iter()
-        .filter_map(|&(i, until)| {
-            let m = state.messages.get_mut(i)?;
-            *m = edited(m, |p| {
-                p.lease_owner = Some(owner);
-                p.lease_until = Some(until);
-            });
-            Some(m.clone())
-        })
-        .collect()
 }
