@@ -44,6 +44,15 @@ struct Ctx {
     token: String,
 }
 
+impl Ctx {
+    /// The link to `path` of the console (`""`: the summary, which a
+    /// nested router serves at the prefix itself).
+    fn href(&self, path: &str) -> String {
+        let link = format!("{}{path}", self.prefix);
+        if link.is_empty() { "/".into() } else { link }
+    }
+}
+
 impl FromRequestParts<Shared> for Ctx {
     type Rejection = Response;
 
@@ -86,7 +95,7 @@ label{display:block;margin:.4rem 0}textarea,input[type=text]{width:100%;max-widt
 /// A whole page around `body`.
 fn layout(ctx: &Ctx, shared: &Shared, title: &str, body: &str) -> String {
     let p = &ctx.prefix;
-    let mut nav = format!("<a href=\"{p}/\">Summary</a>");
+    let mut nav = format!("<a href=\"{}\">Summary</a>", ctx.href(""));
     if shared.admin.has_outbox() {
         let _ = write!(nav, "<a href=\"{p}/outbox\">Outbox</a>");
     }
@@ -231,7 +240,9 @@ fn summary_body(ctx: &Ctx, summary: &Summary) -> String {
         );
         match &consumer.parked {
             Reading::Read(parked) => {
-                let oldest = parked.oldest_parked_at.map_or("none".into(), ago);
+                let oldest = parked
+                    .oldest_parked_at
+                    .map_or("none".into(), |at| format!("{} ago", ago(at)));
                 let _ = write!(
                     body,
                     "<div class=\"figures\">{}{}</div><p><a href=\"{}/consumers/{}\">parked messages</a></p>",
@@ -260,7 +271,7 @@ fn summary_body(ctx: &Ctx, summary: &Summary) -> String {
                     "<div class=\"figures\">{}{}{}</div><p><a href=\"{}/journals/{}\">operations needing a person</a></p>",
                     figure("unknown outcome", &format!("{}{more}", figures.unknown), figures.unknown > 0),
                     figure("needs review", &format!("{}{more}", figures.needs_review), figures.needs_review > 0),
-                    figure("oldest change", &figures.oldest_change.map_or("none".into(), ago), false),
+                    figure("oldest change", &figures.oldest_change.map_or("none".into(), |at| format!("{} ago", ago(at))), false),
                     ctx.prefix,
                     url_part(&journal.namespace),
                 );
@@ -299,9 +310,9 @@ async fn summary(State(shared): State<Shared>, ctx: Ctx) -> Response {
 /// A page of `error`, with its status, and a way back.
 fn error_page(ctx: &Ctx, shared: &Shared, error: &AdminError, back: &str) -> Response {
     let body = format!(
-        "<section class=\"failed\"><p>{}</p><p><a href=\"{}{back}\">back</a></p></section>",
+        "<section class=\"failed\"><p>{}</p><p><a href=\"{}\">back</a></p></section>",
         Esc(&error.to_string()),
-        ctx.prefix
+        ctx.href(back)
     );
     let title = error.status().canonical_reason().unwrap_or("Error");
     (error.status(), Html(layout(ctx, shared, title, &body))).into_response()
@@ -333,7 +344,7 @@ async fn outbox(
     };
     let listing = match listed {
         Ok(listing) => listing,
-        Err(error) => return error_page(&ctx, &shared, &error, "/"),
+        Err(error) => return error_page(&ctx, &shared, &error, ""),
     };
     let mut body = String::from("<section><table id=\"outbox-parked\"><tr><th>message</th><th>aggregate</th><th>seq</th><th>type</th><th>attempts</th><th>last error</th><th>enqueued</th><th>payload</th><th></th></tr>");
     for message in &listing.items {
@@ -371,7 +382,7 @@ async fn consumer(
     };
     let listing = match listed {
         Ok(listing) => listing,
-        Err(error) => return error_page(&ctx, &shared, &error, "/"),
+        Err(error) => return error_page(&ctx, &shared, &error, ""),
     };
     let mut body = String::from("<section><table id=\"consumer-parked\"><tr><th>message</th><th>type</th><th>aggregate</th><th>version</th><th>deliveries</th><th>reason</th><th>parked</th><th>payload</th><th></th></tr>");
     for entry in &listing.items {
@@ -406,7 +417,7 @@ async fn journal(
 ) -> Response {
     let operations = match shared.admin.attention(&namespace, 200).await {
         Ok(operations) => operations,
-        Err(error) => return error_page(&ctx, &shared, &error, "/"),
+        Err(error) => return error_page(&ctx, &shared, &error, ""),
     };
     let mut body = String::from("<section><table id=\"journal-attention\"><tr><th>operation</th><th>state</th><th>detail</th><th>provider key</th><th>sends</th><th>request</th><th>changed</th><th>settle with the provider's answer</th></tr>");
     for op in &operations {
@@ -506,7 +517,7 @@ async fn record(State(shared): State<Shared>, ctx: Ctx, Form(lookup): Form<Looku
     let wanted = RecordRef::new(&lookup.tenant, &lookup.key);
     match shared.admin.read_record(&ctx.operator, &wanted).await {
         Ok(record) => Html(layout(&ctx, &shared, "Record", &record_body(&ctx, &record))).into_response(),
-        Err(error) => error_page(&ctx, &shared, &error, "/"),
+        Err(error) => error_page(&ctx, &shared, &error, ""),
     }
 }
 
@@ -553,7 +564,7 @@ impl ActForm {
                 format!("/consumers/{}", url_part(&self.consumer))
             }
             Action::JournalSettle => format!("/journals/{}", url_part(&self.namespace)),
-            _ => "/".into(),
+            _ => String::new(),
         }
     }
 
@@ -620,9 +631,8 @@ fn confirm_page(ctx: &Ctx, shared: &Shared, action: Action, form: &ActForm) -> R
     let _ = write!(
         body,
         "<label><input type=\"checkbox\" name=\"confirm\" value=\"yes\" required> I understand this cannot be undone</label>\
-<button type=\"submit\" class=\"danger\">Confirm</button> <a href=\"{}{}\">cancel</a></form></section>",
-        ctx.prefix,
-        form.back(action)
+<button type=\"submit\" class=\"danger\">Confirm</button> <a href=\"{}\">cancel</a></form></section>",
+        ctx.href(&form.back(action))
     );
     Html(layout(ctx, shared, "Confirm", &body)).into_response()
 }
@@ -642,11 +652,11 @@ fn done_page(ctx: &Ctx, shared: &Shared, done: &Done, back: &str) -> Response {
         .as_deref()
         .map_or(String::new(), |d| format!("<p>{}</p>", Esc(d)));
     let body = format!(
-        "<section class=\"done\" id=\"done\" data-changed=\"{}\" data-state=\"{}\"><p>{}</p>{detail}<p><a href=\"{}{back}\">back</a></p></section>",
+        "<section class=\"done\" id=\"done\" data-changed=\"{}\" data-state=\"{}\"><p>{}</p>{detail}<p><a href=\"{}\">back</a></p></section>",
         done.changed,
         Esc(&done.state),
         Esc(&what),
-        ctx.prefix
+        ctx.href(back)
     );
     Html(layout(ctx, shared, "Done", &body)).into_response()
 }
@@ -660,7 +670,7 @@ async fn act(State(shared): State<Shared>, ctx: Ctx, Form(form): Form<ActForm>) 
             field: "action",
             reason: "not an action of the console".into(),
         });
-        return error_page(&ctx, &shared, &error, "/");
+        return error_page(&ctx, &shared, &error, "");
     };
     if action.is_final() && form.confirm != "yes" {
         return confirm_page(&ctx, &shared, action, &form);

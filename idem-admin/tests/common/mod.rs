@@ -55,6 +55,16 @@ pub async fn serve(admin: Admin) -> String {
     let console = admin.authorize(check).router();
     let app = axum::Router::new()
         .route("/", axum::routing::get(|| async { "the service" }))
+        // The service's own sign-in, as a browser meets it: a session cookie.
+        .route(
+            "/sign-in",
+            axum::routing::get(|| async {
+                (
+                    [(http::header::SET_COOKIE, format!("{COOKIE}; Path=/; HttpOnly; SameSite=Strict"))],
+                    "signed in",
+                )
+            }),
+        )
         .nest("/admin", console);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
