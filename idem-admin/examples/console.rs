@@ -54,16 +54,44 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (inbox, parking) = (MemoryStore::new(), Arc::new(MemoryParking::new()));
     let shop = Shop::new(inbox.clone());
     let shipping = Consumer::new("shipping", Arc::new(inbox), parking.clone(), shop.clone())?;
-    stuck::parked_message(&*parking, "shipping", "msg-1001", "order-17", "ship order-17").await;
-    stuck::parked_message(&*parking, "shipping", "msg-1002", "order-18", "ship order-18").await;
+    stuck::parked_message(
+        &*parking,
+        "shipping",
+        "msg-1001",
+        "order-17",
+        "ship order-17",
+    )
+    .await;
+    stuck::parked_message(
+        &*parking,
+        "shipping",
+        "msg-1002",
+        "order-18",
+        "ship order-18",
+    )
+    .await;
     // Its handler still refuses this one: a replay parks it again.
     shop.fail("msg-1002", u32::MAX);
 
     let journal = Arc::new(MemoryJournal::new());
     let unknown = OperationState::Unknown;
-    stuck::operation(&*journal, "billing", "order-17", unknown, "timed out after 30s").await;
+    stuck::operation(
+        &*journal,
+        "billing",
+        "order-17",
+        unknown,
+        "timed out after 30s",
+    )
+    .await;
     let review = OperationState::NeedsReview;
-    stuck::operation(&*journal, "billing", "order-19", review, "no charge found under the key").await;
+    stuck::operation(
+        &*journal,
+        "billing",
+        "order-19",
+        review,
+        "no charge found under the key",
+    )
+    .await;
 
     let console = Admin::new()
         .records(records)
@@ -77,7 +105,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::var("IDEM_CONSOLE_ADDR").unwrap_or_else(|_| "127.0.0.1:0".into());
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!("console: http://{}/admin", listener.local_addr()?);
-    println!("stuck: 3 parked outbox messages (2 pending), 2 parked messages of consumer shipping, 2 billing operations needing a person, a record acme/checkout-7f3a");
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    println!(
+        "stuck: 3 parked outbox messages (2 pending), 2 parked messages of consumer shipping, 2 billing operations needing a person, a record acme/checkout-7f3a"
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }

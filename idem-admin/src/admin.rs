@@ -310,9 +310,11 @@ impl Admin {
     }
 
     fn journal_part(&self, namespace: &str) -> Result<&JournalPart, AdminError> {
-        self.journals.get(namespace).ok_or_else(|| AdminError::Absent {
-            part: format!("journal {namespace:?}"),
-        })
+        self.journals
+            .get(namespace)
+            .ok_or_else(|| AdminError::Absent {
+                part: format!("journal {namespace:?}"),
+            })
     }
 
     /// Every part's figures; a part whose store fails says so.
@@ -418,7 +420,10 @@ impl Admin {
     /// # Errors
     ///
     /// As [`outbox_summary`](Self::outbox_summary).
-    pub async fn outbox_parked(&self, page: Page) -> Result<Listing<OutboxMessageView>, AdminError> {
+    pub async fn outbox_parked(
+        &self,
+        page: Page,
+    ) -> Result<Listing<OutboxMessageView>, AdminError> {
         self.outbox_part()?.parked(page).await
     }
 
@@ -460,7 +465,9 @@ impl Admin {
         let hash = idem_core::redacted(id);
         let run = async {
             let reason = self::reason("reason", reason)?;
-            self.outbox_part()?.drop_message(message_id(id)?, &reason).await
+            self.outbox_part()?
+                .drop_message(message_id(id)?, &reason)
+                .await
         };
         traced(Action::OutboxDrop, operator, &hash, Some(reason), run, done).await
     }
@@ -516,9 +523,19 @@ impl Admin {
         let run = async {
             let reason = self::reason("reason", reason)?;
             let id = IdempotencyKey::new(id)?;
-            self.consumer_part(consumer)?.drop_parked(&id, &reason).await
+            self.consumer_part(consumer)?
+                .drop_parked(&id, &reason)
+                .await
         };
-        traced(Action::ConsumerDrop, operator, &hash, Some(reason), run, done).await
+        traced(
+            Action::ConsumerDrop,
+            operator,
+            &hash,
+            Some(reason),
+            run,
+            done,
+        )
+        .await
     }
 
     /// The operations of the journal `namespace` whose outcome is unknown

@@ -45,16 +45,16 @@ fn unreadable(status: http::StatusCode, detail: String) -> Response {
 }
 
 /// A body's JSON, or the problem of why it is not.
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Response> {
+fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Box<Response>> {
     body.map(|Json(value)| value)
-        .map_err(|rejection| unreadable(rejection.status(), rejection.body_text()))
+        .map_err(|rejection| Box::new(unreadable(rejection.status(), rejection.body_text())))
 }
 
 /// A query's parameters, or the problem of why they are not.
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Response> {
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Box<Response>> {
     query
         .map(|Query(value)| value)
-        .map_err(|rejection| unreadable(rejection.status(), rejection.body_text()))
+        .map_err(|rejection| Box::new(unreadable(rejection.status(), rejection.body_text())))
 }
 
 /// The answer of a call: its JSON, or its problem.
@@ -76,7 +76,7 @@ async fn read_record(
 ) -> Response {
     match body(record) {
         Ok(record) => answer(shared.admin.read_record(&operator, &record).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -87,7 +87,7 @@ async fn delete_record(
 ) -> Response {
     match body(record) {
         Ok(record) => answer(shared.admin.delete_record(&operator, &record).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -101,7 +101,7 @@ async fn outbox_parked(
 ) -> Response {
     match query(page) {
         Ok(page) => answer(shared.admin.outbox_parked(page).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -131,7 +131,7 @@ async fn outbox_drop(
 ) -> Response {
     match body(reason) {
         Ok(Reason { reason }) => answer(shared.admin.drop_outbox(&operator, &id, &reason).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -142,7 +142,7 @@ async fn consumer_parked(
 ) -> Response {
     match query(page) {
         Ok(page) => answer(shared.admin.consumer_parked(&name, page).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -162,7 +162,7 @@ async fn consumer_replay(
 ) -> Response {
     match body(parked) {
         Ok(parked) => answer(shared.admin.replay(&operator, &name, &parked.id).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -182,7 +182,7 @@ async fn consumer_drop(
                     .await,
             )
         }
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -204,7 +204,7 @@ async fn attention(
 ) -> Response {
     match query(limit) {
         Ok(Limit { limit }) => answer(shared.admin.attention(&namespace, limit).await),
-        Err(problem) => problem,
+        Err(problem) => *problem,
     }
 }
 
@@ -215,7 +215,12 @@ async fn settle(
     settlement: Result<Json<Settlement>, JsonRejection>,
 ) -> Response {
     match body(settlement) {
-        Ok(settlement) => answer(shared.admin.settle(&operator, &namespace, &settlement).await),
-        Err(problem) => problem,
+        Ok(settlement) => answer(
+            shared
+                .admin
+                .settle(&operator, &namespace, &settlement)
+                .await,
+        ),
+        Err(problem) => *problem,
     }
 }

@@ -6,7 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use idem_consumer::{Consumed, Consumer, ConsumerError, Handler};
-use idem_core::store::{ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution, Timestamp};
+use idem_core::store::{
+    ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution, Timestamp,
+};
 use idem_core::{IdempotencyKey, InvalidInput, Scope, StoreError, Tenant, async_trait};
 use serde::Serialize;
 
@@ -150,7 +152,10 @@ impl ConsumerParking {
     /// assert!(parked.replays());
     /// # Ok::<(), idem_core::InvalidInput>(())
     /// ```
-    pub fn with_consumer<H: Handler>(consumer: &Consumer<H>, parking: Arc<dyn ParkingStore>) -> Self {
+    pub fn with_consumer<H: Handler>(
+        consumer: &Consumer<H>,
+        parking: Arc<dyn ParkingStore>,
+    ) -> Self {
         Self {
             name: consumer.name().clone(),
             parking,
@@ -182,14 +187,22 @@ impl ConsumerParking {
     /// The oldest parked entry, if any.
     pub(crate) async fn oldest(&self) -> Result<Option<ParkedView>, AdminError> {
         let query = ParkedQuery::new(self.name.clone()).limit(1);
-        let listed = self.parking.parked(&query).await.map_err(AdminError::store(PART))?;
+        let listed = self
+            .parking
+            .parked(&query)
+            .await
+            .map_err(AdminError::store(PART))?;
         Ok(listed.first().map(ParkedView::of))
     }
 
     pub(crate) async fn parked(&self, page: Page) -> Result<Listing<ParkedView>, AdminError> {
         let total = self.count().await?;
         let query = ParkedQuery::new(self.name.clone()).limit(page.reach());
-        let listed = self.parking.parked(&query).await.map_err(AdminError::store(PART))?;
+        let listed = self
+            .parking
+            .parked(&query)
+            .await
+            .map_err(AdminError::store(PART))?;
         Ok(page.of(listed.iter().map(ParkedView::of).collect(), total))
     }
 

@@ -125,8 +125,8 @@ impl AdminError {
 
     /// The RFC 9457 problem the JSON API answers.
     pub fn problem(&self) -> ProblemDetails {
-        let problem =
-            ProblemDetails::new(self.status(), self.to_string()).with_extension("error", self.kind());
+        let problem = ProblemDetails::new(self.status(), self.to_string())
+            .with_extension("error", self.kind());
         match self.retry_after() {
             Some(wait) => problem.with_retry_after(wait),
             None => problem,

@@ -67,14 +67,23 @@ pub(crate) fn bar_chart(title: &str, bars: &[(String, u64)]) -> String {
     const ROW: u64 = 26;
     let plot = WIDTH - LABEL - 60;
     let height = ROW * bars.len().max(1) as u64 + 10;
-    let largest = bars.iter().map(|(_, value)| *value).max().unwrap_or(0).max(1);
+    let largest = bars
+        .iter()
+        .map(|(_, value)| *value)
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let mut svg = format!(
         "<svg class=\"chart\" role=\"img\" aria-label=\"{title}\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" xmlns=\"http://www.w3.org/2000/svg\"><title>{title}</title>",
         title = Esc(title)
     );
     for (row, (label, value)) in bars.iter().enumerate() {
         let y = row as u64 * ROW + 5;
-        let width = if *value == 0 { 0 } else { (value * plot / largest).max(2) };
+        let width = if *value == 0 {
+            0
+        } else {
+            (value * plot / largest).max(2)
+        };
         let _ = write!(
             svg,
             "<g class=\"bar\" data-label=\"{label}\" data-value=\"{value}\"><text x=\"{lx}\" y=\"{ty}\" text-anchor=\"end\" font-size=\"12\">{label}</text><rect x=\"{LABEL}\" y=\"{y}\" width=\"{width}\" height=\"18\" fill=\"{fill}\"><title>{label}: {value}</title></rect><text x=\"{vx}\" y=\"{ty}\" font-size=\"12\">{value}</text></g>",
@@ -114,12 +123,22 @@ mod tests {
     fn each_figure_is_a_bar_scaled_to_the_largest() {
         let svg = bar_chart(
             "backlog",
-            &[("a<b".to_string(), 10), ("c".to_string(), 5), ("d".to_string(), 0)],
+            &[
+                ("a<b".to_string(), 10),
+                ("c".to_string(), 5),
+                ("d".to_string(), 0),
+            ],
         );
         assert_eq!(svg.matches("<rect").count(), 3);
         assert!(svg.contains("data-label=\"a&lt;b\" data-value=\"10\""));
-        assert!(svg.contains("width=\"290\""), "the largest spans the plot: {svg}");
-        assert!(svg.contains("width=\"145\""), "half the largest, half the plot");
+        assert!(
+            svg.contains("width=\"290\""),
+            "the largest spans the plot: {svg}"
+        );
+        assert!(
+            svg.contains("width=\"145\""),
+            "half the largest, half the plot"
+        );
     }
 
     #[test]

@@ -235,7 +235,12 @@ impl JournalPart {
         let wanted = settlement.outcome.state();
         let settled = self
             .journal
-            .settle(&id, wanted, settlement.provider_id.clone(), &settlement.note)
+            .settle(
+                &id,
+                wanted,
+                settlement.provider_id.clone(),
+                &settlement.note,
+            )
             .await;
         match settled {
             Ok(record) => Ok(Done::new(
@@ -247,7 +252,12 @@ impl JournalPart {
             Err(JournalError::Settled { state, .. }) if state == wanted => {
                 let record = self.journal.get(&id).await.map_err(journal_error)?;
                 let detail = record.and_then(|record| record.parts().detail.clone());
-                Ok(Done::new(Action::JournalSettle, false, state.as_str(), detail))
+                Ok(Done::new(
+                    Action::JournalSettle,
+                    false,
+                    state.as_str(),
+                    detail,
+                ))
             }
             Err(error) => Err(journal_error(error)),
         }
@@ -259,9 +269,10 @@ fn journal_error(error: JournalError) -> AdminError {
         JournalError::NotFound(_) => AdminError::NotFound {
             what: "operation".into(),
         },
-        JournalError::Settled { state, .. } => {
-            AdminError::Conflict(format!("the operation is settled as {} already", state.as_str()))
-        }
+        JournalError::Settled { state, .. } => AdminError::Conflict(format!(
+            "the operation is settled as {} already",
+            state.as_str()
+        )),
         JournalError::Busy { retry_after, .. } => AdminError::Busy {
             detail: "an executor holds the operation (a send may be in flight)".into(),
             retry_after,

@@ -96,7 +96,11 @@ impl OutboxMessageView {
     /// How long ago it was enqueued, by this process's clock, in
     /// milliseconds.
     pub fn age_ms(&self) -> u64 {
-        millis(SystemClock.now().saturating_duration_since(self.enqueued_at))
+        millis(
+            SystemClock
+                .now()
+                .saturating_duration_since(self.enqueued_at),
+        )
     }
 }
 
@@ -149,7 +153,9 @@ impl OutboxPart {
     }
 
     pub(crate) async fn message(&self, id: MessageId) -> Result<OutboxMessageView, AdminError> {
-        self.stored(id).await.map(|message| OutboxMessageView::of(&message))
+        self.stored(id)
+            .await
+            .map(|message| OutboxMessageView::of(&message))
     }
 
     async fn stored(&self, id: MessageId) -> Result<OutboxMessage, AdminError> {
@@ -165,7 +171,12 @@ impl OutboxPart {
     /// Makes a parked message pending again; a repeat answers the state
     /// the first left.
     pub(crate) async fn retry(&self, id: MessageId) -> Result<Done, AdminError> {
-        if self.store.retry(id).await.map_err(AdminError::store(PART))? {
+        if self
+            .store
+            .retry(id)
+            .await
+            .map_err(AdminError::store(PART))?
+        {
             return Ok(Done::new(Action::OutboxRetry, true, "pending", None));
         }
         let message = self.stored(id).await?;
@@ -181,7 +192,11 @@ impl OutboxPart {
 
     /// Drops a pending or parked message with `reason`; a repeat answers
     /// the drop the first made.
-    pub(crate) async fn drop_message(&self, id: MessageId, reason: &str) -> Result<Done, AdminError> {
+    pub(crate) async fn drop_message(
+        &self,
+        id: MessageId,
+        reason: &str,
+    ) -> Result<Done, AdminError> {
         let dropped = self
             .store
             .drop_message(id, reason)

@@ -164,7 +164,11 @@ fn failed(error: &str) -> String {
 fn paging<T>(ctx: &Ctx, path: &str, listing: &Listing<T>) -> String {
     let mut nav = format!(
         "<p class=\"paging\">{} to {} of {}",
-        if listing.items.is_empty() { 0 } else { listing.offset + 1 },
+        if listing.items.is_empty() {
+            0
+        } else {
+            listing.offset + 1
+        },
         listing.offset + listing.items.len(),
         listing.total
     );
@@ -205,7 +209,9 @@ fn summary_body(ctx: &Ctx, summary: &Summary) -> String {
                 if outbox.partitions.is_empty() {
                     bars.push(("outbox pending".into(), outbox.pending));
                 } else {
-                    body.push_str("<table><tr><th>partition</th><th>pending</th><th>oldest pending</th></tr>");
+                    body.push_str(
+                        "<table><tr><th>partition</th><th>pending</th><th>oldest pending</th></tr>",
+                    );
                     for partition in &outbox.partitions {
                         let _ = write!(
                             body,
@@ -269,13 +275,30 @@ fn summary_body(ctx: &Ctx, summary: &Summary) -> String {
                 let _ = write!(
                     body,
                     "<div class=\"figures\">{}{}{}</div><p><a href=\"{}/journals/{}\">operations needing a person</a></p>",
-                    figure("unknown outcome", &format!("{}{more}", figures.unknown), figures.unknown > 0),
-                    figure("needs review", &format!("{}{more}", figures.needs_review), figures.needs_review > 0),
-                    figure("oldest change", &figures.oldest_change.map_or("none".into(), |at| format!("{} ago", ago(at))), false),
+                    figure(
+                        "unknown outcome",
+                        &format!("{}{more}", figures.unknown),
+                        figures.unknown > 0
+                    ),
+                    figure(
+                        "needs review",
+                        &format!("{}{more}", figures.needs_review),
+                        figures.needs_review > 0
+                    ),
+                    figure(
+                        "oldest change",
+                        &figures
+                            .oldest_change
+                            .map_or("none".into(), |at| format!("{} ago", ago(at))),
+                        false
+                    ),
                     ctx.prefix,
                     url_part(&journal.namespace),
                 );
-                bars.push((format!("{} unknown", journal.namespace), figures.unknown as u64));
+                bars.push((
+                    format!("{} unknown", journal.namespace),
+                    figures.unknown as u64,
+                ));
                 bars.push((
                     format!("{} review", journal.namespace),
                     figures.needs_review as u64,
@@ -304,7 +327,13 @@ fn summary_body(ctx: &Ctx, summary: &Summary) -> String {
 
 async fn summary(State(shared): State<Shared>, ctx: Ctx) -> Response {
     let summary = shared.admin.summary().await;
-    Html(layout(&ctx, &shared, "Summary", &summary_body(&ctx, &summary))).into_response()
+    Html(layout(
+        &ctx,
+        &shared,
+        "Summary",
+        &summary_body(&ctx, &summary),
+    ))
+    .into_response()
 }
 
 /// A page of `error`, with its status, and a way back.
@@ -346,7 +375,9 @@ async fn outbox(
         Ok(listing) => listing,
         Err(error) => return error_page(&ctx, &shared, &error, ""),
     };
-    let mut body = String::from("<section><table id=\"outbox-parked\"><tr><th>message</th><th>aggregate</th><th>seq</th><th>type</th><th>attempts</th><th>last error</th><th>enqueued</th><th>payload</th><th></th></tr>");
+    let mut body = String::from(
+        "<section><table id=\"outbox-parked\"><tr><th>message</th><th>aggregate</th><th>seq</th><th>type</th><th>attempts</th><th>last error</th><th>enqueued</th><th>payload</th><th></th></tr>",
+    );
     for message in &listing.items {
         let fields = [("id", message.id.as_str())];
         let _ = write!(
@@ -384,7 +415,9 @@ async fn consumer(
         Ok(listing) => listing,
         Err(error) => return error_page(&ctx, &shared, &error, ""),
     };
-    let mut body = String::from("<section><table id=\"consumer-parked\"><tr><th>message</th><th>type</th><th>aggregate</th><th>version</th><th>deliveries</th><th>reason</th><th>parked</th><th>payload</th><th></th></tr>");
+    let mut body = String::from(
+        "<section><table id=\"consumer-parked\"><tr><th>message</th><th>type</th><th>aggregate</th><th>version</th><th>deliveries</th><th>reason</th><th>parked</th><th>payload</th><th></th></tr>",
+    );
     for entry in &listing.items {
         let fields = [("consumer", name.as_str()), ("id", entry.id.as_str())];
         let _ = write!(
@@ -419,7 +452,9 @@ async fn journal(
         Ok(operations) => operations,
         Err(error) => return error_page(&ctx, &shared, &error, ""),
     };
-    let mut body = String::from("<section><table id=\"journal-attention\"><tr><th>operation</th><th>state</th><th>detail</th><th>provider key</th><th>sends</th><th>request</th><th>changed</th><th>settle with the provider's answer</th></tr>");
+    let mut body = String::from(
+        "<section><table id=\"journal-attention\"><tr><th>operation</th><th>state</th><th>detail</th><th>provider key</th><th>sends</th><th>request</th><th>changed</th><th>settle with the provider's answer</th></tr>",
+    );
     for op in &operations {
         let _ = write!(
             body,
@@ -485,7 +520,9 @@ fn record_body(ctx: &Ctx, record: &Record) -> String {
         age(u64::try_from(
             record
                 .retained_until()
-                .saturating_duration_since(idem_core::store::Clock::now(&idem_core::store::SystemClock))
+                .saturating_duration_since(idem_core::store::Clock::now(
+                    &idem_core::store::SystemClock
+                ))
                 .as_millis()
         )
         .unwrap_or(u64::MAX)),
@@ -516,7 +553,9 @@ async fn record(State(shared): State<Shared>, ctx: Ctx, Form(lookup): Form<Looku
     }
     let wanted = RecordRef::new(&lookup.tenant, &lookup.key);
     match shared.admin.read_record(&ctx.operator, &wanted).await {
-        Ok(record) => Html(layout(&ctx, &shared, "Record", &record_body(&ctx, &record))).into_response(),
+        Ok(record) => {
+            Html(layout(&ctx, &shared, "Record", &record_body(&ctx, &record))).into_response()
+        }
         Err(error) => error_page(&ctx, &shared, &error, ""),
     }
 }
@@ -572,15 +611,24 @@ impl ActForm {
     fn describe(&self, action: Action) -> (String, Vec<(&'static str, &str)>) {
         match action {
             Action::OutboxDrop => (
-                format!("Drop outbox message {}: it is never published, and its aggregate's later messages flow again.", self.id),
+                format!(
+                    "Drop outbox message {}: it is never published, and its aggregate's later messages flow again.",
+                    self.id
+                ),
                 vec![("id", &self.id)],
             ),
             Action::ConsumerDrop => (
-                format!("Drop message {} parked by consumer {}: it is never applied.", self.id, self.consumer),
+                format!(
+                    "Drop message {} parked by consumer {}: it is never applied.",
+                    self.id, self.consumer
+                ),
                 vec![("consumer", &self.consumer), ("id", &self.id)],
             ),
             Action::RecordDelete => (
-                format!("Delete the record of key {} in tenant {}: the next request with this key runs again.", self.key, self.tenant),
+                format!(
+                    "Delete the record of key {} in tenant {}: the next request with this key runs again.",
+                    self.key, self.tenant
+                ),
                 vec![("tenant", &self.tenant), ("key", &self.key)],
             ),
             _ => (
@@ -590,7 +638,11 @@ impl ActForm {
                     self.effect,
                     self.namespace,
                     self.outcome,
-                    if self.provider_id.is_empty() { String::new() } else { format!(" (provider's id {})", self.provider_id) },
+                    if self.provider_id.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (provider's id {})", self.provider_id)
+                    },
                     self.note
                 ),
                 vec![
@@ -696,10 +748,12 @@ async fn act(State(shared): State<Shared>, ctx: Ctx, Form(form): Form<ActForm>) 
                     .with_provider_id(Some(form.provider_id.clone()));
                 admin.settle(operator, &form.namespace, &settlement).await
             }
-            None => Err(AdminError::InvalidInput(idem_core::InvalidInput::Malformed {
-                field: "outcome",
-                reason: "succeeded or failed".into(),
-            })),
+            None => Err(AdminError::InvalidInput(
+                idem_core::InvalidInput::Malformed {
+                    field: "outcome",
+                    reason: "succeeded or failed".into(),
+                },
+            )),
         },
     };
     let back = form.back(action);

@@ -37,6 +37,12 @@ use crate::shared::{Guard, Shared};
 /// let app: axum::Router = axum::Router::new().nest("/admin", console);
 /// # let _ = app;
 /// ```
+///
+/// Without the check there is no router:
+///
+/// ```compile_fail
+/// let open: axum::Router = idem_admin::Admin::new().router();
+/// ```
 pub struct Console {
     admin: Admin,
     guard: Guard,

@@ -5,13 +5,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, header};
 use idem_core::InvalidInput;
-use idem_core::store::validate_name;
+use idem_core::store::{Clock, SystemClock, validate_name};
 
 /// The operator an authorization check let in, as the service's check
 /// names them (a user name, an e-mail, a service account): every action is
@@ -194,9 +194,7 @@ impl CsrfKey {
 }
 
 fn unix_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs())
+    u64::try_from(SystemClock.now().as_unix_millis() / 1_000).unwrap_or(0)
 }
 
 /// Whether a method changes anything (and so must come from the console's
@@ -210,13 +208,13 @@ pub(crate) fn is_unsafe(method: &Method) -> bool {
 /// (a script, `curl`) is let through: only browsers send ambient
 /// credentials across sites, and they send these headers.
 pub(crate) fn cross_site(headers: &HeaderMap, trusted: &[String]) -> Option<String> {
-    if let Some(site) = headers.get("sec-fetch-site") {
-        if !matches!(site.as_bytes(), b"same-origin" | b"none") {
-            return Some(format!(
-                "a {} request (Sec-Fetch-Site) is refused",
-                String::from_utf8_lossy(site.as_bytes())
-            ));
-        }
+    if let Some(site) = headers.get("sec-fetch-site")
+        && !matches!(site.as_bytes(), b"same-origin" | b"none")
+    {
+        return Some(format!(
+            "a {} request (Sec-Fetch-Site) is refused",
+            String::from_utf8_lossy(site.as_bytes())
+        ));
     }
     let origin = headers.get(header::ORIGIN)?;
     let origin = origin.to_str().unwrap_or("null");
@@ -283,6 +281,9 @@ mod tests {
         assert!(cross_site(&headers(&null), &[]).is_some());
         let proxied = [("origin", "https://ops.example.com"), ("host", "10.0.0.1")];
         assert!(cross_site(&headers(&proxied), &trusted).is_none());
-        assert!(cross_site(&headers(&[]), &[]).is_none(), "a script sends neither");
+        assert!(
+            cross_site(&headers(&[]), &[]).is_none(),
+            "a script sends neither"
+        );
     }
 }

@@ -96,7 +96,11 @@ impl Page {
     /// The page of `listed` (the first [`reach`](Self::reach) items) out of
     /// `total`.
     pub(crate) fn of<T>(&self, listed: Vec<T>, total: u64) -> Listing<T> {
-        let items: Vec<T> = listed.into_iter().skip(self.offset).take(self.limit).collect();
+        let items: Vec<T> = listed
+            .into_iter()
+            .skip(self.offset)
+            .take(self.limit)
+            .collect();
         let more = (self.reach() as u64) < total && self.reach() < MAX_OUTBOX_BATCH;
         Listing {
             items,

@@ -66,7 +66,10 @@ async fn records(api: &Api, stores: &Stores, built: &Built) {
     let idem = Idempotency::new(stores.records.clone().unwrap());
     stuck::completed_record(&idem, &built.tenant, "pay-1", "order placed").await;
     let read = api
-        .post("/api/records/read", json!({"tenant": built.tenant, "key": "pay-1"}))
+        .post(
+            "/api/records/read",
+            json!({"tenant": built.tenant, "key": "pay-1"}),
+        )
         .await;
     assert_eq!(read.status, 200, "{read:?}");
     assert_eq!(read.json["state"], "completed");
@@ -74,16 +77,29 @@ async fn records(api: &Api, stores: &Stores, built: &Built) {
     assert_eq!(read.json["response"]["status"], 201);
 
     let unknown = json!({"tenant": built.tenant, "key": "never-used"});
-    api.post("/api/records/read", unknown).await.assert_problem(404, "not_found");
+    api.post("/api/records/read", unknown)
+        .await
+        .assert_problem(404, "not_found");
     let bad = json!({"tenant": built.tenant, "key": ""});
-    api.post("/api/records/read", bad).await.assert_problem(400, "invalid_input");
+    api.post("/api/records/read", bad)
+        .await
+        .assert_problem(400, "invalid_input");
 
     let target = json!({"tenant": built.tenant, "key": "pay-1"});
-    api.post("/api/records/delete", target.clone()).await.assert_done(true, "deleted");
-    api.post("/api/records/delete", target.clone()).await.assert_done(false, "absent");
-    api.post("/api/records/read", target).await.assert_problem(404, "not_found");
+    api.post("/api/records/delete", target.clone())
+        .await
+        .assert_done(true, "deleted");
+    api.post("/api/records/delete", target.clone())
+        .await
+        .assert_done(false, "absent");
+    api.post("/api/records/read", target)
+        .await
+        .assert_problem(404, "not_found");
     let scope = idem_core::Scope::parse(&built.tenant, "pay-1").unwrap();
-    assert!(idem.get(&scope).await.unwrap().is_none(), "the store still has the record");
+    assert!(
+        idem.get(&scope).await.unwrap().is_none(),
+        "the store still has the record"
+    );
 }
 
 async fn outbox(api: &Api, stores: &Stores) {
@@ -95,7 +111,10 @@ async fn outbox(api: &Api, stores: &Stores) {
     assert_eq!(summary.status, 200, "{summary:?}");
     assert_eq!(summary.json["parked"], 3);
     assert_eq!(summary.json["pending"], 1);
-    assert!(summary.json["oldest_pending_age_ms"].is_u64(), "{summary:?}");
+    assert!(
+        summary.json["oldest_pending_age_ms"].is_u64(),
+        "{summary:?}"
+    );
     assert!(summary.json["partitions"].is_array(), "{summary:?}");
 
     let first = api.get("/api/outbox/parked?limit=2").await;
@@ -103,7 +122,10 @@ async fn outbox(api: &Api, stores: &Stores) {
     assert_eq!(first.json["total"], 3);
     assert_eq!(first.json["next_offset"], 2);
     let second = api.get("/api/outbox/parked?offset=2&limit=2").await;
-    assert_eq!(second.json["items"][0]["last_error"], "broker refused: no route");
+    assert_eq!(
+        second.json["items"][0]["last_error"],
+        "broker refused: no route"
+    );
     assert!(second.json["next_offset"].is_null(), "{second:?}");
     let mut ids: Vec<_> = [&first, &second]
         .iter()
@@ -114,35 +136,62 @@ async fn outbox(api: &Api, stores: &Stores) {
     let mut want: Vec<_> = parked.iter().map(ToString::to_string).collect();
     want.sort();
     assert_eq!(ids, want, "the two pages hold every parked message once");
-    api.get("/api/outbox/parked?offset=999&limit=2").await.assert_problem(400, "invalid_input");
+    api.get("/api/outbox/parked?offset=999&limit=2")
+        .await
+        .assert_problem(400, "invalid_input");
 
     let retry = format!("/api/outbox/messages/{}/retry", parked[0]);
-    api.post(&retry, json!({})).await.assert_done(true, "pending");
-    api.post(&retry, json!({})).await.assert_done(false, "pending");
-    assert_eq!(stuck::outbox_state(&*store, parked[0]).await.0, MessageState::Pending);
+    api.post(&retry, json!({}))
+        .await
+        .assert_done(true, "pending");
+    api.post(&retry, json!({}))
+        .await
+        .assert_done(false, "pending");
+    assert_eq!(
+        stuck::outbox_state(&*store, parked[0]).await.0,
+        MessageState::Pending
+    );
 
     let drop = format!("/api/outbox/messages/{}/drop", parked[1]);
-    api.post(&drop, json!({"reason": ""})).await.assert_problem(400, "invalid_input");
-    assert_eq!(stuck::outbox_state(&*store, parked[1]).await.0, MessageState::Parked);
+    api.post(&drop, json!({"reason": ""}))
+        .await
+        .assert_problem(400, "invalid_input");
+    assert_eq!(
+        stuck::outbox_state(&*store, parked[1]).await.0,
+        MessageState::Parked
+    );
     let first_drop = api.post(&drop, json!({"reason": "refunded by hand"})).await;
     first_drop.assert_done(true, "dropped");
     let again = api.post(&drop, json!({"reason": "another reason"})).await;
     again.assert_done(false, "dropped");
-    assert_eq!(again.json["detail"], "refunded by hand", "the repeat answers the first drop");
+    assert_eq!(
+        again.json["detail"], "refunded by hand",
+        "the repeat answers the first drop"
+    );
     assert_eq!(
         stuck::outbox_state(&*store, parked[1]).await,
         (MessageState::Dropped, Some("refunded by hand".to_string()))
     );
     let retry_dropped = format!("/api/outbox/messages/{}/retry", parked[1]);
-    api.post(&retry_dropped, json!({})).await.assert_problem(409, "conflict");
+    api.post(&retry_dropped, json!({}))
+        .await
+        .assert_problem(409, "conflict");
 
-    let one = api.get(&format!("/api/outbox/messages/{}", parked[2])).await;
+    let one = api
+        .get(&format!("/api/outbox/messages/{}", parked[2]))
+        .await;
     assert_eq!(one.json["state"], "parked", "{one:?}");
     assert_eq!(one.json["payload"]["data"], "{\"order\":\"order-3\"}");
     let nobody = uuid::Uuid::new_v4();
-    api.get(&format!("/api/outbox/messages/{nobody}")).await.assert_problem(404, "not_found");
-    api.post(&format!("/api/outbox/messages/{nobody}/retry"), json!({})).await.assert_problem(404, "not_found");
-    api.post("/api/outbox/messages/not-a-uuid/retry", json!({})).await.assert_problem(400, "invalid_input");
+    api.get(&format!("/api/outbox/messages/{nobody}"))
+        .await
+        .assert_problem(404, "not_found");
+    api.post(&format!("/api/outbox/messages/{nobody}/retry"), json!({}))
+        .await
+        .assert_problem(404, "not_found");
+    api.post("/api/outbox/messages/not-a-uuid/retry", json!({}))
+        .await
+        .assert_problem(400, "invalid_input");
 }
 
 async fn consumers(api: &Api, stores: &Stores, built: &Built) {
@@ -155,65 +204,140 @@ async fn consumers(api: &Api, stores: &Stores, built: &Built) {
     assert_eq!(listed.status, 200, "{listed:?}");
     assert_eq!(listed.json["total"], 2);
     assert_eq!(listed.json["items"][0]["id"], "m-1");
-    assert_eq!(listed.json["items"][0]["reason"], "no carrier ships a lost order");
+    assert_eq!(
+        listed.json["items"][0]["reason"],
+        "no carrier ships a lost order"
+    );
 
     let replay = format!("/api/consumers/{name}/replay");
     let replayed = api.post(&replay, json!({"id": "m-1"})).await;
     replayed.assert_done(true, "replayed");
     assert_eq!(replayed.json["detail"], "applied");
-    api.post(&replay, json!({"id": "m-1"})).await.assert_done(false, "replayed");
-    assert_eq!(shop.effects().await, ["shipped order-1"], "the handler ran once");
+    api.post(&replay, json!({"id": "m-1"}))
+        .await
+        .assert_done(false, "replayed");
+    assert_eq!(
+        shop.effects().await,
+        ["shipped order-1"],
+        "the handler ran once"
+    );
 
     let drop = format!("/api/consumers/{name}/drop");
-    api.post(&drop, json!({"id": "m-2"})).await.assert_problem(400, "invalid_input");
-    api.post(&drop, json!({"id": "m-2", "reason": "order cancelled"})).await.assert_done(true, "dropped");
-    let again = api.post(&drop, json!({"id": "m-2", "reason": "twice"})).await;
+    api.post(&drop, json!({"id": "m-2"}))
+        .await
+        .assert_problem(400, "invalid_input");
+    api.post(&drop, json!({"id": "m-2", "reason": "order cancelled"}))
+        .await
+        .assert_done(true, "dropped");
+    let again = api
+        .post(&drop, json!({"id": "m-2", "reason": "twice"}))
+        .await;
     again.assert_done(false, "dropped");
     assert_eq!(again.json["detail"], "order cancelled");
-    api.post(&replay, json!({"id": "m-2"})).await.assert_problem(409, "conflict");
-    api.post(&drop, json!({"id": "m-1", "reason": "late"})).await.assert_problem(409, "conflict");
+    api.post(&replay, json!({"id": "m-2"}))
+        .await
+        .assert_problem(409, "conflict");
+    api.post(&drop, json!({"id": "m-1", "reason": "late"}))
+        .await
+        .assert_problem(409, "conflict");
     let consumer = Tenant::new(name).unwrap();
-    let entry = parking.get(&consumer, &IdempotencyKey::new("m-2").unwrap()).await.unwrap().unwrap();
+    let entry = parking
+        .get(&consumer, &IdempotencyKey::new("m-2").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(entry.state, ParkedState::Dropped);
     assert_eq!(entry.resolution.as_deref(), Some("order cancelled"));
-    let entry = parking.get(&consumer, &IdempotencyKey::new("m-1").unwrap()).await.unwrap().unwrap();
+    let entry = parking
+        .get(&consumer, &IdempotencyKey::new("m-1").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(entry.state, ParkedState::Replayed);
-    api.post(&replay, json!({"id": "m-404"})).await.assert_problem(404, "not_found");
+    api.post(&replay, json!({"id": "m-404"}))
+        .await
+        .assert_problem(404, "not_found");
 
     // Parking alone, as the command line has it: a replay is refused.
     let cli = format!("{name}-cli");
     stuck::parked_message(&*parking, &cli, "m-3", "order-3", "x").await;
-    let refused = api.post(&format!("/api/consumers/{cli}/replay"), json!({"id": "m-3"})).await;
+    let refused = api
+        .post(
+            &format!("/api/consumers/{cli}/replay"),
+            json!({"id": "m-3"}),
+        )
+        .await;
     refused.assert_problem(501, "replay_needs_handler");
-    api.get("/api/consumers/nobody/parked").await.assert_problem(404, "absent");
+    api.get("/api/consumers/nobody/parked")
+        .await
+        .assert_problem(404, "absent");
 }
 
 async fn journal(api: &Api, stores: &Stores, built: &Built) {
     let store = stores.journal.clone().unwrap();
     let ns = &built.namespace;
     stuck::operation(&*store, ns, "order-1", OperationState::Unknown, "timed out").await;
-    stuck::operation(&*store, ns, "order-2", OperationState::NeedsReview, "no match").await;
+    stuck::operation(
+        &*store,
+        ns,
+        "order-2",
+        OperationState::NeedsReview,
+        "no match",
+    )
+    .await;
     stuck::operation(&*store, ns, "order-3", OperationState::Pending, "").await;
     // Another namespace's never shows.
-    stuck::operation(&*store, &unique("other"), "order-4", OperationState::Unknown, "x").await;
+    stuck::operation(
+        &*store,
+        &unique("other"),
+        "order-4",
+        OperationState::Unknown,
+        "x",
+    )
+    .await;
 
     let listed = api.get(&format!("/api/journals/{ns}/attention")).await;
     assert_eq!(listed.status, 200, "{listed:?}");
-    let subjects: Vec<_> = listed.json.as_array().unwrap().iter().map(|op| op["subject"].as_str().unwrap().to_string()).collect();
+    let subjects: Vec<_> = listed
+        .json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["subject"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(subjects.len(), 2, "{listed:?}");
     assert!(subjects.contains(&"order-1".to_string()) && subjects.contains(&"order-2".to_string()));
 
     let settle = format!("/api/journals/{ns}/settle");
     let answer = json!({"subject": "order-1", "effect": "charge", "outcome": "succeeded", "provider_id": "ch_1", "note": "seen in the dashboard"});
-    api.post(&settle, json!({"subject": "order-1", "effect": "charge", "outcome": "succeeded", "note": " "})).await.assert_problem(400, "invalid_input");
-    api.post(&settle, answer.clone()).await.assert_done(true, "succeeded");
+    api.post(
+        &settle,
+        json!({"subject": "order-1", "effect": "charge", "outcome": "succeeded", "note": " "}),
+    )
+    .await
+    .assert_problem(400, "invalid_input");
+    api.post(&settle, answer.clone())
+        .await
+        .assert_done(true, "succeeded");
     let again = api.post(&settle, answer).await;
     again.assert_done(false, "succeeded");
-    assert!(again.json["detail"].as_str().unwrap().contains("seen in the dashboard"), "{again:?}");
-    let otherwise = json!({"subject": "order-1", "effect": "charge", "outcome": "failed", "note": "no"});
-    api.post(&settle, otherwise).await.assert_problem(409, "conflict");
-    let nobody = json!({"subject": "order-404", "effect": "charge", "outcome": "failed", "note": "no"});
-    api.post(&settle, nobody).await.assert_problem(404, "not_found");
+    assert!(
+        again.json["detail"]
+            .as_str()
+            .unwrap()
+            .contains("seen in the dashboard"),
+        "{again:?}"
+    );
+    let otherwise =
+        json!({"subject": "order-1", "effect": "charge", "outcome": "failed", "note": "no"});
+    api.post(&settle, otherwise)
+        .await
+        .assert_problem(409, "conflict");
+    let nobody =
+        json!({"subject": "order-404", "effect": "charge", "outcome": "failed", "note": "no"});
+    api.post(&settle, nobody)
+        .await
+        .assert_problem(404, "not_found");
     let journal = Journal::new(store, ns).unwrap();
     let id = idem_journal::OperationId::new("order-1", "charge").unwrap();
     let settled = journal.get(&id).await.unwrap().unwrap();
@@ -227,7 +351,9 @@ async fn scenario(stores: Stores) {
     if stores.records.is_some() {
         records(&api, &stores, &built).await;
     } else {
-        api.post("/api/records/read", json!({"tenant": "t", "key": "k"})).await.assert_problem(404, "absent");
+        api.post("/api/records/read", json!({"tenant": "t", "key": "k"}))
+            .await
+            .assert_problem(404, "absent");
     }
     if stores.outbox.is_some() {
         outbox(&api, &stores).await;
@@ -248,13 +374,22 @@ async fn scenario(stores: Stores) {
     }
     if let Some((name, _)) = &built.consumer {
         let consumers = summary.json["consumers"].as_array().unwrap();
-        let this = consumers.iter().find(|c| c["name"] == name.as_str()).unwrap();
+        let this = consumers
+            .iter()
+            .find(|c| c["name"] == name.as_str())
+            .unwrap();
         assert_eq!(this["parked"]["count"], 0, "{summary:?}");
         assert_eq!(this["replays"], true);
     }
     if stores.journal.is_some() {
-        assert_eq!(summary.json["journals"][0]["attention"]["needs_review"], 1, "{summary:?}");
-        assert_eq!(summary.json["journals"][0]["attention"]["unknown"], 0, "{summary:?}");
+        assert_eq!(
+            summary.json["journals"][0]["attention"]["needs_review"], 1,
+            "{summary:?}"
+        );
+        assert_eq!(
+            summary.json["journals"][0]["attention"]["unknown"], 0,
+            "{summary:?}"
+        );
     }
 }
 

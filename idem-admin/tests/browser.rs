@@ -64,8 +64,14 @@ async fn chromedriver() -> Driver {
         .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
     let url = format!("http://127.0.0.1:{port}");
     let started = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        assert!(started.elapsed() < Duration::from_secs(60), "{binary} never listened on {port}");
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{binary} never listened on {port}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Driver {
@@ -103,8 +109,34 @@ async fn attr(client: &Client, css: &str, name: &str) -> String {
     element.attr(name).await.unwrap().unwrap_or_default()
 }
 
+/// The browser shows the confirmation, and the message is still parked.
+async fn confirming(
+    client: &Client,
+    outbox: &dyn idem_core::store::OutboxStore,
+    id: idem_core::store::MessageId,
+    why: &str,
+) {
+    client.find(Locator::Css("#confirm")).await.expect(why);
+    assert_eq!(
+        stuck::outbox_state(outbox, id).await.0,
+        MessageState::Parked,
+        "{why}"
+    );
+}
+
+async fn text(client: &Client, css: &str) -> String {
+    let element = client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    element.text().await.unwrap()
+}
+
 async fn click(client: &Client, css: &str) {
-    let element = client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}"));
+    let element = client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
     element.click().await.unwrap();
 }
 
@@ -130,22 +162,39 @@ async fn the_page_shows_the_stores_and_its_forms_retry_and_drop_in_chromium() {
     // The browser signs in at the service, which sets its session cookie.
     client.goto(&base).await.unwrap();
     let refused = client.source().await.unwrap();
-    assert!(refused.contains("401") && !refused.contains("outbox"), "{refused}");
-    client.goto(&base.replace("/admin", "/sign-in")).await.unwrap();
+    assert!(
+        refused.contains("401") && !refused.contains("outbox"),
+        "{refused}"
+    );
+    client
+        .goto(&base.replace("/admin", "/sign-in"))
+        .await
+        .unwrap();
 
     // The summary: the figures and the chart are the stores'.
     client.goto(&base).await.unwrap();
-    let who = client.find(Locator::Css("header .who")).await.unwrap().text().await.unwrap();
+    let who = text(&client, "header .who").await;
     assert_eq!(who, format!("operator: {}", common::BROWSER_OPERATOR));
-    let outbox_text = client.find(Locator::Css("#outbox")).await.unwrap().text().await.unwrap();
+    let outbox_text = text(&client, "#outbox").await;
     assert!(outbox_text.contains("2\nparked"), "{outbox_text}");
-    assert_eq!(attr(&client, "svg.chart g.bar[data-label='outbox parked']", "data-value").await, "2");
+    assert_eq!(
+        attr(
+            &client,
+            "svg.chart g.bar[data-label='outbox parked']",
+            "data-value"
+        )
+        .await,
+        "2"
+    );
     let bar = format!("svg.chart g.bar[data-label='{name} parked']");
     assert_eq!(attr(&client, &bar, "data-value").await, "1");
 
     // The outbox's list: one row per parked message.
     click(&client, "#outbox a").await;
-    let rows = client.find_all(Locator::Css("#outbox-parked tr[data-id]")).await.unwrap();
+    let rows = client
+        .find_all(Locator::Css("#outbox-parked tr[data-id]"))
+        .await
+        .unwrap();
     let mut shown = Vec::new();
     for row in rows {
         shown.push(row.attr("data-id").await.unwrap().unwrap());
@@ -156,25 +205,40 @@ async fn the_page_shows_the_stores_and_its_forms_retry_and_drop_in_chromium() {
     assert_eq!(shown, stored);
 
     // Retry the first: the store has it pending again.
-    click(&client, &format!("tr[data-id='{}'] button[value='outbox.retry']", parked[0])).await;
+    click(
+        &client,
+        &format!("tr[data-id='{}'] button[value='outbox.retry']", parked[0]),
+    )
+    .await;
     assert_eq!(attr(&client, "#done", "data-state").await, "pending");
     assert_eq!(attr(&client, "#done", "data-changed").await, "true");
-    assert_eq!(stuck::outbox_state(&*outbox, parked[0]).await.0, MessageState::Pending);
+    assert_eq!(
+        stuck::outbox_state(&*outbox, parked[0]).await.0,
+        MessageState::Pending
+    );
 
     // Drop the second: a confirmation first, which will not go without its
     // box ticked; then the store has it dropped with the reason.
     click(&client, "#done a").await;
-    click(&client, &format!("tr[data-id='{}'] button[value='outbox.drop']", parked[1])).await;
-    client.find(Locator::Css("#confirm")).await.expect("a confirmation page");
-    assert_eq!(stuck::outbox_state(&*outbox, parked[1]).await.0, MessageState::Parked);
-    let reason = client.find(Locator::Css("#confirm textarea[name='reason']")).await.unwrap();
+    click(
+        &client,
+        &format!("tr[data-id='{}'] button[value='outbox.drop']", parked[1]),
+    )
+    .await;
+    confirming(&client, &*outbox, parked[1], "a confirmation page").await;
+    let reason = client
+        .find(Locator::Css("#confirm textarea[name='reason']"))
+        .await
+        .unwrap();
     reason.send_keys("refunded by hand").await.unwrap();
     click(&client, "#confirm button[type='submit']").await;
-    client
-        .find(Locator::Css("#confirm"))
-        .await
-        .expect("still the confirmation: the box is not ticked");
-    assert_eq!(stuck::outbox_state(&*outbox, parked[1]).await.0, MessageState::Parked);
+    confirming(
+        &client,
+        &*outbox,
+        parked[1],
+        "still the confirmation: the box is not ticked",
+    )
+    .await;
     click(&client, "#confirm input[name='confirm']").await;
     click(&client, "#confirm button[type='submit']").await;
     assert_eq!(attr(&client, "#done", "data-state").await, "dropped");
@@ -184,12 +248,18 @@ async fn the_page_shows_the_stores_and_its_forms_retry_and_drop_in_chromium() {
     );
 
     // The consumer's parked message, replayed through its handler.
-    client.goto(&format!("{base}/consumers/{name}")).await.unwrap();
+    client
+        .goto(&format!("{base}/consumers/{name}"))
+        .await
+        .unwrap();
     click(&client, "#consumer-parked button[value='consumer.replay']").await;
     assert_eq!(attr(&client, "#done", "data-state").await, "replayed");
     assert_eq!(shop.effects().await, ["shipped order-1"]);
     let entry = parking
-        .get(&Tenant::new(&name).unwrap(), &IdempotencyKey::new("m-1").unwrap())
+        .get(
+            &Tenant::new(&name).unwrap(),
+            &IdempotencyKey::new("m-1").unwrap(),
+        )
         .await
         .unwrap()
         .unwrap();

@@ -49,12 +49,32 @@ fn routes(id: &str) -> Vec<(&'static str, String, String)> {
         ("GET", "/api/outbox".into(), String::new()),
         ("GET", "/api/outbox/parked".into(), String::new()),
         ("GET", format!("/api/outbox/messages/{id}"), String::new()),
-        ("POST", format!("/api/outbox/messages/{id}/retry"), json.clone()),
-        ("POST", format!("/api/outbox/messages/{id}/drop"), json.clone()),
-        ("GET", "/api/consumers/shipping/parked".into(), String::new()),
-        ("POST", "/api/consumers/shipping/replay".into(), json.clone()),
+        (
+            "POST",
+            format!("/api/outbox/messages/{id}/retry"),
+            json.clone(),
+        ),
+        (
+            "POST",
+            format!("/api/outbox/messages/{id}/drop"),
+            json.clone(),
+        ),
+        (
+            "GET",
+            "/api/consumers/shipping/parked".into(),
+            String::new(),
+        ),
+        (
+            "POST",
+            "/api/consumers/shipping/replay".into(),
+            json.clone(),
+        ),
         ("POST", "/api/consumers/shipping/drop".into(), json.clone()),
-        ("GET", "/api/journals/billing/attention".into(), String::new()),
+        (
+            "GET",
+            "/api/journals/billing/attention".into(),
+            String::new(),
+        ),
         ("POST", "/api/journals/billing/settle".into(), json),
     ]
 }
@@ -86,8 +106,15 @@ async fn every_route_refuses_a_request_the_check_refuses() {
     for route in routes(&id) {
         let anonymous = request(&client, &base, &route).send().await.unwrap();
         assert_eq!(anonymous.status(), 401, "{route:?}");
-        assert_eq!(anonymous.headers()["www-authenticate"], "Bearer", "{route:?}");
-        assert_eq!(anonymous.headers()["content-type"], "application/problem+json");
+        assert_eq!(
+            anonymous.headers()["www-authenticate"],
+            "Bearer",
+            "{route:?}"
+        );
+        assert_eq!(
+            anonymous.headers()["content-type"],
+            "application/problem+json"
+        );
         let wrong = request(&client, &base, &route)
             .bearer_auth("not-the-token")
             .send()
@@ -119,14 +146,29 @@ async fn refused_requests_change_nothing() {
             assert!([401, 403].contains(&refused.send().await.unwrap().status().as_u16()));
         }
     }
-    let message = id.parse::<uuid::Uuid>().map(idem_core::store::MessageId::from_uuid).unwrap();
-    assert_eq!(stuck::outbox_state(&*outbox, message).await.0, MessageState::Parked);
-    assert_eq!(parking.count(&idem_core::Tenant::new("shipping").unwrap()).await.unwrap(), 1);
+    let message = id
+        .parse::<uuid::Uuid>()
+        .map(idem_core::store::MessageId::from_uuid)
+        .unwrap();
+    assert_eq!(
+        stuck::outbox_state(&*outbox, message).await.0,
+        MessageState::Parked
+    );
+    assert_eq!(
+        parking
+            .count(&idem_core::Tenant::new("shipping").unwrap())
+            .await
+            .unwrap(),
+        1
+    );
 }
 
 /// The token in a page's forms.
 fn token_of(page: &str) -> String {
-    let at = page.find("name=\"csrf\" value=\"").expect("a form with a token") + 19;
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a token")
+        + 19;
     page[at..].split('"').next().unwrap().to_string()
 }
 
@@ -142,8 +184,14 @@ async fn a_forged_cross_site_form_post_is_refused_and_changes_nothing() {
         .unwrap();
     assert_eq!(page.status(), 200);
     let token = token_of(&page.text().await.unwrap());
-    let host = base.trim_start_matches("http://").split('/').next().unwrap().to_string();
-    let form = |token: &str| format!("action=outbox.drop&id={id}&reason=forged&confirm=yes&csrf={token}");
+    let host = base
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let form =
+        |token: &str| format!("action=outbox.drop&id={id}&reason=forged&confirm=yes&csrf={token}");
     let post = |body: String| {
         client
             .post(format!("{base}/act"))
@@ -151,7 +199,10 @@ async fn a_forged_cross_site_form_post_is_refused_and_changes_nothing() {
             .header("content-type", "application/x-www-form-urlencoded")
             .body(body)
     };
-    let message = id.parse::<uuid::Uuid>().map(idem_core::store::MessageId::from_uuid).unwrap();
+    let message = id
+        .parse::<uuid::Uuid>()
+        .map(idem_core::store::MessageId::from_uuid)
+        .unwrap();
 
     // Another site's page posting with the operator's cookie, and its token
     // even (had it stolen one): refused by where it comes from.
@@ -162,7 +213,11 @@ async fn a_forged_cross_site_form_post_is_refused_and_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(cross.status(), 403);
-    let origin_only = post(form(&token)).header("origin", "http://evil.test").send().await.unwrap();
+    let origin_only = post(form(&token))
+        .header("origin", "http://evil.test")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(origin_only.status(), 403);
     // From the console's own origin, but without the operator's token, or
     // with a made-up one, or with another operator's: refused.
@@ -175,7 +230,12 @@ async fn a_forged_cross_site_form_post_is_refused_and_changes_nothing() {
             .unwrap();
         assert_eq!(refused.status(), 403, "token {forged:?}");
     }
-    let someone_else = client.get(format!("{base}/outbox")).bearer_auth(common::TOKEN).send().await.unwrap();
+    let someone_else = client
+        .get(format!("{base}/outbox"))
+        .bearer_auth(common::TOKEN)
+        .send()
+        .await
+        .unwrap();
     let their_token = token_of(&someone_else.text().await.unwrap());
     let refused = post(form(&their_token)).send().await.unwrap();
     assert_eq!(refused.status(), 403, "another operator's token");
@@ -190,7 +250,10 @@ async fn a_forged_cross_site_form_post_is_refused_and_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(json.status(), 403);
-    assert_eq!(stuck::outbox_state(&*outbox, message).await.0, MessageState::Parked);
+    assert_eq!(
+        stuck::outbox_state(&*outbox, message).await.0,
+        MessageState::Parked
+    );
 
     // The same post from the console's own page goes through.
     let own = post(form(&token))
@@ -200,7 +263,10 @@ async fn a_forged_cross_site_form_post_is_refused_and_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(own.status(), 200);
-    assert_eq!(stuck::outbox_state(&*outbox, message).await.0, MessageState::Dropped);
+    assert_eq!(
+        stuck::outbox_state(&*outbox, message).await.0,
+        MessageState::Dropped
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +281,12 @@ async fn pages_are_kept_out_of_caches_and_frames() {
     assert_eq!(page.status(), 200);
     assert_eq!(page.headers()["cache-control"], "no-store");
     assert_eq!(page.headers()["x-frame-options"], "DENY");
-    assert!(page.headers()["content-security-policy"].to_str().unwrap().contains("frame-ancestors 'none'"));
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("frame-ancestors 'none'")
+    );
 }
 
 /// Every field of every event and span, as `name=value`.
@@ -257,7 +328,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
 async fn actions_are_traced_with_the_operator_and_the_keys_hash_never_the_key() {
     use tracing_subscriber::layer::SubscriberExt;
     let recorded = Recorded::default();
-    let _default = tracing::subscriber::set_default(tracing_subscriber::registry().with(recorded.clone()));
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(recorded.clone()));
     let key = "jane.doe@example.com-checkout";
     let message = "msg-of-jane.doe@example.com";
     let records = Idempotency::new(Arc::new(MemoryStore::new()));
@@ -270,24 +342,63 @@ async fn actions_are_traced_with_the_operator_and_the_keys_hash_never_the_key() 
     let api = Api::new(common::serve(admin).await);
     let target = serde_json::json!({"tenant": "acme", "key": key});
     api.post("/api/records/read", target.clone()).await;
-    api.post("/api/records/delete", target).await.assert_done(true, "deleted");
+    api.post("/api/records/delete", target)
+        .await
+        .assert_done(true, "deleted");
     let drop = serde_json::json!({"id": message, "reason": "customer asked"});
-    api.post("/api/consumers/shipping/drop", drop.clone()).await.assert_done(true, "dropped");
-    api.post("/api/consumers/shipping/drop", drop).await.assert_done(false, "dropped");
+    api.post("/api/consumers/shipping/drop", drop.clone())
+        .await
+        .assert_done(true, "dropped");
+    api.post("/api/consumers/shipping/drop", drop)
+        .await
+        .assert_done(false, "dropped");
 
     let lines = recorded.0.lock().unwrap().clone();
-    let actions: Vec<_> = lines.iter().filter(|l| l.contains("target=idem_admin")).collect();
+    let actions: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("target=idem_admin"))
+        .collect();
     assert_eq!(actions.len(), 4, "one event per action: {actions:#?}");
-    let delete = actions.iter().find(|l| l.contains("action=record.delete")).unwrap();
-    assert!(delete.contains(&format!("target_hash={}", idem_core::redacted(key))), "{delete}");
-    assert!(delete.contains(&format!("operator={}", common::OPERATOR)), "{delete}");
-    assert!(delete.contains("changed=true") && delete.contains("state=deleted"), "{delete}");
-    assert!(actions.iter().any(|l| l.contains("action=record.read")), "reads of a key are traced too");
-    let drops: Vec<_> = actions.iter().filter(|l| l.contains("action=consumer.drop")).collect();
+    let delete = actions
+        .iter()
+        .find(|l| l.contains("action=record.delete"))
+        .unwrap();
+    assert!(
+        delete.contains(&format!("target_hash={}", idem_core::redacted(key))),
+        "{delete}"
+    );
+    assert!(
+        delete.contains(&format!("operator={}", common::OPERATOR)),
+        "{delete}"
+    );
+    assert!(
+        delete.contains("changed=true") && delete.contains("state=deleted"),
+        "{delete}"
+    );
+    assert!(
+        actions.iter().any(|l| l.contains("action=record.read")),
+        "reads of a key are traced too"
+    );
+    let drops: Vec<_> = actions
+        .iter()
+        .filter(|l| l.contains("action=consumer.drop"))
+        .collect();
     assert_eq!(drops.len(), 2);
-    assert!(drops.iter().all(|l| l.contains("reason=customer asked") && l.contains(&idem_core::redacted(message))), "{drops:#?}");
-    assert!(drops[1].contains("changed=false"), "the repeat says it changed nothing");
+    assert!(
+        drops
+            .iter()
+            .all(|l| l.contains("reason=customer asked")
+                && l.contains(&idem_core::redacted(message))),
+        "{drops:#?}"
+    );
+    assert!(
+        drops[1].contains("changed=false"),
+        "the repeat says it changed nothing"
+    );
     for line in &lines {
-        assert!(!line.contains("jane.doe"), "a key reached the traces: {line}");
+        assert!(
+            !line.contains("jane.doe"),
+            "a key reached the traces: {line}"
+        );
     }
 }

@@ -44,7 +44,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The console of the store at `url` with `part`; `table` names the
 /// part's table (Postgres) or key prefix (Redis) where not the default.
-pub(crate) async fn console(url: &str, table: Option<&str>, part: &Part) -> Result<Admin, ConnectError> {
+pub(crate) async fn console(
+    url: &str,
+    table: Option<&str>,
+    part: &Part,
+) -> Result<Admin, ConnectError> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     match scheme {
         Some("postgres" | "postgresql") => postgres(url, table, part).await,
@@ -96,10 +100,14 @@ async fn postgres(url: &str, table: Option<&str>, part: &Part) -> Result<Admin, 
     use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use idem_postgres::*;
     let options: PgConnectOptions = url.parse().map_err(usage)?;
-    let pool = guarded(PgPoolOptions::new().max_connections(2).acquire_timeout(CONNECT_TIMEOUT))
-        .connect_with(options)
-        .await
-        .map_err(|e| ConnectError::Unavailable(format!("postgres: {e}")))?;
+    let pool = guarded(
+        PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(CONNECT_TIMEOUT),
+    )
+    .connect_with(options)
+    .await
+    .map_err(|e| ConnectError::Unavailable(format!("postgres: {e}")))?;
     let (mut records, mut outbox, mut parking, mut journal) = (None, None, None, None);
     match part {
         Part::Records => {
@@ -108,17 +116,20 @@ async fn postgres(url: &str, table: Option<&str>, part: &Part) -> Result<Admin, 
             records = Some(Arc::new(store) as Arc<dyn idem_core::store::IdempotencyStore>);
         }
         Part::Outbox => {
-            let options = PostgresOutboxOptions::default().table(table.unwrap_or(DEFAULT_OUTBOX_TABLE));
+            let options =
+                PostgresOutboxOptions::default().table(table.unwrap_or(DEFAULT_OUTBOX_TABLE));
             let store = PostgresOutbox::with_options(pool, options).map_err(usage)?;
             outbox = Some(Arc::new(store) as Arc<dyn idem_core::store::OutboxStore>);
         }
         Part::Consumer(_) => {
-            let options = PostgresParkingOptions::default().table(table.unwrap_or(DEFAULT_PARKING_TABLE));
+            let options =
+                PostgresParkingOptions::default().table(table.unwrap_or(DEFAULT_PARKING_TABLE));
             let store = PostgresParking::with_options(pool, options).map_err(usage)?;
             parking = Some(Arc::new(store) as Arc<dyn idem_core::store::ParkingStore>);
         }
         Part::Journal(_) => {
-            let options = PostgresJournalOptions::default().table(table.unwrap_or(DEFAULT_JOURNAL_TABLE));
+            let options =
+                PostgresJournalOptions::default().table(table.unwrap_or(DEFAULT_JOURNAL_TABLE));
             let store = PostgresJournal::with_options(pool, options).map_err(usage)?;
             journal = Some(Arc::new(store) as Arc<dyn idem_core::store::JournalStore>);
         }
@@ -150,7 +161,8 @@ async fn redis(url: &str, prefix: Option<&str>, part: &Part) -> Result<Admin, Co
             records = Some(Arc::new(store) as Arc<dyn idem_core::store::IdempotencyStore>);
         }
         Part::Journal(_) => {
-            let options = RedisJournalOptions::default().prefix(prefix.unwrap_or(DEFAULT_JOURNAL_PREFIX));
+            let options =
+                RedisJournalOptions::default().prefix(prefix.unwrap_or(DEFAULT_JOURNAL_PREFIX));
             let store = RedisJournal::with_options(conn, options).map_err(usage)?;
             journal = Some(Arc::new(store) as Arc<dyn idem_core::store::JournalStore>);
         }
@@ -170,14 +182,20 @@ async fn dynamo(url: &str, part: &Part) -> Result<Admin, ConnectError> {
     let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
     let table = table.trim_end_matches('/');
     if table.is_empty() {
-        return Err(usage("a DynamoDB URL names its table: dynamodb://TABLE?endpoint=…&region=…"));
+        return Err(usage(
+            "a DynamoDB URL names its table: dynamodb://TABLE?endpoint=…&region=…",
+        ));
     }
     let (mut endpoint, mut region) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("endpoint", value)) if !value.is_empty() => endpoint = Some(value.to_string()),
             Some(("region", value)) if !value.is_empty() => region = Some(value.to_string()),
-            _ => return Err(usage(format!("unknown DynamoDB URL parameter {pair:?} (endpoint, region)"))),
+            _ => {
+                return Err(usage(format!(
+                    "unknown DynamoDB URL parameter {pair:?} (endpoint, region)"
+                )));
+            }
         }
     }
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -186,7 +204,9 @@ async fn dynamo(url: &str, part: &Part) -> Result<Admin, ConnectError> {
         .or_else(|| env("AWS_DEFAULT_REGION"))
         .ok_or_else(|| usage("no region: add region=… to the URL or set AWS_REGION"))?;
     let (Some(key), Some(secret)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) else {
-        return Err(usage("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"));
+        return Err(usage(
+            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ));
     };
     let credentials = Credentials::new(key, secret, env("AWS_SESSION_TOKEN"), None, "environment");
     let mut config = aws_sdk_dynamodb::Config::builder()
@@ -200,7 +220,8 @@ async fn dynamo(url: &str, part: &Part) -> Result<Admin, ConnectError> {
     let (mut records, mut parking, mut journal) = (None, None, None);
     match part {
         Part::Records => {
-            let store = DynamoStore::with_options(client, DynamoOptions::default().table(table)).map_err(usage)?;
+            let store = DynamoStore::with_options(client, DynamoOptions::default().table(table))
+                .map_err(usage)?;
             records = Some(Arc::new(store) as Arc<dyn idem_core::store::IdempotencyStore>);
         }
         Part::Consumer(_) => {

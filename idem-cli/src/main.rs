@@ -184,21 +184,40 @@ fn operator(given: Option<String>) -> Result<Operator, Failure> {
     Operator::new(format!("{name} (idem cli)")).map_err(|e| Failure(EXIT_USAGE, e.to_string()))
 }
 
-const OUTBOX_COLUMNS: print::Columns = &["id", "aggregate", "sequence", "kind", "attempts", "last_error"];
-const PARKED_COLUMNS: print::Columns = &["id", "kind", "aggregate", "version", "deliveries", "reason"];
-const JOURNAL_COLUMNS: print::Columns = &["subject", "effect", "state", "detail", "provider_key", "sends"];
+const OUTBOX_COLUMNS: print::Columns = &[
+    "id",
+    "aggregate",
+    "sequence",
+    "kind",
+    "attempts",
+    "last_error",
+];
+const PARKED_COLUMNS: print::Columns =
+    &["id", "kind", "aggregate", "version", "deliveries", "reason"];
+const JOURNAL_COLUMNS: print::Columns = &[
+    "subject",
+    "effect",
+    "state",
+    "detail",
+    "provider_key",
+    "sends",
+];
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let store = cli
-        .store
-        .clone()
-        .ok_or_else(|| Failure(EXIT_USAGE, "no store: give --store URL or set IDEM_STORE_URL".into()))?;
+    let store = cli.store.clone().ok_or_else(|| {
+        Failure(
+            EXIT_USAGE,
+            "no store: give --store URL or set IDEM_STORE_URL".into(),
+        )
+    })?;
     let part = match &cli.command {
         Command::Records(_) => Part::Records,
         Command::Outbox(_) => Part::Outbox,
-        Command::Consumer(Consumers::Parked { consumer, .. } | Consumers::Replay { consumer, .. } | Consumers::Drop { consumer, .. }) => {
-            Part::Consumer(consumer.clone())
-        }
+        Command::Consumer(
+            Consumers::Parked { consumer, .. }
+            | Consumers::Replay { consumer, .. }
+            | Consumers::Drop { consumer, .. },
+        ) => Part::Consumer(consumer.clone()),
         Command::Journal(Journals::List { namespace, .. } | Journals::Settle { namespace, .. }) => {
             Part::Journal(namespace.clone())
         }
@@ -206,14 +225,19 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let operator = operator(cli.operator.clone())?;
     let admin: Admin = connect::console(&store, cli.table.as_deref(), &part).await?;
     let json = cli.json;
-    let page = |offset, limit| Page::new(offset, limit).map_err(|e| Failure(EXIT_USAGE, e.to_string()));
+    let page =
+        |offset, limit| Page::new(offset, limit).map_err(|e| Failure(EXIT_USAGE, e.to_string()));
     match cli.command {
         Command::Records(Records::Get { tenant, key }) => {
-            let record = admin.read_record(&operator, &RecordRef::new(&tenant, &key)).await?;
+            let record = admin
+                .read_record(&operator, &RecordRef::new(&tenant, &key))
+                .await?;
             print(json, &record, fields);
         }
         Command::Records(Records::Delete { tenant, key }) => {
-            let outcome = admin.delete_record(&operator, &RecordRef::new(&tenant, &key)).await?;
+            let outcome = admin
+                .delete_record(&operator, &RecordRef::new(&tenant, &key))
+                .await?;
             print(json, &outcome, done);
         }
         Command::Outbox(Outbox::Stats) => print(json, &admin.outbox_summary().await?, fields),
@@ -221,20 +245,44 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let parked = admin.outbox_parked(page(offset, limit)?).await?;
             print(json, &parked, |v| listing(v, OUTBOX_COLUMNS));
         }
-        Command::Outbox(Outbox::Show { id }) => print(json, &admin.outbox_message(&id).await?, fields),
-        Command::Outbox(Outbox::Retry { id }) => print(json, &admin.retry_outbox(&operator, &id).await?, done),
-        Command::Outbox(Outbox::Drop { id, reason }) => {
-            print(json, &admin.drop_outbox(&operator, &id, &reason).await?, done);
+        Command::Outbox(Outbox::Show { id }) => {
+            print(json, &admin.outbox_message(&id).await?, fields)
         }
-        Command::Consumer(Consumers::Parked { consumer, offset, limit }) => {
-            let parked = admin.consumer_parked(&consumer, page(offset, limit)?).await?;
+        Command::Outbox(Outbox::Retry { id }) => {
+            print(json, &admin.retry_outbox(&operator, &id).await?, done)
+        }
+        Command::Outbox(Outbox::Drop { id, reason }) => {
+            print(
+                json,
+                &admin.drop_outbox(&operator, &id, &reason).await?,
+                done,
+            );
+        }
+        Command::Consumer(Consumers::Parked {
+            consumer,
+            offset,
+            limit,
+        }) => {
+            let parked = admin
+                .consumer_parked(&consumer, page(offset, limit)?)
+                .await?;
             print(json, &parked, |v| listing(v, PARKED_COLUMNS));
         }
         Command::Consumer(Consumers::Replay { consumer, id }) => {
             print(json, &admin.replay(&operator, &consumer, &id).await?, done);
         }
-        Command::Consumer(Consumers::Drop { consumer, id, reason }) => {
-            print(json, &admin.drop_parked(&operator, &consumer, &id, &reason).await?, done);
+        Command::Consumer(Consumers::Drop {
+            consumer,
+            id,
+            reason,
+        }) => {
+            print(
+                json,
+                &admin
+                    .drop_parked(&operator, &consumer, &id, &reason)
+                    .await?,
+                done,
+            );
         }
         Command::Journal(Journals::List { namespace, limit }) => {
             let operations = admin.attention(&namespace, limit).await?;
@@ -242,10 +290,23 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 print::table(v.as_array().map_or(&[][..], Vec::as_slice), JOURNAL_COLUMNS)
             });
         }
-        Command::Journal(Journals::Settle { namespace, subject, effect, outcome, provider_id, note }) => {
-            let outcome = Outcome::parse(&outcome).ok_or_else(|| Failure(EXIT_USAGE, "succeeded or failed".into()))?;
-            let settlement = Settlement::new(&subject, &effect, outcome, &note).with_provider_id(provider_id);
-            print(json, &admin.settle(&operator, &namespace, &settlement).await?, done);
+        Command::Journal(Journals::Settle {
+            namespace,
+            subject,
+            effect,
+            outcome,
+            provider_id,
+            note,
+        }) => {
+            let outcome = Outcome::parse(&outcome)
+                .ok_or_else(|| Failure(EXIT_USAGE, "succeeded or failed".into()))?;
+            let settlement =
+                Settlement::new(&subject, &effect, outcome, &note).with_provider_id(provider_id);
+            print(
+                json,
+                &admin.settle(&operator, &namespace, &settlement).await?,
+                done,
+            );
         }
     }
     Ok(())
@@ -257,7 +318,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_max_level(tracing::Level::INFO)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: {error}");

@@ -22,7 +22,10 @@ fn cell(value: &Value) -> String {
 pub(crate) fn print<T: Serialize>(json: bool, value: &T, render: impl FnOnce(&Value) -> String) {
     let value = serde_json::to_value(value).unwrap_or(Value::Null);
     if json {
-        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
     } else {
         print!("{}", render(&value));
     }
@@ -37,7 +40,13 @@ pub(crate) fn table(items: &[Value], columns: Columns) -> String {
     let widths: Vec<usize> = columns
         .iter()
         .enumerate()
-        .map(|(i, c)| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0).max(c.len()))
+        .map(|(i, c)| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(c.len())
+        })
         .collect();
     let line = |cells: Vec<String>| {
         let padded: Vec<String> = cells
@@ -81,7 +90,9 @@ pub(crate) fn fields(value: &Value) -> String {
         .iter()
         .map(|(name, value)| {
             let text = match value {
-                Value::Object(_) | Value::Array(_) if !value.get("data").is_some() => value.to_string(),
+                Value::Object(_) | Value::Array(_) if value.get("data").is_none() => {
+                    value.to_string()
+                }
                 other => cell(other),
             };
             format!("{name:width$}  {text}\n")

@@ -43,9 +43,9 @@ pub fn check(request: &Parts) -> Result<Operator, Refusal> {
             Operator::new(OPERATOR).map_err(|_| Refusal::Forbidden)
         }
         Some(_) => Err(Refusal::Forbidden),
-        None => Err(Refusal::unauthenticated(Some(http::HeaderValue::from_static(
-            "Bearer",
-        )))),
+        None => Err(Refusal::unauthenticated(Some(
+            http::HeaderValue::from_static("Bearer"),
+        ))),
     }
 }
 
@@ -60,7 +60,10 @@ pub async fn serve(admin: Admin) -> String {
             "/sign-in",
             axum::routing::get(|| async {
                 (
-                    [(http::header::SET_COOKIE, format!("{COOKIE}; Path=/; HttpOnly; SameSite=Strict"))],
+                    [(
+                        http::header::SET_COOKIE,
+                        format!("{COOKIE}; Path=/; HttpOnly; SameSite=Strict"),
+                    )],
                     "signed in",
                 )
             }),
@@ -153,7 +156,10 @@ impl Api {
 
 /// A fresh name for a test's own tenant, consumer, namespace or table.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 pub fn env(name: &str) -> String {
@@ -238,10 +244,14 @@ pub async fn redis() -> Stores {
         .prefix(&unique("admin"))
         .accept_volatility()
         .accept_eviction_risk();
-    let records = RedisStore::with_options(conn.clone(), options).await.unwrap();
-    let journal =
-        RedisJournal::with_options(conn, RedisJournalOptions::default().prefix(&unique("adminj")))
-            .unwrap();
+    let records = RedisStore::with_options(conn.clone(), options)
+        .await
+        .unwrap();
+    let journal = RedisJournal::with_options(
+        conn,
+        RedisJournalOptions::default().prefix(&unique("adminj")),
+    )
+    .unwrap();
     Stores {
         records: Some(Arc::new(records)),
         outbox: None,

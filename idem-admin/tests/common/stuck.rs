@@ -39,7 +39,12 @@ pub async fn parked_outbox(
 ) -> Vec<idem_core::store::MessageId> {
     let mut ids = Vec::new();
     for aggregate in aggregates {
-        let message = NewMessage::new(aggregate, "order.placed", format!("{{\"order\":\"{aggregate}\"}}").into_bytes()).unwrap();
+        let message = NewMessage::new(
+            aggregate,
+            "order.placed",
+            format!("{{\"order\":\"{aggregate}\"}}").into_bytes(),
+        )
+        .unwrap();
         ids.push(outbox.enqueue(&message).await.unwrap().id());
     }
     let owner = OwnerToken::generate();
@@ -48,18 +53,28 @@ pub async fn parked_outbox(
         .await
         .unwrap();
     for message in claimed.iter().filter(|m| ids.contains(&m.id())) {
-        let failure = PublishFailure::new(owner, message.id(), "broker refused: no route")
-            .max_attempts(1);
-        assert_eq!(outbox.mark_failed(&failure).await.unwrap(), MessageState::Parked);
+        let failure =
+            PublishFailure::new(owner, message.id(), "broker refused: no route").max_attempts(1);
+        assert_eq!(
+            outbox.mark_failed(&failure).await.unwrap(),
+            MessageState::Parked
+        );
     }
     // Anything else this claim took goes back as it was.
-    let others: Vec<_> = claimed.iter().map(|m| m.id()).filter(|id| !ids.contains(id)).collect();
+    let others: Vec<_> = claimed
+        .iter()
+        .map(|m| m.id())
+        .filter(|id| !ids.contains(id))
+        .collect();
     outbox.release(owner, &others).await.unwrap();
     ids
 }
 
 /// One pending message of `aggregate`.
-pub async fn pending_outbox(outbox: &dyn OutboxStore, aggregate: &str) -> idem_core::store::MessageId {
+pub async fn pending_outbox(
+    outbox: &dyn OutboxStore,
+    aggregate: &str,
+) -> idem_core::store::MessageId {
     let message = NewMessage::new(aggregate, "order.paid", b"{}".to_vec()).unwrap();
     outbox.enqueue(&message).await.unwrap().id()
 }
@@ -69,7 +84,11 @@ pub async fn outbox_state(
     outbox: &dyn OutboxStore,
     id: idem_core::store::MessageId,
 ) -> (MessageState, Option<String>) {
-    let message = outbox.message(id).await.unwrap().expect("the message is stored");
+    let message = outbox
+        .message(id)
+        .await
+        .unwrap()
+        .expect("the message is stored");
     (message.state(), message.parts().last_error.clone())
 }
 
