@@ -58,6 +58,12 @@ pub(crate) fn ago(at: Timestamp) -> String {
     age(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// How long until `at`, by this process's clock.
+pub(crate) fn until(at: Timestamp) -> String {
+    let left = at.saturating_duration_since(SystemClock.now());
+    age(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A horizontal bar chart of `bars` (label, value), as inline SVG: one
 /// bar per figure, scaled to the largest, each labelled and titled with
 /// its value.

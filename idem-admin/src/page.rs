@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::admin::{Reading, Summary, record_state};
 use crate::error::AdminError;
-use crate::html::{Esc, age, ago, bar_chart, url_part};
+use crate::html::{Esc, age, ago, bar_chart, until, url_part};
 use crate::journal::{Outcome, Settlement};
 use crate::records::RecordRef;
 use crate::security::Operator;
@@ -517,15 +517,7 @@ fn record_body(ctx: &Ctx, record: &Record) -> String {
         record_state(record),
         record.attempt(),
         Esc(&record.fingerprint().to_string()),
-        age(u64::try_from(
-            record
-                .retained_until()
-                .saturating_duration_since(idem_core::store::Clock::now(
-                    &idem_core::store::SystemClock
-                ))
-                .as_millis()
-        )
-        .unwrap_or(u64::MAX)),
+        until(record.retained_until()),
     );
     if let idem_core::store::RecordState::Completed { response } = record.state() {
         let payload = crate::view::Payload::of(response.body());

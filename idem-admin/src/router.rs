@@ -87,6 +87,15 @@ impl Console {
     /// those from the request's own `Host`: for a console behind a proxy
     /// that rewrites `Host`.
     ///
+    /// ```
+    /// use idem_admin::{Admin, Refusal};
+    ///
+    /// let console = Admin::new().authorize(|_: &http::request::Parts| Err(Refusal::Forbidden));
+    /// let console = console.trusted_origin("https://ops.example.com")?;
+    /// assert!(console.trusted_origin("ops.example.com/admin").is_err());
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`InvalidInput::Malformed`] for an origin that is not
