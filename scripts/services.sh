@@ -234,3 +234,29 @@ ensure_nats() {
   export IDEM_NATS_URL=nats://127.0.0.1:4222
   log "nats: $IDEM_NATS_URL"
 }
+
+# Debian's Chromium and ChromeDriver, for the console's page tested in a
+# real headless browser (idem-admin/tests/browser.rs). Installed when
+# missing; a machine that cannot have them fails the run.
+ensure_chromium() {
+  local browser driver
+  browser=$(command -v chromium || true)
+  driver=$(command -v chromedriver || true)
+  if [ -z "$browser" ] || [ -z "$driver" ]; then
+    apt_install chromium chromium-driver
+    browser=$(command -v chromium || true)
+    driver=$(command -v chromedriver || true)
+  fi
+  [ -n "$browser" ] || die "chromium is not installed"
+  [ -n "$driver" ] || die "chromedriver is not installed"
+  local profile
+  profile=$(mktemp -d)
+  timeout 60 "$browser" --headless --no-sandbox --disable-gpu --no-first-run \
+    --disable-background-networking --disable-component-update --disable-sync \
+    --user-data-dir="$profile" --dump-dom about:blank 2>/dev/null | grep -q '<body' \
+    || { rm -rf "$profile"; die "$browser does not render a page headless"; }
+  rm -rf "$profile"
+  timeout 30 "$driver" --version >/dev/null 2>&1 || die "$driver does not start"
+  export IDEM_CHROMIUM=$browser IDEM_CHROMEDRIVER=$driver
+  log "chromium: $("$browser" --version 2>/dev/null), $("$driver" --version 2>/dev/null | cut -d' ' -f1-2)"
+}

@@ -70,6 +70,7 @@ pub use body::ResponseBody;
 pub use config::{NEVER_REPLAYED, REPLAY_HEADER, StatusAction, default_status_policy};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
+pub use problem::ProblemDetails;
 pub use service::IdempotencyService;
 pub use tenant::{TenantRejection, TenantSource};
 pub use transaction::{IdempotencyTransaction, TransactionTaken};

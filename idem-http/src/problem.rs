@@ -88,6 +88,115 @@ fn reason_phrase(status: StatusCode) -> &'static str {
     }
 }
 
+/// An RFC 9457 problem (`application/problem+json`), as this crate's layer
+/// answers its refusals: by default `about:blank` titled with the status's
+/// RFC 9110 phrase; a type URI and title of its own where it has one; any
+/// extension members; `Retry-After` where the client should come back.
+/// Other crates' routes (`idem-admin`'s) answer through it, so every idem
+/// problem reads alike.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use idem_http::ProblemDetails;
+///
+/// let response = ProblemDetails::new(StatusCode::CONFLICT, "held by an executor")
+///     .with_extension("state", "unknown")
+///     .with_retry_after(Duration::from_millis(1_500))
+///     .into_response();
+/// assert_eq!(response.status(), StatusCode::CONFLICT);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProblemDetails {
+    status: StatusCode,
+    kind: Option<(String, String)>,
+    detail: String,
+    extensions: serde_json::Map<String, serde_json::Value>,
+    retry_after: Option<Duration>,
+}
+
+impl ProblemDetails {
+    /// A problem of `status` with `detail`, `about:blank`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind: None,
+            detail: detail.into(),
+            extensions: serde_json::Map::new(),
+            retry_after: None,
+        }
+    }
+
+    /// The same with a type URI of its own and its title.
+    #[must_use]
+    pub fn with_type(mut self, uri: impl Into<String>, title: impl Into<String>) -> Self {
+        self.kind = Some((uri.into(), title.into()));
+        self
+    }
+
+    /// The same with an extension member (RFC 9457 §3.2); the standard
+    /// members' names (`type`, `title`, `status`, `detail`) are kept for
+    /// them.
+    #[must_use]
+    pub fn with_extension(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        if !matches!(name, "type" | "title" | "status" | "detail") {
+            self.extensions.insert(name.to_string(), value.into());
+        }
+        self
+    }
+
+    /// The same telling the client when to retry (whole seconds, rounded
+    /// up, at least one).
+    #[must_use]
+    pub fn with_retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    /// Its status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// Its detail.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The problem as its JSON document.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (kind, title) = match &self.kind {
+            Some((uri, title)) => (uri.as_str(), title.as_str()),
+            None => ("about:blank", reason_phrase(self.status)),
+        };
+        let mut body = self.extensions.clone();
+        body.insert("type".into(), kind.into());
+        body.insert("title".into(), title.into());
+        body.insert("status".into(), self.status.as_u16().into());
+        body.insert("detail".into(), self.detail.clone().into());
+        serde_json::Value::Object(body)
+    }
+
+    /// The response: the status, `Content-Type: application/problem+json`,
+    /// `Content-Language: en`, `Retry-After` if given, the JSON document.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::from(self.to_json().to_string())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        headers.insert(header::CONTENT_LANGUAGE, HeaderValue::from_static("en"));
+        if let Some(wait) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, seconds(wait));
+        }
+        response
+    }
+}
+
 /// A problem response: `kind` of `status`, with `detail`; `documentation`
 /// is the configured link, if any.
 pub(crate) fn problem(
@@ -96,26 +205,12 @@ pub(crate) fn problem(
     status: StatusCode,
     detail: &str,
 ) -> Response<Full<Bytes>> {
-    let (kind, title) = match documentation {
-        Some(link) => (format!("{link}#{}", kind.fragment()), kind.title()),
-        None => ("about:blank".to_string(), reason_phrase(status)),
-    };
-    let body = serde_json::json!({
-        "type": kind,
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
-        .headers_mut()
-        .insert(header::CONTENT_LANGUAGE, HeaderValue::from_static("en"));
-    response
+    let details = ProblemDetails::new(status, detail);
+    match documentation {
+        Some(link) => details.with_type(format!("{link}#{}", kind.fragment()), kind.title()),
+        None => details,
+    }
+    .into_response()
 }
 
 /// The same problem, telling the client when to retry (whole seconds,
@@ -124,11 +219,16 @@ pub(crate) fn retry_after(
     mut response: Response<Full<Bytes>>,
     wait: Duration,
 ) -> Response<Full<Bytes>> {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     response
         .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        .insert(header::RETRY_AFTER, seconds(wait));
     response
+}
+
+/// A wait as `Retry-After` seconds: rounded up, at least one.
+fn seconds(wait: Duration) -> HeaderValue {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    HeaderValue::from(secs.max(1))
 }
 
 #[cfg(test)]

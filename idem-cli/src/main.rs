@@ -1,0 +1,339 @@
+//! `idem`: the operator's console on a terminal, for a person with no
+//! admin route deployed. It connects to a store by URL and does what the
+//! console's JSON API does, printing tables (or JSON with `--json`).
+//!
+//! ```text
+//! idem --store postgres://localhost/app records get acme pay-1
+//! idem --store postgres://localhost/app outbox parked
+//! idem --store postgres://localhost/app outbox drop 1b4e… --reason "refunded by hand"
+//! idem --store redis://127.0.0.1:6379 journal list billing
+//! idem --store 'dynamodb://idem-parked?region=eu-west-1' consumer parked shipping
+//! ```
+//!
+//! Exit codes: 0 done (a repeat that changed nothing included), 1 a store
+//! failure, 2 a usage error (bad arguments, a bad URL, a part the store
+//! does not keep), 3 not found, 4 a conflict (the item is in another
+//! state, or held: try again), 5 not possible here (a consumer's replay
+//! runs its handler, which only the service has: use its admin route),
+//! 6 the store did not answer (try again).
+//!
+//! Every action is traced to standard error with the operator
+//! (`--operator`, `IDEM_OPERATOR`, or `USER`) and the key's hash.
+
+mod connect;
+mod print;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use idem_admin::{Admin, AdminError, Operator, Outcome, Page, RecordRef, Settlement};
+
+use crate::connect::{ConnectError, Part};
+use crate::print::{done, fields, listing, print};
+
+/// See and mend what is stuck in an idem store.
+#[derive(Parser)]
+#[command(name = "idem", version, about)]
+struct Cli {
+    /// The store: postgres://…, redis://…, dynamodb://TABLE?endpoint=…&region=…
+    #[arg(long, env = "IDEM_STORE_URL", global = true)]
+    store: Option<String>,
+    /// The part's table (Postgres) or key prefix (Redis), where not the default.
+    #[arg(long, global = true)]
+    table: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Who acts, for the trace (default: IDEM_OPERATOR, else USER).
+    #[arg(long, global = true)]
+    operator: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Idempotency records.
+    #[command(subcommand)]
+    Records(Records),
+    /// The transactional outbox.
+    #[command(subcommand)]
+    Outbox(Outbox),
+    /// A consumer's parked messages.
+    #[command(subcommand)]
+    Consumer(Consumers),
+    /// A journal's operations needing a person.
+    #[command(subcommand)]
+    Journal(Journals),
+}
+
+#[derive(Subcommand)]
+enum Records {
+    /// Shows the record of a key.
+    Get { tenant: String, key: String },
+    /// Deletes the record of a key: its next request runs again.
+    Delete { tenant: String, key: String },
+}
+
+#[derive(Subcommand)]
+enum Outbox {
+    /// The backlog: pending, parked, the oldest pending message's age.
+    Stats,
+    /// Parked messages, oldest first.
+    Parked {
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
+        limit: usize,
+    },
+    /// One message, in any state.
+    Show { id: String },
+    /// Makes a parked message pending again, in its place.
+    Retry { id: String },
+    /// Drops a message, so its aggregate flows again.
+    Drop {
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Consumers {
+    /// A consumer's parked messages, oldest first.
+    Parked {
+        consumer: String,
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
+        limit: usize,
+    },
+    /// Refused here: a replay runs the consumer's handler, which only the
+    /// service has (use its admin route).
+    Replay { consumer: String, id: String },
+    /// Drops a parked message: it is never applied.
+    Drop {
+        consumer: String,
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Journals {
+    /// Operations whose outcome is unknown or that need review.
+    List {
+        namespace: String,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Settles an operation with the provider's answer.
+    Settle {
+        namespace: String,
+        subject: String,
+        effect: String,
+        #[arg(long, value_parser = ["succeeded", "failed"])]
+        outcome: String,
+        #[arg(long)]
+        provider_id: Option<String>,
+        #[arg(long)]
+        note: String,
+    },
+}
+
+const EXIT_STORE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_NOT_FOUND: u8 = 3;
+const EXIT_CONFLICT: u8 = 4;
+const EXIT_NOT_HERE: u8 = 5;
+const EXIT_UNAVAILABLE: u8 = 6;
+
+/// Why a command failed, as its exit code and message.
+struct Failure(u8, String);
+
+impl From<AdminError> for Failure {
+    fn from(error: AdminError) -> Self {
+        let code = match &error {
+            AdminError::NotFound { .. } => EXIT_NOT_FOUND,
+            AdminError::Conflict(_) | AdminError::Busy { .. } => EXIT_CONFLICT,
+            AdminError::ReplayNeedsHandler { .. } => EXIT_NOT_HERE,
+            AdminError::InvalidInput(_) | AdminError::Absent { .. } => EXIT_USAGE,
+            AdminError::Store { source, .. } if source.is_retryable() => EXIT_UNAVAILABLE,
+            _ => EXIT_STORE,
+        };
+        Self(code, error.to_string())
+    }
+}
+
+impl From<ConnectError> for Failure {
+    fn from(error: ConnectError) -> Self {
+        let code = match error {
+            ConnectError::Usage(_) => EXIT_USAGE,
+            ConnectError::Unavailable(_) => EXIT_UNAVAILABLE,
+        };
+        Self(code, error.to_string())
+    }
+}
+
+fn operator(given: Option<String>) -> Result<Operator, Failure> {
+    let name = given
+        .or_else(|| std::env::var("IDEM_OPERATOR").ok())
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "cli".into());
+    Operator::new(format!("{name} (idem cli)")).map_err(|e| Failure(EXIT_USAGE, e.to_string()))
+}
+
+const OUTBOX_COLUMNS: print::Columns = &[
+    "id",
+    "aggregate",
+    "sequence",
+    "kind",
+    "attempts",
+    "last_error",
+];
+const PARKED_COLUMNS: print::Columns =
+    &["id", "kind", "aggregate", "version", "deliveries", "reason"];
+const JOURNAL_COLUMNS: print::Columns = &[
+    "subject",
+    "effect",
+    "state",
+    "detail",
+    "provider_key",
+    "sends",
+];
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let store = cli.store.clone().ok_or_else(|| {
+        Failure(
+            EXIT_USAGE,
+            "no store: give --store URL or set IDEM_STORE_URL".into(),
+        )
+    })?;
+    let part = match &cli.command {
+        Command::Records(_) => Part::Records,
+        Command::Outbox(_) => Part::Outbox,
+        Command::Consumer(
+            Consumers::Parked { consumer, .. }
+            | Consumers::Replay { consumer, .. }
+            | Consumers::Drop { consumer, .. },
+        ) => Part::Consumer(consumer.clone()),
+        Command::Journal(Journals::List { namespace, .. } | Journals::Settle { namespace, .. }) => {
+            Part::Journal(namespace.clone())
+        }
+    };
+    let operator = operator(cli.operator.clone())?;
+    let admin: Admin = connect::console(&store, cli.table.as_deref(), &part).await?;
+    let json = cli.json;
+    let page =
+        |offset, limit| Page::new(offset, limit).map_err(|e| Failure(EXIT_USAGE, e.to_string()));
+    match cli.command {
+        Command::Records(Records::Get { tenant, key }) => {
+            let record = admin
+                .read_record(&operator, &RecordRef::new(&tenant, &key))
+                .await?;
+            print(json, &record, fields);
+        }
+        Command::Records(Records::Delete { tenant, key }) => {
+            let outcome = admin
+                .delete_record(&operator, &RecordRef::new(&tenant, &key))
+                .await?;
+            print(json, &outcome, done);
+        }
+        Command::Outbox(Outbox::Stats) => print(json, &admin.outbox_summary().await?, fields),
+        Command::Outbox(Outbox::Parked { offset, limit }) => {
+            let parked = admin.outbox_parked(page(offset, limit)?).await?;
+            print(json, &parked, |v| listing(v, OUTBOX_COLUMNS));
+        }
+        Command::Outbox(Outbox::Show { id }) => {
+            print(json, &admin.outbox_message(&id).await?, fields)
+        }
+        Command::Outbox(Outbox::Retry { id }) => {
+            print(json, &admin.retry_outbox(&operator, &id).await?, done)
+        }
+        Command::Outbox(Outbox::Drop { id, reason }) => {
+            print(
+                json,
+                &admin.drop_outbox(&operator, &id, &reason).await?,
+                done,
+            );
+        }
+        Command::Consumer(Consumers::Parked {
+            consumer,
+            offset,
+            limit,
+        }) => {
+            let parked = admin
+                .consumer_parked(&consumer, page(offset, limit)?)
+                .await?;
+            print(json, &parked, |v| listing(v, PARKED_COLUMNS));
+        }
+        Command::Consumer(Consumers::Replay { consumer, id }) => {
+            print(json, &admin.replay(&operator, &consumer, &id).await?, done);
+        }
+        Command::Consumer(Consumers::Drop {
+            consumer,
+            id,
+            reason,
+        }) => {
+            print(
+                json,
+                &admin
+                    .drop_parked(&operator, &consumer, &id, &reason)
+                    .await?,
+                done,
+            );
+        }
+        Command::Journal(Journals::List { namespace, limit }) => {
+            let operations = admin.attention(&namespace, limit).await?;
+            print(json, &operations, |v| {
+                print::table(v.as_array().map_or(&[][..], Vec::as_slice), JOURNAL_COLUMNS)
+            });
+        }
+        Command::Journal(Journals::Settle {
+            namespace,
+            subject,
+            effect,
+            outcome,
+            provider_id,
+            note,
+        }) => {
+            let outcome = Outcome::parse(&outcome)
+                .ok_or_else(|| Failure(EXIT_USAGE, "succeeded or failed".into()))?;
+            let settlement =
+                Settlement::new(&subject, &effect, outcome, &note).with_provider_id(provider_id);
+            print(
+                json,
+                &admin.settle(&operator, &namespace, &settlement).await?,
+                done,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(EXIT_STORE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(code, message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
