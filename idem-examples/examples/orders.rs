@@ -1,6 +1,6 @@
 //! An order and its event committed together in Postgres; the relay
 //! publishes it to NATS JetStream; a relay that stops between the broker's
-//! confirmation and marking the message sent; JetStream keeps one copy.
+//! confirmation and moving its partition's cursor; JetStream keeps one copy.
 //!
 //! Needs Postgres and NATS with JetStream (`./scripts/test` starts both):
 //!
@@ -22,7 +22,7 @@ use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_postgres::{PostgresOutbox, PostgresOutboxOptions};
 
 /// A relay's broker answers, then the relay stalls past its lease (a pause,
-/// a crash before it could mark the message sent).
+/// a crash before it could move its partition's cursor).
 struct StallsAfterConfirm(JetStreamPublisher);
 
 #[async_trait]
@@ -113,6 +113,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let first = relay.relay_once().await?;
     println!("relay: published {} (order-1)", first.published);
+    // It gives its partition back, for the stalling relay to take.
+    relay.release().await;
 
     let stalling = Relay::new(
         outbox.clone(),
@@ -132,8 +134,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // ...and its lease lapsed, another relay takes order-3 over and
-    // publishes it again.
+    // ...and its lease lapsed, the first relay takes the partition over
+    // and publishes order-3 again from the partition's cursor.
     let second = loop {
         let pass = relay.relay_once().await?;
         if pass.published > 0 {
@@ -147,7 +149,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let stale = stalled.await??;
     println!(
-        "the stalled relay: marked {} sent, {} no longer its to mark",
+        "the stalled relay: settled {}, {} confirmed after its partition was taken over",
         stale.published, stale.lost
     );
 

@@ -2,7 +2,7 @@
 //! `nats-server`, RabbitMQ behind a cutting proxy): orders over HTTP
 //! (idem-http, each request retried with the same key) → the business
 //! transaction with its outbox row → a relay killed for real between the
-//! broker's confirmation and its mark-sent (its task aborted), and a
+//! broker's confirmation and its cursor move (its task aborted), and a
 //! second relay that takes the batch over once the first one's lease
 //! lapsed and publishes it again (JetStream drops the copies within its
 //! duplicate window; RabbitMQ delivers them, with their message ids) → the
@@ -466,7 +466,7 @@ async fn every_committed_order_event_has_one_effect<B: Broker>(broker: B) {
         .unwrap();
 
     // Every order placed; the first relay publishes them, the broker
-    // confirms, and the relay is killed before its mark-sent.
+    // confirms, and the relay is killed before its cursor moves.
     let mut replays = post_all(&client, &base, &run, "placed").await;
     let options = RelayOptions::default()
         .with_batch(100)

@@ -3,7 +3,7 @@
 //! NATS JetStream for idem's outbox: a [`JetStreamPublisher`] implements
 //! [`idem_outbox::Publisher`] with [async-nats](https://docs.rs/async-nats),
 //! so an [`idem_outbox::Relay`] publishes every committed outbox message to
-//! a stream and marks it sent only once JetStream acknowledged it.
+//! a stream, and counts it published only once JetStream acknowledged it.
 //!
 //! - The subject is a prefix and the message's kind
 //!   ([`JetStreamOptions::subject`]): `events` and `order.placed` make

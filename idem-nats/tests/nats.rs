@@ -1,6 +1,6 @@
 //! JetStreamPublisher on the real server: PubAcks, duplicates, the relay
 //! end to end (order per aggregate across four relays, a crash between
-//! confirm and mark-sent, a poison message, the server cut off and back).
+//! confirm and cursor move, a poison message, the server cut off and back).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
@@ -150,7 +150,7 @@ async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_orde
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_confirm_and_mark_sent_leaves_one_copy_in_the_stream() {
+async fn a_crash_between_confirm_and_cursor_move_leaves_one_copy_in_the_stream() {
     let stream = TestStream::new().await;
     let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
     let outbox = Arc::new(MemoryOutbox::with_clock(clock.clone()));

@@ -58,7 +58,8 @@ pub const PENDING: &str = "idem_outbox_pending";
 /// Gauge, seconds: how long the oldest pending message has waited (sent
 /// and parked messages do not count).
 pub const OLDEST_PENDING: &str = "idem_outbox_oldest_pending_seconds";
-/// Counter: messages the broker confirmed and the relay marked sent.
+/// Counter: messages the broker confirmed and the relay settled (its
+/// cursor moved past them, or a lane message marked sent).
 pub const PUBLISHED: &str = "idem_outbox_published_total";
 /// Counter: failed publishes (retried or parked).
 pub const FAILED: &str = "idem_outbox_failed_total";

@@ -84,8 +84,8 @@ impl PublishError {
 ///
 /// - `publish` answers one result per message, in order.
 /// - `Ok` only once the broker has confirmed the message durably (a
-///   publisher confirm, a PubAck): the relay then marks it sent, and never
-///   publishes it again unless it crashed before marking.
+///   publisher confirm, a PubAck): the relay then moves past it, and never
+///   publishes it again unless it crashed before its cursor moved.
 /// - The message's id ([`OutboxMessage::id`]) travels as the broker's
 ///   message id, so a broker or a consumer recognises a second publish.
 /// - A message the broker cannot route or store is an `Err`, never a

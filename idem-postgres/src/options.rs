@@ -332,13 +332,17 @@ impl PostgresOptions {
 /// responses (the journal, the outbox): its table and the shared
 /// [`StoreOptions`], validated once by the part's `with_options`.
 macro_rules! part_options {
-    ($(#[$doc:meta])* $name:ident, $default:ident, $why:literal) => {
+    (
+        $(#[$doc:meta])* $name:ident, $default:ident, $why:literal
+        $(, $(#[$field_doc:meta])* $field:ident: $ty:ty = $init:expr, checked by $check:path)*
+    ) => {
         $(#[$doc])*
         #[derive(Debug, Clone)]
         #[non_exhaustive]
         pub struct $name {
             pub(crate) table: String,
             pub(crate) store: StoreOptions,
+            $(pub(crate) $field: $ty,)*
         }
 
         impl Default for $name {
@@ -346,6 +350,7 @@ macro_rules! part_options {
                 Self {
                     table: $default.to_string(),
                     store: StoreOptions::default(),
+                    $($field: $init,)*
                 }
             }
         }
@@ -365,10 +370,21 @@ macro_rules! part_options {
                 self
             }
 
+            $(
+                $(#[$field_doc])*
+                #[must_use]
+                pub fn $field(mut self, $field: $ty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
+
             /// The table name, validated with the shared options (no
-            /// ceiling on responses, which the part never stores).
+            /// ceiling on responses, which the part never stores) and the
+            /// part's own.
             pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
                 self.store.checked(usize::MAX, usize::MAX, $why)?;
+                $($check(self.$field)?;)*
                 TableName::new(&self.table)
             }
         }
@@ -402,83 +418,40 @@ part_options!(
     "a journal keeps no responses"
 );
 
-/// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
-/// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
-/// Its counter and partition tables are named after its table,
-/// `<table>_aggregates` and `<table>_partitions`, in the same schema.
-///
-/// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
-/// outbox operation as a whole (acquiring a connection from the pool
-/// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
-/// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
-/// which may wait for a concurrent migration. An outbox keeps no responses:
-/// a response limit set in the store options is only checked to be at least 1.
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_core::StoreOptions;
-/// use idem_postgres::PostgresOutboxOptions;
-///
-/// let options = PostgresOutboxOptions::default()
-///     .table("billing.idem_outbox")
-///     .partitions(8)
-///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
-/// # let _ = options;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PostgresOutboxOptions {
-    pub(crate) table: String,
-    pub(crate) store: StoreOptions,
-    pub(crate) partitions: u32,
-}
-
-impl Default for PostgresOutboxOptions {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_OUTBOX_TABLE.to_string(),
-            store: StoreOptions::default(),
-            partitions: 1,
-        }
-    }
-}
-
-impl PostgresOutboxOptions {
-    /// The table: `table` or `schema.table`, lowercase SQL identifiers
-    /// (default [`DEFAULT_OUTBOX_TABLE`]; see [`TableName`]).
-    #[must_use]
-    pub fn table(mut self, name: &str) -> Self {
-        self.table = name.to_string();
-        self
-    }
-
-    /// The operation timeout (default 5 s, more than zero).
-    #[must_use]
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
-        self.store = store;
-        self
-    }
-
+part_options!(
+    /// How a [`PostgresOutbox`](crate::PostgresOutbox) is built; validated
+    /// once by [`PostgresOutbox::with_options`](crate::PostgresOutbox::with_options).
+    /// Its counter and partition tables are named after its table,
+    /// `<table>_aggregates` and `<table>_partitions`, in the same schema.
+    ///
+    /// The [operation timeout](StoreOptions::with_operation_timeout) bounds each
+    /// outbox operation as a whole (acquiring a connection from the pool
+    /// included), and [`enqueue_in`](crate::PostgresOutbox::enqueue_in) inside
+    /// the caller's transaction; not [`migrate`](crate::PostgresOutbox::migrate),
+    /// which may wait for a concurrent migration. An outbox keeps no responses:
+    /// a response limit set in the store options is only checked to be at least 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_postgres::PostgresOutboxOptions;
+    ///
+    /// let options = PostgresOutboxOptions::default()
+    ///     .table("billing.idem_outbox")
+    ///     .partitions(8)
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+    /// # let _ = options;
+    /// ```
+    PostgresOutboxOptions,
+    DEFAULT_OUTBOX_TABLE,
+    "an outbox keeps no responses",
     /// How many partitions the outbox has (1 to 1024; 1 by default): each
     /// is read by one relay at a time, so this bounds how many relays share
     /// the work. [`migrate`](crate::PostgresOutbox::migrate) sets it; it can
     /// change only while every message is sent (an aggregate's messages must
     /// stay in one partition to stay in order).
-    #[must_use]
-    pub fn partitions(mut self, count: u32) -> Self {
-        self.partitions = count;
-        self
-    }
-
-    /// The table name, validated with the shared options (no ceiling on
-    /// responses, which the outbox never stores) and the partition count.
-    pub(crate) fn validate(&self) -> Result<TableName, InvalidInput> {
-        self.store
-            .checked(usize::MAX, usize::MAX, "an outbox keeps no responses")?;
-        idem_core::store::validate_partitions(self.partitions)?;
-        TableName::new(&self.table)
-    }
-}
+    partitions: u32 = 1, checked by idem_core::store::validate_partitions
+);
 
 part_options!(
     /// How a [`PostgresParking`](crate::PostgresParking) is built; validated

@@ -284,16 +284,7 @@ async fn an_aggregates_later_message_follows_it_in_the_log_whatever_its_transact
         .enqueue_in(&mut t1, &message("order-1", "placed"))
         .await
         .unwrap();
-    let racer = {
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            let second = outbox
-                .enqueue_in(&mut t2, &message("order-1", "paid"))
-                .await;
-            (t2, second)
-        })
-    };
-    wait_until_blocked(outbox.pool(), pid).await;
+    let racer = enqueue_behind(&outbox, t2, pid).await;
     t1.commit().await.unwrap();
     let (t2, second) = racer.await.unwrap();
     let second = second.unwrap();
@@ -321,6 +312,30 @@ async fn backend_pid(tx: &mut sqlx::Transaction<'static, sqlx::Postgres>) -> i32
         .fetch_one(&mut **tx)
         .await
         .unwrap()
+}
+
+/// Enqueues order-1's "paid" in `t2` (the backend `pid`) in a task of its
+/// own, once that enqueue waits for the aggregate's counter row another
+/// transaction holds; the task answers `t2` and the enqueue.
+async fn enqueue_behind(
+    outbox: &PostgresOutbox,
+    mut t2: sqlx::Transaction<'static, sqlx::Postgres>,
+    pid: i32,
+) -> tokio::task::JoinHandle<(
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    Result<OutboxMessage, StoreError>,
+)> {
+    let racer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let second = outbox
+                .enqueue_in(&mut t2, &message("order-1", "paid"))
+                .await;
+            (t2, second)
+        })
+    };
+    wait_until_blocked(outbox.pool(), pid).await;
+    racer
 }
 
 /// Waits until the backend `pid` waits for a lock.
@@ -354,16 +369,7 @@ async fn enqueues_of_one_aggregate_take_sequences_in_commit_order() {
         .unwrap();
     let mut t2 = outbox.pool().begin().await.unwrap();
     let pid = backend_pid(&mut t2).await;
-    let racer = {
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            let second = outbox
-                .enqueue_in(&mut t2, &message("order-1", "paid"))
-                .await;
-            (t2, second)
-        })
-    };
-    wait_until_blocked(outbox.pool(), pid).await;
+    let racer = enqueue_behind(&outbox, t2, pid).await;
     assert!(!racer.is_finished(), "T2 did not wait for T1");
     t1.commit().await.unwrap();
     let (t2, second) = racer.await.unwrap();
@@ -396,16 +402,7 @@ async fn a_waiting_enqueue_takes_the_sequence_a_rollback_gave_back() {
         .unwrap();
     let mut t2 = outbox.pool().begin().await.unwrap();
     let pid = backend_pid(&mut t2).await;
-    let racer = {
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            let second = outbox
-                .enqueue_in(&mut t2, &message("order-1", "paid"))
-                .await;
-            (t2, second)
-        })
-    };
-    wait_until_blocked(outbox.pool(), pid).await;
+    let racer = enqueue_behind(&outbox, t2, pid).await;
     t1.rollback().await.unwrap();
     let (t2, second) = racer.await.unwrap();
     t2.commit().await.unwrap();

@@ -3,7 +3,7 @@
 //! RabbitMQ for idem's outbox: a [`RabbitPublisher`] implements
 //! [`idem_outbox::Publisher`] with [lapin](https://docs.rs/lapin), so an
 //! [`idem_outbox::Relay`] publishes every committed outbox message to an
-//! exchange and marks it sent only once RabbitMQ confirmed it.
+//! exchange, and counts it published only once RabbitMQ confirmed it.
 //!
 //! - One channel in **confirm mode**; a batch is published whole, then every
 //!   confirm is awaited. A message is `Ok` only on its `basic.ack`; a

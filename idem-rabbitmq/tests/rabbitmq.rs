@@ -1,6 +1,6 @@
 //! RabbitPublisher on the real broker: confirms, returns, the relay end to
 //! end (order per aggregate across four relays, a crash between confirm
-//! and mark-sent, a poison message, the broker cut off and back).
+//! and cursor move, a poison message, the broker cut off and back).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
@@ -186,7 +186,7 @@ async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_orde
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_confirm_and_mark_sent_delivers_a_copy_with_the_same_message_id() {
+async fn a_crash_between_confirm_and_cursor_move_delivers_a_copy_with_the_same_message_id() {
     let topology = Topology::new(true).await;
     let mut consumer = topology.consumer().await;
     let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
@@ -202,7 +202,7 @@ async fn a_crash_between_confirm_and_mark_sent_delivers_a_copy_with_the_same_mes
     );
 
     // The first relay publishes, RabbitMQ confirms, and it stalls before
-    // marking, until its lease lapsed and the second relay took over.
+    // moving its cursor, until its lease lapsed and the second relay took over.
     let stalled = tokio::spawn(async move { first.relay_once().await.unwrap() });
     tokio::time::timeout(PATIENCE, stalling.published.notified())
         .await

@@ -2,7 +2,7 @@
 //! `idem-rabbitmq` and `idem-nats` run them, and as a publisher of your own
 //! can): an outbox filled with interleaved aggregates, relays running until
 //! told to stop, waits with deadlines, and publisher wrappers that inject a
-//! poison message, a stall between confirm and mark-sent, or a relay killed
+//! poison message, a stall between confirm and cursor move, or a relay killed
 //! there.
 
 use std::collections::BTreeMap;
@@ -242,7 +242,7 @@ impl<P: Publisher> Publisher for Refusing<P> {
     }
 }
 
-/// A relay that stalls between the broker's confirm and its mark-sent:
+/// A relay that stalls between the broker's confirm and its cursor move:
 /// publishes, says so, then holds the answers until released.
 pub struct HoldAfterPublish<P> {
     /// The publisher that publishes.
@@ -274,7 +274,7 @@ impl<P: Publisher> Publisher for HoldAfterPublish<P> {
     }
 }
 
-/// A relay killed between the broker's confirm and its mark-sent: its
+/// A relay killed between the broker's confirm and its cursor move: its
 /// first batch is published, what the broker confirmed is kept,
 /// [`confirmed`](Self::confirmed) is notified, and the call never returns,
 /// so the test can abort the relay's task there (`JoinHandle::abort`) as a
