@@ -376,15 +376,18 @@ impl Operations {
         &self,
         namespace: &Tenant,
         state: OperationState,
-        cutoff: Timestamp,
+        cutoff: Option<Timestamp>,
         limit: usize,
     ) -> Result<Vec<(i64, AttributeValue)>, StoreError> {
         const OP: Operation = Operation::List;
-        let condition = format!(
-            "#{} = :lst AND #{} <= :cutoff",
-            attr::LIST_KEY,
-            attr::UPDATED_AT
-        );
+        let condition = match cutoff {
+            Some(_) => format!(
+                "#{} = :lst AND #{} <= :cutoff",
+                attr::LIST_KEY,
+                attr::UPDATED_AT
+            ),
+            None => format!("#{} = :lst", attr::LIST_KEY),
+        };
         crate::part::query_pages(
             &self.client,
             self.table(),
@@ -393,9 +396,11 @@ impl Operations {
             OP,
             limit,
             |query| {
-                query
-                    .expression_attribute_values(":lst", list_key(namespace, state))
-                    .expression_attribute_values(":cutoff", millis(cutoff))
+                let query = query.expression_attribute_values(":lst", list_key(namespace, state));
+                match cutoff {
+                    Some(cutoff) => query.expression_attribute_values(":cutoff", millis(cutoff)),
+                    None => query,
+                }
             },
             |item| {
                 let pk = item
@@ -614,7 +619,9 @@ impl JournalStore for Operations {
         const OP: Operation = Operation::List;
         let limit = validate_list_limit(query.limit)?;
         let now = self.synced_now().await?;
-        let cutoff = now - query.older_than;
+        // Every age: one written by a caller whose clock runs a little ahead
+        // of this one's is listed too.
+        let cutoff = (!query.older_than.is_zero()).then(|| now - query.older_than);
         // The oldest `limit` of all states are among the oldest `limit` of
         // each.
         let mut found = Vec::new();

@@ -276,6 +276,36 @@ async fn a_writer_whose_clock_is_behind_never_moves_updated_at_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_every_age_finds_what_a_caller_ahead_changed() {
+    let start = SystemClock.now();
+    let (behind, ahead) = (
+        ManualClock::new(start),
+        ManualClock::new(start + Duration::from_secs(2)),
+    );
+    let table = common::own_table("jahead");
+    let on = |clock: &ManualClock| {
+        DynamoJournalOptions::default()
+            .table(&table)
+            .clock(clock.clone())
+    };
+    let writer = common::journal_with(on(&ahead)).await;
+    let reader = common::journal_with(on(&behind)).await;
+    let key = key_in(&namespace(), "order-1");
+    writer.record(&charge(&key, 1)).await.unwrap();
+    let every_age = ListQuery::new(key.namespace().clone(), &OperationState::ALL);
+    let listed = reader.list(&every_age).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|r| r.key()).collect::<Vec<_>>(),
+        [&key],
+        "changed two seconds ahead of the reader, listed whatever its age"
+    );
+    let aged = every_age.older_than(Duration::from_secs(1));
+    assert!(reader.list(&aged).await.unwrap().is_empty());
+    behind.advance(Duration::from_secs(3));
+    assert_eq!(reader.list(&aged).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_reads_what_it_finds_again_and_drops_what_no_longer_matches() {
     let journal = common::shared_journal().await;
     let ns = namespace();

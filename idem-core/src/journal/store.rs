@@ -87,7 +87,9 @@ pub struct ListQuery {
     pub namespace: Tenant,
     /// The states listed, each once (none: nothing is found).
     pub states: Vec<OperationState>,
-    /// How long an operation has been unchanged, by the store's clock.
+    /// How long an operation has been unchanged, by the store's clock; zero
+    /// (the default) lists every age, also an operation changed by a caller
+    /// whose clock runs ahead of the store's.
     pub older_than: Duration,
     /// At most this many, 1 to [`MAX_LIST`]: the store refuses others.
     pub limit: usize,
@@ -115,7 +117,7 @@ impl ListQuery {
     pub fn matches(&self, record: &JournalRecord, now: Timestamp) -> bool {
         record.key().namespace() == &self.namespace
             && self.states.contains(&record.state())
-            && record.parts().updated_at <= now - self.older_than
+            && (self.older_than.is_zero() || record.parts().updated_at <= now - self.older_than)
     }
 
     /// Only those unchanged for `older_than`.
