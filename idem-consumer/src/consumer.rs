@@ -257,6 +257,8 @@ enum Attempt {
 /// redelivery of an applied message finds its record and is acknowledged
 /// with no effect, so the effect happens once however often the broker
 /// delivers (a consumer killed between its commit and its ack included).
+/// [`run`](Self::run) does the same for a batch of deliveries with one
+/// commit ([`consume_batch`](Self::consume_batch)).
 ///
 /// - A handler error, a failed commit or a version gap rolls the writes
 ///   back and asks the broker for the message again after a back-off

@@ -11,6 +11,12 @@
 //!   [`Idempotency::run_in`](idem_core::Idempotency::run_in)); the delivery
 //!   is acknowledged only after that commit. A redelivery of an applied
 //!   message is acknowledged with no effect.
+//! - **Batches.** [`Consumer::run`] gathers deliveries into batches
+//!   ([`ConsumerOptions::batch`]) handled in one transaction that batches
+//!   ([`Transaction::batches`](idem_core::store::Transaction::batches):
+//!   `idem_postgres::PgTransaction`): each message's claim and writes
+//!   under a savepoint of its own, one commit, then the acks together
+//!   ([`Delivery::ack_all`]); see [`Consumer::consume_batch`].
 //! - **Redelivery and parking.** A failure rolls the writes back and asks
 //!   the broker again after a back-off, a bounded number of times; then the
 //!   message is parked with its reason in an
