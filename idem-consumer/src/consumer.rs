@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    IdempotencyStore, InboundMessage, NewParked, ParkedMessage, ParkedQuery, ParkingStore,
-    Resolution, Transaction, VersionCheck,
+    ClaimOutcome, ClaimRequest, IdempotencyStore, InboundMessage, NewParked, ParkedMessage,
+    ParkedQuery, ParkingStore, Resolution, Transaction, VersionCheck,
 };
 use idem_core::{
     Fingerprint, HandlerError, Idempotency, IdempotencyKey, InvalidInput, RunError, RunOutcome,
@@ -24,9 +24,54 @@ use crate::flight::{Lanes, Tasks};
 
 /// The deliveries being handled, each task ending in how it went.
 type Handling = Tasks<Result<(), ConsumerError>>;
-/// A handled delivery's aggregate and how its task ended.
+/// A handled batch's aggregates and how its task ended.
 type Joined = crate::flight::Joined<Result<(), ConsumerError>>;
 use crate::options::ConsumerOptions;
+
+/// What [`Consumer::run`] holds: the lanes of the deliveries received, the
+/// batches being handled, and the batch being gathered.
+struct Flight<D> {
+    lanes: Lanes<D>,
+    tasks: Handling,
+    /// Deliveries free to start, each with its aggregate, oldest first.
+    gathered: Vec<(Option<String>, D)>,
+    /// When the gathered batch starts, full or not.
+    due: Option<tokio::time::Instant>,
+}
+
+/// Why a message's claim was refused for good.
+const MISMATCH: &str = "its message id was consumed before with another payload";
+
+fn gap(current: u64, message: &InboundMessage) -> String {
+    format!(
+        "version gap: the aggregate is at {current}, the event at {}",
+        message.version().unwrap_or_default()
+    )
+}
+
+/// How one pass of a batch through its transaction ended.
+enum Round {
+    /// Committed: each message's attempt, `None` for those settled before.
+    Committed(Vec<Option<Attempt>>),
+    /// A handler failed, taking the transaction with it: its message's
+    /// attempt is settled, and the batch begins again without it.
+    HandlerFailed,
+    /// The transaction was refused (begun, claimed in, rolled back to a
+    /// savepoint, or committed): each message on its own instead.
+    Refused(StoreError),
+    /// The handler's transaction does not batch.
+    Unbatched,
+}
+
+/// How one message of a batch went in the batch's transaction.
+enum Step<Tx> {
+    /// Done (or rolled back to its savepoint): the transaction goes on.
+    Kept(Tx, Attempt),
+    /// The handler failed and dropped the transaction.
+    HandlerFailed(String),
+    /// The transaction is no longer to be trusted.
+    Refused(StoreError),
+}
 
 /// How many received deliveries may wait behind their aggregates per slot
 /// of [`ConsumerOptions::concurrency`] before [`Consumer::run`] stops
@@ -212,6 +257,8 @@ enum Attempt {
 /// redelivery of an applied message finds its record and is acknowledged
 /// with no effect, so the effect happens once however often the broker
 /// delivers (a consumer killed between its commit and its ack included).
+/// [`run`](Self::run) does the same for a batch of deliveries with one
+/// commit ([`consume_batch`](Self::consume_batch)).
 ///
 /// - A handler error, a failed commit or a version gap rolls the writes
 ///   back and asks the broker for the message again after a back-off
@@ -419,34 +466,39 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// Checks the horizon of `source`, then consumes its deliveries until
-    /// it closes or `shutdown` completes: up to
-    /// [`ConsumerOptions::concurrency`] at once, never two of one aggregate
-    /// at the same time, and each aggregate's in the order the source
-    /// delivered them (so version checks see them in order; a message
-    /// without an aggregate waits only for a free slot). A delivery of an
-    /// aggregate being handled waits behind it without taking a slot, so a
-    /// slow aggregate holds up only its own; `run` stops receiving while
-    /// [`WAITING_PER_SLOT`] deliveries per slot wait so. A retryable broker
-    /// error receiving (a lost connection, a timeout) is logged and asked
-    /// again after the consumer's back-off, doubling while it lasts.
+    /// it closes or `shutdown` completes, in batches
+    /// ([`ConsumerOptions::batch`]): the deliveries received within the
+    /// batch's wait, up to its size, are handled in one transaction and
+    /// committed once ([`consume_batch`](Self::consume_batch)), up to
+    /// [`ConsumerOptions::concurrency`] batches at once. Never two
+    /// deliveries of one aggregate are handled at the same time, and each
+    /// aggregate's in the order the source delivered them (so version
+    /// checks see them in order; a message without an aggregate waits only
+    /// for room). A delivery of an aggregate being handled waits behind it,
+    /// outside any batch, so a slow aggregate holds up only its own and its
+    /// batch-mates (which commit with it); `run` stops receiving while
+    /// [`WAITING_PER_SLOT`] deliveries per slot
+    /// ([`ConsumerOptions::slots`]) wait so. A retryable broker error
+    /// receiving (a lost connection, a timeout) is logged and asked again
+    /// after the consumer's back-off, doubling while it lasts.
     ///
     /// # Cancellation
     ///
-    /// Each delivery is handled in a task of its own, so that it commits
-    /// whole or rolls back whole and is then settled, whatever becomes of
-    /// `run`: dropping `run`'s future (or aborting its task) stops the
-    /// receiving, never a delivery between its statements. When `shutdown`
-    /// completes, `run` stops receiving and waits for the deliveries being
-    /// handled, up to [`ConsumerOptions::shutdown_grace`]; those received
-    /// and not begun are left unsettled, for the broker to deliver again. A
-    /// process that dies mid-delivery leaves its transaction to roll back
-    /// and its delivery to the broker, which delivers it again.
+    /// Each batch is handled in a task of its own, so that it commits whole
+    /// or rolls back whole and is then settled, whatever becomes of `run`:
+    /// dropping `run`'s future (or aborting its task) stops the receiving,
+    /// never a batch between its statements. When `shutdown` completes,
+    /// `run` stops receiving and waits for the batches being handled, up to
+    /// [`ConsumerOptions::shutdown_grace`]; deliveries received and not
+    /// begun are left unsettled, for the broker to deliver again. A process
+    /// that dies mid-batch leaves its transaction to roll back and its
+    /// deliveries to the broker, which delivers them again.
     ///
     /// # Errors
     ///
     /// [`ConsumerError::Misconfigured`] from [`check`](Self::check), before
     /// any delivery; a broker error receiving that is not retryable (once
-    /// the deliveries being handled are done). A failure of one delivery is
+    /// the batches being handled are done). A failure of one delivery is
     /// logged and left to the broker's redelivery.
     pub async fn run<S: Source>(
         &self,
@@ -455,40 +507,38 @@ impl<H: Handler> Consumer<H> {
     ) -> Result<(), ConsumerError> {
         self.check(&source.horizon())?;
         tokio::pin!(shutdown);
-        let slots = self.parts.options.concurrency;
-        let mut lanes = Lanes::new(slots, slots.saturating_mul(WAITING_PER_SLOT));
-        let mut tasks = Handling::default();
+        let slots = self.parts.options.slots();
+        let mut flight = Flight {
+            lanes: Lanes::new(slots, slots.saturating_mul(WAITING_PER_SLOT)),
+            tasks: Handling::default(),
+            gathered: Vec::new(),
+            due: None,
+        };
         // Receive failures in a row: the back-off's delivery count.
         let mut failures = 0u32;
         loop {
             // Until there is room: only settle what is handled.
-            while !lanes.has_room() {
+            while !flight.lanes.has_room() {
+                let (flushable, due) = self.flush_due(&flight);
                 tokio::select! {
                     biased;
                     () = &mut shutdown => {
-                        self.finish(tasks).await;
+                        self.finish(flight.tasks).await;
                         return Ok(());
                     }
-                    Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
+                    Some(joined) = flight.tasks.join_next() => self.joined(&mut flight, joined),
+                    () = tokio::time::sleep_until(due), if flushable => self.flush(&mut flight),
                     // Nothing runs, so nothing would make room: receive.
                     else => break,
                 }
             }
             // One receive, never dropped for a settlement (a source's next
             // need not be cancel-safe), only for the shutdown, as before.
-            let next = {
-                let mut receiving = source.next();
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown => {
-                        self.finish(tasks).await;
-                        return Ok(());
-                    }
-                        Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
-                        next = &mut receiving => break next,
-                    }
-                }
+            let Some(next) = self
+                .meanwhile(&mut flight, &mut shutdown, source.next())
+                .await
+            else {
+                return Ok(());
             };
             let next = match next {
                 Ok(next) => next,
@@ -497,61 +547,132 @@ impl<H: Handler> Consumer<H> {
                     let after = self.parts.options.delay_after(failures);
                     tracing::warn!(%error, ?after, "the source could not receive; asking again");
                     let resume = tokio::time::sleep(after);
-                    tokio::pin!(resume);
-                    loop {
-                        tokio::select! {
-                                biased;
-                                () = &mut shutdown => {
-                            self.finish(tasks).await;
-                            return Ok(());
-                        }
-                                Some(joined) = tasks.join_next() => self.joined(&mut lanes, &mut tasks, joined),
-                                () = &mut resume => break,
-                            }
+                    if self
+                        .meanwhile(&mut flight, &mut shutdown, resume)
+                        .await
+                        .is_none()
+                    {
+                        return Ok(());
                     }
                     continue;
                 }
                 Err(error) => {
-                    self.drain(&mut lanes, &mut tasks, &mut shutdown).await;
+                    self.drain(&mut flight, &mut shutdown).await;
                     return Err(error.into());
                 }
             };
             failures = 0;
             let Some(delivery) = next else {
-                self.drain(&mut lanes, &mut tasks, &mut shutdown).await;
+                self.drain(&mut flight, &mut shutdown).await;
                 return Ok(());
             };
             let aggregate = delivery.message().aggregate().map(str::to_string);
-            if let Some(delivery) = lanes.admit(aggregate.clone(), delivery) {
-                self.start(&mut tasks, aggregate, delivery);
+            if let Some(delivery) = flight.lanes.admit(aggregate.clone(), delivery) {
+                self.gather(&mut flight, aggregate, delivery);
             }
         }
     }
 
-    /// Handles `delivery` in a task of its own.
-    fn start<D: Delivery + 'static>(
+    /// Awaits `work` while settling the batches that end and starting a
+    /// gathered one whose wait is up; `None` when `shutdown` completed
+    /// first (the batches being handled then finish, within the grace).
+    async fn meanwhile<D: Delivery + 'static, T>(
         &self,
-        tasks: &mut Handling,
+        flight: &mut Flight<D>,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        work: impl Future<Output = T>,
+    ) -> Option<T> {
+        tokio::pin!(work);
+        loop {
+            let (flushable, due) = self.flush_due(flight);
+            tokio::select! {
+                biased;
+                () = &mut *shutdown => {
+                    self.finish(std::mem::take(&mut flight.tasks)).await;
+                    return None;
+                }
+                Some(joined) = flight.tasks.join_next() => self.joined(flight, joined),
+                () = tokio::time::sleep_until(due), if flushable => self.flush(flight),
+                done = &mut work => return Some(done),
+            }
+        }
+    }
+
+    /// Whether a gathered batch may start when its wait is up, and when
+    /// that is (a batch task must be free).
+    fn flush_due<D>(&self, flight: &Flight<D>) -> (bool, tokio::time::Instant) {
+        let now = tokio::time::Instant::now();
+        match flight.due {
+            Some(due) if flight.tasks.len() < self.parts.options.concurrency => (true, due),
+            _ => (false, now),
+        }
+    }
+
+    /// A delivery may start: it joins the batch being gathered, which
+    /// starts once full (and a batch task is free).
+    fn gather<D: Delivery + 'static>(
+        &self,
+        flight: &mut Flight<D>,
         aggregate: Option<String>,
         delivery: D,
     ) {
+        if flight.gathered.is_empty() {
+            flight.due = Some(tokio::time::Instant::now() + self.parts.options.batch_wait);
+        }
+        flight.gathered.push((aggregate, delivery));
+        let options = &self.parts.options;
+        while flight.gathered.len() >= options.batch_size
+            && flight.tasks.len() < options.concurrency
+        {
+            self.start(flight);
+        }
+    }
+
+    /// The gathered batch's wait is up: it starts as it is.
+    fn flush<D: Delivery + 'static>(&self, flight: &mut Flight<D>) {
+        if flight.tasks.len() < self.parts.options.concurrency {
+            self.start(flight);
+        }
+    }
+
+    /// Starts a batch of the gathered deliveries (the oldest, up to the
+    /// batch size) in a task of its own.
+    fn start<D: Delivery + 'static>(&self, flight: &mut Flight<D>) {
+        let size = flight.gathered.len().min(self.parts.options.batch_size);
+        if size == 0 {
+            flight.due = None;
+            return;
+        }
+        let (aggregates, batch): (Vec<_>, Vec<_>) = flight.gathered.drain(..size).unzip();
+        if flight.gathered.is_empty() {
+            flight.due = None;
+        }
         let consumer = self.clone();
-        tasks.spawn(aggregate, async move {
-            consumer.consume(&delivery).await.map(drop)
+        flight.tasks.spawn(aggregates, async move {
+            for settled in consumer.consume_batch(&batch).await {
+                if let Err(error) = settled {
+                    tracing::warn!(%error, "a delivery failed; the broker delivers it again");
+                }
+            }
+            Ok(())
         });
     }
 
-    /// A delivery's task ended: logs how, and starts what waited for it.
-    fn joined<D: Delivery + 'static>(
-        &self,
-        lanes: &mut Lanes<D>,
-        tasks: &mut Handling,
-        joined: Joined,
-    ) {
-        let (aggregate, handled) = joined;
+    /// A batch's task ended: logs how, and gathers what waited for it.
+    fn joined<D: Delivery + 'static>(&self, flight: &mut Flight<D>, joined: Joined) {
+        let (aggregates, handled) = joined;
         log_handled(handled);
-        for (aggregate, delivery) in lanes.finished(aggregate.as_deref()) {
-            self.start(tasks, aggregate, delivery);
+        for aggregate in aggregates {
+            for (aggregate, delivery) in flight.lanes.finished(aggregate.as_deref()) {
+                self.gather(flight, aggregate, delivery);
+            }
+        }
+        // A batch task is free: a batch whose wait is up starts now.
+        if flight
+            .due
+            .is_some_and(|due| due <= tokio::time::Instant::now())
+        {
+            self.flush(flight);
         }
     }
 
@@ -559,26 +680,25 @@ impl<H: Handler> Consumer<H> {
     /// until the shutdown.
     async fn drain<D: Delivery + 'static>(
         &self,
-        lanes: &mut Lanes<D>,
-        tasks: &mut Handling,
+        flight: &mut Flight<D>,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) {
-        while !lanes.is_idle() {
+        while !flight.lanes.is_idle() {
+            let (flushable, due) = self.flush_due(flight);
             tokio::select! {
                 biased;
                 () = &mut *shutdown => {
-                    self.finish(std::mem::take(tasks)).await;
+                    self.finish(std::mem::take(&mut flight.tasks)).await;
                     return;
                 }
-                joined = tasks.join_next() => match joined {
-                    Some(joined) => self.joined(lanes, tasks, joined),
-                    None => return,
-                },
+                Some(joined) = flight.tasks.join_next() => self.joined(flight, joined),
+                () = tokio::time::sleep_until(due), if flushable => self.flush(flight),
+                else => return,
             }
         }
     }
 
-    /// At shutdown: waits for the deliveries being handled, within the grace.
+    /// At shutdown: waits for the batches being handled, within the grace.
     async fn finish(&self, mut tasks: Handling) {
         let grace = self.parts.options.shutdown_grace;
         let finished = tokio::time::timeout(grace, async {
@@ -614,17 +734,322 @@ impl<H: Handler> Consumer<H> {
         &self,
         delivery: &D,
     ) -> Result<Consumed, ConsumerError> {
-        let message = delivery.message();
+        let span = self.delivery_span(delivery);
+        let result = self.settle(delivery).instrument(span.clone()).await;
+        self.settled(&span, delivery, &result);
+        result
+    }
+
+    async fn settle<D: Delivery + ?Sized>(&self, delivery: &D) -> Result<Consumed, ConsumerError> {
+        let attempt = self.attempt(delivery.message()).await;
+        let (consumed, ack) = self.settle_attempt(delivery, attempt).await?;
+        if ack {
+            delivery.ack().await?;
+        }
+        if consumed == Consumed::Applied {
+            self.release_behind(delivery.message()).await;
+        }
+        Ok(consumed)
+    }
+
+    /// Consumes a batch of deliveries (of one source, in its order, no two
+    /// of one aggregate) with one commit, and settles each: every message
+    /// is claimed in one transaction of the handler's
+    /// ([`Transaction::claim`]) and handled under a savepoint of its own,
+    /// then the transaction commits once and the deliveries are
+    /// acknowledged together ([`Delivery::ack_all`]).
+    ///
+    /// - A message whose handler returns a gap, whose claim finds it
+    ///   applied, held or consumed with another payload, or whose
+    ///   completion is refused is rolled back to its savepoint; its
+    ///   batch-mates go on.
+    /// - A handler error drops the transaction it was given (the handler
+    ///   owns it): the batch begins again without that message, which is
+    ///   delivered again, then parked, as on its own.
+    /// - A refused commit (a serialization failure, a deferred constraint,
+    ///   an outcome unknown) or a refused savepoint or claim hands each
+    ///   message to [`consume`](Self::consume)'s path, one transaction
+    ///   each, so one bad message never keeps its batch-mates from
+    ///   applying (one whose commit landed is then a duplicate).
+    /// - A duplicate inside the batch applies once: its claim finds the
+    ///   first completed in the same transaction. A message claimed in two
+    ///   batches at once applies once: the store makes the second claim
+    ///   wait for the first transaction, then find it applied (Postgres, on
+    ///   the record's primary key), or answer it held.
+    ///
+    /// A handler transaction that does not batch ([`Transaction::batches`])
+    /// has each delivery consumed on its own, all at once. Results are in
+    /// the batch's order. The batch is an INFO span, `idem.consume_batch`,
+    /// with `consumer`, `size` and `commits`; each delivery's settlement
+    /// an `idem.consume` span as [`consume`](Self::consume)'s.
+    pub async fn consume_batch<D: Delivery>(
+        &self,
+        batch: &[D],
+    ) -> Vec<Result<Consumed, ConsumerError>> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
         let span = tracing::info_span!(
+            "idem.consume_batch",
+            consumer = %self.parts.name,
+            size = batch.len(),
+            commits = field::Empty,
+        );
+        let _in_flight = crate::InFlight::new(&self.parts.name, batch.len());
+        async {
+            let messages: Vec<&InboundMessage> = batch.iter().map(Delivery::message).collect();
+            let Some(attempts) = self.attempt_batch(&messages).await else {
+                let each = batch.iter().map(|delivery| self.consume(delivery));
+                return futures_util::future::join_all(each).await;
+            };
+            self.settle_batch(batch, attempts).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Each message's attempt in one transaction; `None` when the
+    /// handler's transaction does not batch.
+    async fn attempt_batch(&self, messages: &[&InboundMessage]) -> Option<Vec<Attempt>> {
+        let mut settled: Vec<Option<Attempt>> = messages.iter().map(|_| None).collect();
+        let mut commits = 0u64;
+        // Each pass that a handler error ends settles that message, so at
+        // most one pass more than the batch has messages.
+        let refused = loop {
+            commits += 1;
+            match self.batch_round(messages, &mut settled).await {
+                Round::Committed(done) => {
+                    tracing::Span::current().record("commits", commits);
+                    let attempts = settled.into_iter().zip(done);
+                    return Some(
+                        attempts
+                            .map(|(settled, done)| settled.or(done))
+                            .map(|attempt| {
+                                attempt.unwrap_or_else(|| {
+                                    Attempt::Busy(self.parts.options.first_backoff)
+                                })
+                            })
+                            .collect(),
+                    );
+                }
+                Round::HandlerFailed => {}
+                Round::Unbatched => return None,
+                Round::Refused(error) => break error,
+            }
+        };
+        tracing::warn!(
+            error = %refused,
+            size = messages.len(),
+            "a batch's transaction was refused; its messages are handled one by one"
+        );
+        let mut attempts = Vec::with_capacity(messages.len());
+        for (message, settled) in messages.iter().zip(settled) {
+            let attempt = match settled {
+                Some(attempt) => attempt,
+                None => {
+                    commits += 1;
+                    self.attempt(message).await
+                }
+            };
+            attempts.push(attempt);
+        }
+        tracing::Span::current().record("commits", commits);
+        Some(attempts)
+    }
+
+    /// One pass of the batch's messages not yet settled through one
+    /// transaction.
+    async fn batch_round(
+        &self,
+        messages: &[&InboundMessage],
+        settled: &mut [Option<Attempt>],
+    ) -> Round {
+        let mut tx = match self.parts.handler.begin().await {
+            Ok(tx) => tx,
+            Err(error) => return Round::Refused(error),
+        };
+        if !tx.batches() {
+            return Round::Unbatched;
+        }
+        let mut done: Vec<Option<Attempt>> = messages.iter().map(|_| None).collect();
+        for (at, message) in messages.iter().enumerate() {
+            if settled[at].is_some() {
+                continue;
+            }
+            match self.batch_step(message, tx).await {
+                Step::Kept(kept, attempt) => {
+                    tx = kept;
+                    done[at] = Some(attempt);
+                }
+                Step::HandlerFailed(reason) => {
+                    settled[at] = Some(Attempt::Failed(reason));
+                    return Round::HandlerFailed;
+                }
+                Step::Refused(error) => return Round::Refused(error),
+            }
+        }
+        match tx.commit().await {
+            Ok(()) => Round::Committed(done),
+            Err(error) => Round::Refused(error),
+        }
+    }
+
+    /// One message of a batch under its own savepoint: its claim, its
+    /// handler, its completion.
+    async fn batch_step(&self, message: &InboundMessage, mut tx: H::Tx) -> Step<H::Tx> {
+        if let Err(error) = tx.savepoint().await {
+            return Step::Refused(error);
+        }
+        let scope = Scope::new(self.parts.name.clone(), message.id().clone());
+        let request = ClaimRequest::new(scope, Fingerprint::of_bytes(message.payload()))
+            .with_lease(self.parts.options.lease)
+            .and_then(|request| request.with_retention(self.parts.options.retention));
+        let request = match request {
+            Ok(request) => request,
+            Err(error) => return Step::Refused(error.into()),
+        };
+        let lease = match tx.claim(&request).await {
+            Ok(ClaimOutcome::Claimed { lease, .. }) => lease,
+            Ok(other) => {
+                let attempt = match other {
+                    ClaimOutcome::Completed(_) => Attempt::Done(Consumed::Duplicate),
+                    ClaimOutcome::InProgress { retry_after } => Attempt::Busy(retry_after),
+                    ClaimOutcome::Mismatch => Attempt::Poison(MISMATCH.to_string()),
+                    _ => Attempt::Busy(self.parts.options.first_backoff),
+                };
+                // The claim wrote nothing to keep.
+                return match tx.release_savepoint().await {
+                    Ok(()) => Step::Kept(tx, attempt),
+                    Err(error) => Step::Refused(error),
+                };
+            }
+            Err(error) => return Step::Refused(error),
+        };
+        let (mut tx, handled) = match self.parts.handler.handle(message, tx).await {
+            Ok(handled) => handled,
+            Err(error) => return Step::HandlerFailed(error.to_string()),
+        };
+        let attempt = match handled {
+            // A gap writes nothing and leaves no claim behind.
+            Handled::Gap { current } => Err(Attempt::Failed(gap(current, message))),
+            handled => match tx.complete(&lease, &handled.to_stored()).await {
+                Ok(()) if handled == Handled::Applied => Ok(Attempt::Done(Consumed::Applied)),
+                Ok(()) => Ok(Attempt::Done(Consumed::Stale)),
+                Err(StoreError::LostLease) => Err(Attempt::Busy(self.parts.options.first_backoff)),
+                Err(
+                    error @ (StoreError::Rejected { .. }
+                    | StoreError::TooLarge { .. }
+                    | StoreError::InvalidInput(_)),
+                ) => Err(Attempt::Failed(error.to_string())),
+                Err(error) => return Step::Refused(error),
+            },
+        };
+        let (closed, attempt) = match attempt {
+            Ok(attempt) => (tx.release_savepoint().await, attempt),
+            Err(attempt) => (tx.rollback_to_savepoint().await, attempt),
+        };
+        match closed {
+            Ok(()) => Step::Kept(tx, attempt),
+            Err(error) => Step::Refused(error),
+        }
+    }
+
+    /// Settles a batch's deliveries after its commit: those to deliver
+    /// again first, then the parked, then every acknowledgement at once.
+    async fn settle_batch<D: Delivery>(
+        &self,
+        batch: &[D],
+        attempts: Vec<Attempt>,
+    ) -> Vec<Result<Consumed, ConsumerError>> {
+        let mut settled = Vec::with_capacity(batch.len());
+        let mut acks = Vec::new();
+        for (at, (delivery, attempt)) in batch.iter().zip(attempts).enumerate() {
+            let span = self.delivery_span(delivery);
+            let result = self
+                .settle_attempt(delivery, attempt)
+                .instrument(span.clone())
+                .await;
+            if let Ok((_, true)) = &result {
+                acks.push(at);
+            }
+            settled.push((span, result.map(|(consumed, _)| consumed)));
+        }
+        let acked: Vec<&D> = acks.iter().map(|at| &batch[*at]).collect();
+        let broker = D::ack_all(&acked).await.err();
+        let mut results = Vec::with_capacity(batch.len());
+        for (at, (span, result)) in settled.into_iter().enumerate() {
+            let result = match (result, &broker) {
+                (Ok(_), Some(error)) if acks.contains(&at) => {
+                    Err(ConsumerError::Broker(error.copied()))
+                }
+                (result, _) => result,
+            };
+            self.settled(&span, &batch[at], &result);
+            results.push(result);
+        }
+        for (delivery, result) in batch.iter().zip(&results) {
+            if matches!(result, Ok(Consumed::Applied)) {
+                self.release_behind(delivery.message()).await;
+            }
+        }
+        results
+    }
+
+    /// Settles one attempt short of its ack: what it was, and whether it
+    /// is to be acknowledged.
+    async fn settle_attempt<D: Delivery + ?Sized>(
+        &self,
+        delivery: &D,
+        attempt: Attempt,
+    ) -> Result<(Consumed, bool), ConsumerError> {
+        let message = delivery.message();
+        let deliveries = delivery.deliveries();
+        let consumed = match attempt {
+            Attempt::Done(consumed) => consumed,
+            Attempt::Busy(after) => {
+                delivery.retry(after).await?;
+                return Ok((Consumed::InProgress { after }, false));
+            }
+            Attempt::Unavailable(error) => {
+                let after = self.parts.options.delay_after(deliveries);
+                delivery.retry(after).await?;
+                let reason = error.to_string();
+                return Ok((Consumed::Retried { after, reason }, false));
+            }
+            Attempt::Failed(reason) if deliveries < self.parts.options.max_deliveries => {
+                let after = self.parts.options.delay_after(deliveries);
+                delivery.retry(after).await?;
+                return Ok((Consumed::Retried { after, reason }, false));
+            }
+            Attempt::Failed(reason) | Attempt::Poison(reason) => {
+                self.park(message, &reason, deliveries).await?;
+                Consumed::Parked { reason }
+            }
+        };
+        Ok((consumed, true))
+    }
+
+    /// A delivery's span, `idem.consume`.
+    fn delivery_span<D: Delivery + ?Sized>(&self, delivery: &D) -> tracing::Span {
+        let message = delivery.message();
+        tracing::info_span!(
             "idem.consume",
             consumer = %self.parts.name,
             message_hash = %message.id().redacted(),
             kind = message.kind(),
             deliveries = delivery.deliveries(),
             outcome = field::Empty,
-        );
-        let result = self.settle(delivery).instrument(span.clone()).await;
-        match &result {
+        )
+    }
+
+    /// Records a settled delivery on its span and in the metrics.
+    fn settled<D: Delivery + ?Sized>(
+        &self,
+        span: &tracing::Span,
+        delivery: &D,
+        result: &Result<Consumed, ConsumerError>,
+    ) {
+        match result {
             Ok(consumed) => {
                 span.record("outcome", consumed.as_str());
                 crate::record(&self.parts.name, consumed, delivery.published_at());
@@ -633,39 +1058,6 @@ impl<H: Handler> Consumer<H> {
                 span.record("outcome", "error");
             }
         }
-        result
-    }
-
-    async fn settle<D: Delivery + ?Sized>(&self, delivery: &D) -> Result<Consumed, ConsumerError> {
-        let message = delivery.message();
-        let deliveries = delivery.deliveries();
-        let consumed = match self.attempt(message).await {
-            Attempt::Done(consumed) => consumed,
-            Attempt::Busy(after) => {
-                delivery.retry(after).await?;
-                return Ok(Consumed::InProgress { after });
-            }
-            Attempt::Unavailable(error) => {
-                let after = self.parts.options.delay_after(deliveries);
-                delivery.retry(after).await?;
-                let reason = error.to_string();
-                return Ok(Consumed::Retried { after, reason });
-            }
-            Attempt::Failed(reason) if deliveries < self.parts.options.max_deliveries => {
-                let after = self.parts.options.delay_after(deliveries);
-                delivery.retry(after).await?;
-                return Ok(Consumed::Retried { after, reason });
-            }
-            Attempt::Failed(reason) | Attempt::Poison(reason) => {
-                self.park(message, &reason, deliveries).await?;
-                Consumed::Parked { reason }
-            }
-        };
-        delivery.ack().await?;
-        if consumed == Consumed::Applied {
-            self.release_behind(message).await;
-        }
-        Ok(consumed)
     }
 
     async fn park(
@@ -703,17 +1095,14 @@ impl<H: Handler> Consumer<H> {
             })
             .await;
         match run {
-            Ok(RunOutcome::Executed(Handled::Gap { current })) => Attempt::Failed(format!(
-                "version gap: the aggregate is at {current}, the event at {}",
-                message.version().unwrap_or_default()
-            )),
+            Ok(RunOutcome::Executed(Handled::Gap { current })) => {
+                Attempt::Failed(gap(current, message))
+            }
             Ok(RunOutcome::Executed(Handled::Stale { .. })) => Attempt::Done(Consumed::Stale),
             Ok(RunOutcome::Executed(_)) => Attempt::Done(Consumed::Applied),
             Ok(RunOutcome::Replayed(_)) => Attempt::Done(Consumed::Duplicate),
             Err(RunError::InProgress { retry_after }) => Attempt::Busy(retry_after),
-            Err(RunError::Mismatch) => Attempt::Poison(
-                "its message id was consumed before with another payload".to_string(),
-            ),
+            Err(RunError::Mismatch) => Attempt::Poison(MISMATCH.to_string()),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
                 Attempt::Failed(error.to_string())
             }

@@ -72,6 +72,18 @@ impl BrokerError {
     pub fn is_retryable(&self) -> bool {
         self.retryable
     }
+
+    /// The same failure for another delivery of one batch (its source,
+    /// which is not cloneable, stays with the first).
+    pub(crate) fn copied(&self) -> Self {
+        Self {
+            broker: self.broker,
+            operation: self.operation,
+            message: self.message.clone(),
+            retryable: self.retryable,
+            source: None,
+        }
+    }
 }
 
 /// `work`, or a retryable [`BrokerError`] of `broker` naming `operation`
@@ -132,6 +144,30 @@ pub trait Delivery: Send + Sync {
     /// Asks for it again after `delay` (RabbitMQ: a requeue after the
     /// delay; JetStream: a NAK with that delay).
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError>;
+
+    /// Acknowledges every delivery of `batch` (of one source, in the order
+    /// it delivered them), after their batch committed: by default one
+    /// [`ack`](Self::ack) after another, every one tried. An adapter
+    /// acknowledges them together where its broker can (RabbitMQ: one
+    /// `multiple` ack per run of contiguous delivery tags; JetStream: the
+    /// acks sent at once and their replies awaited together).
+    ///
+    /// # Errors
+    ///
+    /// The first failure; the broker delivers again what it never saw
+    /// acknowledged, and the inbox makes that a duplicate.
+    async fn ack_all(batch: &[&Self]) -> Result<(), BrokerError>
+    where
+        Self: Sized,
+    {
+        let mut first = None;
+        for delivery in batch {
+            if let Err(error) = delivery.ack().await {
+                first.get_or_insert(error);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
 }
 
 /// A broker's deliveries for one consumer, in the order the broker gives

@@ -93,12 +93,12 @@ impl<D> Lanes<D> {
     }
 }
 
-/// The tasks handling deliveries (each ending in a `T`), each known by its
-/// aggregate. Dropped (as `run` is), it lets them finish: a delivery is
-/// never cut between its statements.
+/// The tasks handling batches of deliveries (each ending in a `T`), each
+/// known by its deliveries' aggregates. Dropped (as `run` is), it lets
+/// them finish: a batch is never cut between its statements.
 pub(crate) struct Tasks<T: 'static> {
     set: JoinSet<T>,
-    aggregates: HashMap<Id, Option<String>>,
+    aggregates: HashMap<Id, Vec<Option<String>>>,
 }
 
 impl<T: 'static> Default for Tasks<T> {
@@ -110,18 +110,23 @@ impl<T: 'static> Default for Tasks<T> {
     }
 }
 
-/// A handled delivery's aggregate and how its task ended.
-pub(crate) type Joined<T> = (Option<String>, Result<T, JoinError>);
+/// A handled batch's aggregates and how its task ended.
+pub(crate) type Joined<T> = (Vec<Option<String>>, Result<T, JoinError>);
 
 impl<T: Send + 'static> Tasks<T> {
-    /// Handles a delivery of `aggregate` in a task of its own.
+    /// Handles a batch of deliveries of `aggregates` in a task of its own.
     pub(crate) fn spawn(
         &mut self,
-        aggregate: Option<String>,
+        aggregates: Vec<Option<String>>,
         handling: impl Future<Output = T> + Send + 'static,
     ) {
         let id = self.set.spawn(handling).id();
-        self.aggregates.insert(id, aggregate);
+        self.aggregates.insert(id, aggregates);
+    }
+
+    /// How many batches are being handled.
+    pub(crate) fn len(&self) -> usize {
+        self.set.len()
     }
 
     /// The next task to end; `None` when none runs.
@@ -130,7 +135,7 @@ impl<T: Send + 'static> Tasks<T> {
             Ok((id, handled)) => (id, Ok(handled)),
             Err(error) => (error.id(), Err(error)),
         };
-        Some((self.aggregates.remove(&id).flatten(), ended))
+        Some((self.aggregates.remove(&id).unwrap_or_default(), ended))
     }
 }
 

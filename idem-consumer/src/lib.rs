@@ -11,6 +11,12 @@
 //!   [`Idempotency::run_in`](idem_core::Idempotency::run_in)); the delivery
 //!   is acknowledged only after that commit. A redelivery of an applied
 //!   message is acknowledged with no effect.
+//! - **Batches.** [`Consumer::run`] gathers deliveries into batches
+//!   ([`ConsumerOptions::batch`]) handled in one transaction that batches
+//!   ([`Transaction::batches`](idem_core::store::Transaction::batches):
+//!   `idem_postgres::PgTransaction`): each message's claim and writes
+//!   under a savepoint of its own, one commit, then the acks together
+//!   ([`Delivery::ack_all`]); see [`Consumer::consume_batch`].
 //! - **Redelivery and parking.** A failure rolls the writes back and asks
 //!   the broker again after a back-off, a bounded number of times; then the
 //!   message is parked with its reason in an
@@ -33,8 +39,11 @@
 //!
 //! With the `metrics` feature: [`MESSAGES`] (counter, by `consumer` and
 //! `outcome`: `applied`, `stale`, `duplicate`, `retried`, `in_progress`,
-//! `parked`) and [`LAG`] (histogram, seconds from the broker's publish to
-//! the settlement). Each delivery is an INFO span, `idem.consume`.
+//! `parked`), [`LAG`] (histogram, seconds from the broker's publish to
+//! the settlement), [`BATCH_SIZE`] (histogram, deliveries per batch) and
+//! [`IN_FLIGHT`] (gauge, deliveries being handled in batches). Each
+//! delivery is an INFO span, `idem.consume`; each batch one too,
+//! `idem.consume_batch`, with its `size` and its `commits`.
 
 mod consumer;
 mod delivery;
@@ -52,6 +61,44 @@ pub use idem_core::async_trait;
 pub const MESSAGES: &str = "idem_consumer_messages_total";
 /// Histogram, seconds: from the broker's publish to the settlement.
 pub const LAG: &str = "idem_consumer_lag_seconds";
+
+/// Histogram: deliveries per batch, by `consumer`.
+pub const BATCH_SIZE: &str = "idem_consumer_batch_size";
+/// Gauge: deliveries being handled in batches, by `consumer`.
+pub const IN_FLIGHT: &str = "idem_consumer_in_flight";
+
+/// A batch's deliveries counted in [`IN_FLIGHT`] until dropped; its size
+/// recorded in [`BATCH_SIZE`].
+pub(crate) struct InFlight {
+    #[cfg(feature = "metrics")]
+    gauge: metrics::Gauge,
+    #[cfg(feature = "metrics")]
+    size: f64,
+}
+
+impl InFlight {
+    #[cfg(feature = "metrics")]
+    pub(crate) fn new(consumer: &idem_core::Tenant, size: usize) -> Self {
+        let name = consumer.as_str().to_string();
+        let size = size as f64;
+        metrics::histogram!(BATCH_SIZE, "consumer" => name.clone()).record(size);
+        let gauge = metrics::gauge!(IN_FLIGHT, "consumer" => name);
+        gauge.increment(size);
+        Self { gauge, size }
+    }
+
+    #[cfg(not(feature = "metrics"))]
+    pub(crate) fn new(_: &idem_core::Tenant, _: usize) -> Self {
+        Self {}
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.decrement(self.size);
+    }
+}
 
 /// Records one settled delivery's metrics.
 #[cfg(feature = "metrics")]

@@ -31,6 +31,8 @@ pub struct ConsumerOptions {
     pub(crate) release_batch: usize,
     pub(crate) shutdown_grace: Duration,
     pub(crate) concurrency: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) batch_wait: Duration,
 }
 
 impl Default for ConsumerOptions {
@@ -44,6 +46,8 @@ impl Default for ConsumerOptions {
             release_batch: 100,
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
             concurrency: 1,
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            batch_wait: Self::DEFAULT_BATCH_WAIT,
         }
     }
 }
@@ -58,6 +62,15 @@ impl ConsumerOptions {
 
     /// The most deliveries [`concurrency`](Self::concurrency) allows at once.
     pub const MAX_CONCURRENCY: usize = 1024;
+
+    /// The default most deliveries of one batch: 64.
+    pub const DEFAULT_BATCH_SIZE: usize = 64;
+
+    /// The most deliveries [`batch`](Self::batch) allows in one batch.
+    pub const MAX_BATCH_SIZE: usize = 1024;
+
+    /// The default longest wait for a batch to fill: 5 ms.
+    pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(5);
 
     /// The default wait at shutdown for deliveries being handled: 30 s.
     pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -110,18 +123,19 @@ impl ConsumerOptions {
         self
     }
 
-    /// How many deliveries [`Consumer::run`](crate::Consumer::run) handles
+    /// How many batches ([`batch`](Self::batch)) [`Consumer::run`](crate::Consumer::run) handles
     /// at once (default 1; 1 to [`MAX_CONCURRENCY`](Self::MAX_CONCURRENCY)):
-    /// never two of one aggregate, each aggregate's in delivery order. Each
-    /// holds a connection of the handler's pool while it runs, so give the
-    /// pool at least this many, and the source a prefetch (RabbitMQ) or a
-    /// pull batch (JetStream) of at least this many too, or the slots
-    /// wait for the broker.
+    /// never two deliveries of one aggregate at once, each aggregate's in
+    /// delivery order. Each batch holds a connection of the handler's pool
+    /// while it runs, so give the pool at least this many (and one more for
+    /// a batch falling back to one message at a time), and the source a
+    /// prefetch (RabbitMQ) or a pull batch (JetStream) of at least
+    /// [`slots`](Self::slots), or the batches wait for the broker.
     ///
     /// ```
     /// use idem_consumer::ConsumerOptions;
     ///
-    /// let options = ConsumerOptions::default().concurrency(16);
+    /// let options = ConsumerOptions::default().concurrency(16).batch(1, Default::default());
     /// assert_eq!(options.slots(), 16);
     /// ```
     #[must_use]
@@ -130,9 +144,51 @@ impl ConsumerOptions {
         self
     }
 
-    /// The most deliveries handled at once.
+    /// How deliveries are gathered into batches that commit once (default
+    /// [`DEFAULT_BATCH_SIZE`](Self::DEFAULT_BATCH_SIZE) and
+    /// [`DEFAULT_BATCH_WAIT`](Self::DEFAULT_BATCH_WAIT)): up to `size`
+    /// deliveries (1 to [`MAX_BATCH_SIZE`](Self::MAX_BATCH_SIZE)), or what
+    /// arrived within `wait` of a batch's first delivery, are handled in
+    /// one transaction of the handler's, each message's claim and writes
+    /// under a savepoint of its own, then committed once and acknowledged
+    /// together. [`concurrency`](Self::concurrency) batches run at once,
+    /// never two deliveries of one aggregate at the same time. A
+    /// transaction that does not batch
+    /// ([`Transaction::batches`](idem_core::store::Transaction::batches))
+    /// handles each delivery of a batch in a transaction of its own. A size
+    /// of 1 commits once per message.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_consumer::ConsumerOptions;
+    ///
+    /// let options = ConsumerOptions::default()
+    ///     .concurrency(4)
+    ///     .batch(100, Duration::from_millis(10));
+    /// assert_eq!(options.slots(), 400);
+    /// assert_eq!(options.batch_size(), 100);
+    /// ```
+    #[must_use]
+    pub fn batch(mut self, size: usize, wait: Duration) -> Self {
+        self.batch_size = size;
+        self.batch_wait = wait;
+        self
+    }
+
+    /// The most deliveries of one batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The longest a batch waits to fill after its first delivery.
+    pub fn batch_wait(&self) -> Duration {
+        self.batch_wait
+    }
+
+    /// The most deliveries handled at once: [`concurrency`](Self::concurrency)
+    /// batches of [`batch_size`](Self::batch_size).
     pub fn slots(&self) -> usize {
-        self.concurrency
+        self.concurrency.saturating_mul(self.batch_size)
     }
 
     /// The delay before delivery `delivery + 1` of a message whose delivery
@@ -170,6 +226,12 @@ impl ConsumerOptions {
         if !(1..=Self::MAX_CONCURRENCY).contains(&self.concurrency) {
             return Err(InvalidInput::OutOfRange {
                 field: "concurrency",
+                reason: "must be 1 to 1024",
+            });
+        }
+        if !(1..=Self::MAX_BATCH_SIZE).contains(&self.batch_size) {
+            return Err(InvalidInput::OutOfRange {
+                field: "batch size",
                 reason: "must be 1 to 1024",
             });
         }

@@ -260,6 +260,17 @@ impl Delivery for JetStreamDelivery {
         call("ack", self.message.ack()).await
     }
 
+    /// Every ack sent at once, pipelined on the connection, and awaited
+    /// together within one time limit.
+    async fn ack_all(batch: &[&Self]) -> Result<(), BrokerError> {
+        let acks = batch.iter().map(|delivery| delivery.message.ack());
+        let acked = call("ack", async {
+            let acked = futures_util::future::join_all(acks).await;
+            acked.into_iter().collect::<Result<Vec<()>, _>>()
+        });
+        acked.await.map(drop)
+    }
+
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
         call("retry", self.message.ack_with(AckKind::Nak(Some(delay)))).await
     }

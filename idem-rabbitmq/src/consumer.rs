@@ -1,7 +1,7 @@
 //! The consuming side: a queue consumed with manual acks and a prefetch as
 //! an `idem_consumer::Source`, each delivery an `idem_consumer::Delivery`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -135,6 +135,11 @@ impl RabbitSourceOptions {
 /// Deliveries seen per message id, for queues that count none themselves.
 type Counts = Arc<Mutex<HashMap<String, u32>>>;
 
+/// The delivery tags of one channel not settled yet: a `multiple` ack
+/// settles every one up to its tag, so it is sent only when all those
+/// below are the batch's own.
+type Unsettled = Arc<Mutex<BTreeSet<u64>>>;
+
 /// A RabbitMQ queue consumed with manual acknowledgements and a prefetch,
 /// as a source of deliveries for an `idem_consumer::Consumer`.
 ///
@@ -192,6 +197,7 @@ pub struct RabbitSource {
 struct Link {
     channel: Channel,
     consumer: Consumer,
+    unsettled: Unsettled,
 }
 
 impl Link {
@@ -216,7 +222,11 @@ impl Link {
             )
             .await
             .map_err(&setup)?;
-        Ok(Self { channel, consumer })
+        Ok(Self {
+            channel,
+            consumer,
+            unsettled: Unsettled::default(),
+        })
     }
 }
 
@@ -357,6 +367,7 @@ pub struct RabbitDelivery {
     inbound: InboundMessage,
     deliveries: u32,
     counts: Counts,
+    unsettled: Unsettled,
 }
 
 impl fmt::Debug for RabbitDelivery {
@@ -368,8 +379,8 @@ impl fmt::Debug for RabbitDelivery {
     }
 }
 
-fn locked(counts: &Counts) -> MutexGuard<'_, HashMap<String, u32>> {
-    counts.lock().unwrap_or_else(|e| e.into_inner())
+fn locked<T>(shared: &Mutex<T>) -> MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn text(value: &AMQPValue) -> Option<String> {
@@ -435,7 +446,13 @@ fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, String> {
 }
 
 impl RabbitDelivery {
-    fn new(delivery: AmqpDelivery, inbound: InboundMessage, counts: &Counts) -> Self {
+    fn new(
+        delivery: AmqpDelivery,
+        inbound: InboundMessage,
+        counts: &Counts,
+        unsettled: &Unsettled,
+    ) -> Self {
+        locked(unsettled).insert(delivery.delivery_tag);
         let counted = delivery
             .properties
             .headers()
@@ -457,7 +474,64 @@ impl RabbitDelivery {
             inbound,
             deliveries,
             counts: counts.clone(),
+            unsettled: unsettled.clone(),
         }
+    }
+
+    /// The delivery is settled: forgotten by the counts and the channel's
+    /// unsettled tags.
+    fn settled(&self) {
+        locked(&self.counts).remove(self.inbound.id().as_str());
+        locked(&self.unsettled).remove(&self.delivery.delivery_tag);
+    }
+
+    /// Acknowledges `batch`, deliveries of one channel: the run of them
+    /// that holds that channel's lowest unsettled tags with one `multiple`
+    /// ack, the others one by one.
+    async fn ack_on_channel(mut batch: Vec<&Self>) -> Result<(), BrokerError> {
+        batch.sort_by_key(|delivery| delivery.delivery.delivery_tag);
+        let run = match batch.first() {
+            Some(first) => {
+                let mut unsettled = locked(&first.unsettled);
+                let run = unsettled
+                    .iter()
+                    .zip(&batch)
+                    .take_while(|(tag, delivery)| **tag == delivery.delivery.delivery_tag)
+                    .count();
+                if run >= 2 {
+                    // Taken out now, so no other batch counts them below its own.
+                    for delivery in &batch[..run] {
+                        unsettled.remove(&delivery.delivery.delivery_tag);
+                    }
+                }
+                run
+            }
+            None => 0,
+        };
+        let mut first_error = None;
+        let singles = if run >= 2 {
+            let last = &batch[run - 1];
+            let multiple = BasicAckOptions { multiple: true };
+            match call("ack", last.delivery.acker.ack(multiple)).await {
+                Ok(_) => {
+                    for delivery in &batch[..run] {
+                        delivery.settled();
+                    }
+                }
+                Err(error) => {
+                    first_error = Some(error);
+                }
+            }
+            &batch[run..]
+        } else {
+            &batch[..]
+        };
+        for delivery in singles {
+            if let Err(error) = delivery.ack().await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -479,8 +553,28 @@ impl Delivery for RabbitDelivery {
 
     async fn ack(&self) -> Result<(), BrokerError> {
         call("ack", self.delivery.acker.ack(BasicAckOptions::default())).await?;
-        locked(&self.counts).remove(self.inbound.id().as_str());
+        self.settled();
         Ok(())
+    }
+
+    /// One `multiple` ack for the batch's deliveries that hold their
+    /// channel's lowest unsettled tags (contiguous, none of another batch
+    /// among or below them); the others one by one.
+    async fn ack_all(batch: &[&Self]) -> Result<(), BrokerError> {
+        let mut rest: Vec<&Self> = batch.to_vec();
+        let mut first_error = None;
+        // A batch may straddle a reconnect: tags count per channel.
+        while let Some(first) = rest.first() {
+            let channel = Arc::clone(&first.unsettled);
+            let (ours, others): (Vec<&Self>, Vec<&Self>) = rest
+                .into_iter()
+                .partition(|delivery| Arc::ptr_eq(&delivery.unsettled, &channel));
+            rest = others;
+            if let Err(error) = Self::ack_on_channel(ours).await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
@@ -489,14 +583,23 @@ impl Delivery for RabbitDelivery {
             requeue: true,
             multiple: false,
         };
+        let (unsettled, tag) = (Arc::clone(&self.unsettled), self.delivery.delivery_tag);
         if delay.is_zero() {
-            return call("retry", acker.nack(requeue)).await.map(drop);
+            call("retry", acker.nack(requeue)).await?;
+            locked(&unsettled).remove(&tag);
+            return Ok(());
         }
-        // RabbitMQ has no delayed requeue: hold the delivery, then requeue.
+        // RabbitMQ has no delayed requeue: hold the delivery (its tag
+        // unsettled), then requeue.
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(error) = call("retry", acker.nack(requeue)).await {
-                tracing::warn!(%error, "could not requeue a delivery; the broker redelivers it when the channel closes");
+            match call("retry", acker.nack(requeue)).await {
+                Ok(_) => {
+                    locked(&unsettled).remove(&tag);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "could not requeue a delivery; the broker redelivers it when the channel closes");
+                }
             }
         });
         Ok(())
@@ -536,7 +639,12 @@ impl Source for RabbitSource {
             let delivery = next.map_err(failed("receive"))?;
             match inbound(&delivery) {
                 Ok(inbound) => {
-                    return Ok(Some(RabbitDelivery::new(delivery, inbound, &self.counts)));
+                    return Ok(Some(RabbitDelivery::new(
+                        delivery,
+                        inbound,
+                        &self.counts,
+                        &self.link.unsettled,
+                    )));
                 }
                 Err(reason) => {
                     tracing::warn!(%reason, "rejecting a delivery no consumer can apply");

@@ -213,3 +213,10 @@ async fn a_slow_aggregate_holds_up_only_its_own() {
     consumers::a_slow_aggregate_holds_up_only_its_own(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acking_a_batch_settles_exactly_its_deliveries() {
+    let broker = Rabbit::new(true).await;
+    consumers::acking_a_batch_settles_exactly_its_deliveries(&broker).await;
+    broker.delete().await;
+}

@@ -476,6 +476,50 @@ pub async fn a_duplicate_delivery_is_acked_without_effect<B: ConsumerBroker, K: 
     broker.kill(source).await;
 }
 
+/// Acknowledging a batch ([`Delivery::ack_all`]) settles its deliveries
+/// and no other: with the first delivery left out (a RabbitMQ `multiple`
+/// ack past it would settle it too), it alone comes back once the source
+/// is killed; acknowledged with the next message, nothing does.
+pub async fn acking_a_batch_settles_exactly_its_deliveries<B: ConsumerBroker>(broker: &B) {
+    let mut source = broker.source(5).await;
+    let orders: Vec<NewMessage> = (10..16).map(order).collect();
+    let sent = publish(&*broker.publisher(), &orders).await;
+    let mut received = Vec::new();
+    for _ in 0..sent.len() {
+        received.push(next(&mut source).await);
+    }
+    let batch: Vec<&<B::Source as Source>::Delivery> = received[1..].iter().collect();
+    <B::Source as Source>::Delivery::ack_all(&batch)
+        .await
+        .unwrap();
+    let left_out = received[0].message().id().clone();
+    drop(received);
+    broker.kill(source).await;
+    let marker = publish(&*broker.publisher(), &[order(16)]).await;
+    let mut source = broker.source(5).await;
+    let again = [next(&mut source).await, next(&mut source).await];
+    let mut ids: Vec<String> = again
+        .iter()
+        .map(|delivery| delivery.message().id().as_str().to_string())
+        .collect();
+    ids.sort();
+    let mut expected = vec![left_out.as_str().to_string(), marker[0].id().to_string()];
+    expected.sort();
+    assert_eq!(ids, expected, "only the delivery left out came back");
+    let both: Vec<&<B::Source as Source>::Delivery> = again.iter().collect();
+    <B::Source as Source>::Delivery::ack_all(&both)
+        .await
+        .unwrap();
+    drop(again);
+    broker.kill(source).await;
+    let last = publish(&*broker.publisher(), &[order(17)]).await;
+    let mut source = broker.source(5).await;
+    let delivery = next(&mut source).await;
+    assert_eq!(delivery.message().id().as_str(), last[0].id().to_string());
+    delivery.ack().await.unwrap();
+    broker.kill(source).await;
+}
+
 /// A delivery whose consumer dies after its commit and before its ack:
 /// every other settlement goes to the delivery inside.
 pub struct KilledBeforeAck<D>(pub D);

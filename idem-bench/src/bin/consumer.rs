@@ -4,7 +4,7 @@
 //! JetStream (`idem_nats::JetStreamSource`).
 //!
 //! ```text
-//! cargo run --release -p idem-bench --bin idem-bench-consumer -- --broker both --messages 2000 --concurrency 1,4,16
+//! cargo run --release -p idem-bench --bin idem-bench-consumer -- --broker both --messages 2000 --concurrency 1,4,16 --batch 1,10,100
 //! ```
 //!
 //! For each broker, `--messages` messages of 100 aggregates are published
@@ -16,18 +16,22 @@
 //!   domain rows, committed, then the acks (what one commit per batch
 //!   could reach);
 //! - **inbox**: every delivery through `idem_consumer::Consumer::run` with
-//!   each `--concurrency` (deliveries handled at once, one per aggregate)
-//!   over a Postgres inbox (`PostgresStore`, a fresh table): the claim
-//!   (its own commit), the handler's one-row insert and the completion in
-//!   one transaction (`PostgresStore::begin`), then the ack.
+//!   each `--concurrency` (batches handled at once, never two deliveries
+//!   of one aggregate) and each `--batch` (deliveries per batch, gathered
+//!   for up to 5 ms) over a Postgres inbox (`PostgresStore`, a fresh
+//!   table): per batch one transaction (`PostgresStore::begin`) holding
+//!   each message's claim, the handler's one-row insert and the completion
+//!   under a savepoint of the message's own, one commit, then the acks
+//!   together (RabbitMQ: `multiple`; JetStream: pipelined).
 //!
-//! RabbitMQ's prefetch is 200 in every run.
+//! RabbitMQ's prefetch is 2000 in every run (the most deliveries the
+//! largest figures hold at once: 16 batches of 100).
 //!
 //! Prints a markdown table: messages a second, the ratio to the bare
 //! consumer, and with `--count-commits` Postgres transactions per message
-//! (the database's `xact_commit` over the run: the claim's and the
-//! handler's commits, and the pool's release check of each connection, a
-//! read-only transaction of its own) and WAL flushes to disk per message
+//! (the database's `xact_commit` over the run: each batch's commit, and
+//! the pool's release check of each connection, a read-only transaction
+//! of its own) and WAL flushes to disk per message
 //! (`pg_stat_wal.wal_sync`: commits flushed together count once). Other
 //! sessions on the server add to both.
 //! Everything it creates has a random name and is removed at the end.
@@ -71,9 +75,14 @@ struct Args {
     /// Messages per measurement.
     #[arg(long, default_value_t = 2000)]
     messages: usize,
-    /// The consumer's concurrencies to measure, comma-separated.
+    /// The consumer's concurrencies (batches at once) to measure,
+    /// comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     concurrency: Vec<usize>,
+    /// The consumer's batch sizes to measure at each concurrency,
+    /// comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    batch: Vec<usize>,
     /// Count Postgres commits per message: the database's `xact_commit`
     /// before and after each run, read once every session has published
     /// its counts (an idle session does within 10 s, so each run waits
@@ -235,15 +244,17 @@ async fn drain_floor<S: Source>(
 enum Run {
     Bare,
     Floor,
-    Inbox(usize),
+    /// At a concurrency and a batch size.
+    Inbox(usize, usize),
 }
 
-/// The bare consumer, the floor, then the inbox at each concurrency.
-fn runs(levels: &[usize]) -> Vec<Run> {
-    [Run::Bare, Run::Floor]
-        .into_iter()
-        .chain(levels.iter().copied().map(Run::Inbox))
-        .collect()
+/// The bare consumer, the floor, then the inbox at each concurrency and
+/// batch size.
+fn runs(levels: &[usize], batches: &[usize]) -> Vec<Run> {
+    let inbox = levels
+        .iter()
+        .flat_map(|level| batches.iter().map(|batch| Run::Inbox(*level, *batch)));
+    [Run::Bare, Run::Floor].into_iter().chain(inbox).collect()
 }
 
 /// What one run with the inbox measured.
@@ -301,12 +312,13 @@ async fn commits(pool: &PgPool) -> Result<(i64, i64), Fail> {
 }
 
 /// A consumer over a fresh Postgres inbox and orders table, handling
-/// `concurrency` deliveries at once; its notice once `count` are written.
+/// `concurrency` batches of up to `batch` deliveries at once; its notice
+/// once `count` are written.
 async fn inbox_consumer(
     pool: &PgPool,
     run: &str,
     count: usize,
-    concurrency: usize,
+    (concurrency, batch): (usize, usize),
 ) -> Result<(Consumer<Orders>, Arc<Notify>), Fail> {
     let inbox = PostgresStore::with_options(
         pool.clone(),
@@ -333,21 +345,27 @@ async fn inbox_consumer(
         Arc::new(inbox),
         Arc::new(parking),
         handler,
-        ConsumerOptions::default().concurrency(concurrency),
+        ConsumerOptions::default()
+            .concurrency(concurrency)
+            .batch(batch, BATCH_WAIT),
     )?;
     Ok((consumer, done))
 }
 
-/// RabbitMQ's prefetch in every run: room for two of the floor's batches,
-/// and for every delivery the consumer holds at the concurrencies measured.
-const PREFETCH: u16 = 200;
+/// RabbitMQ's prefetch in every run: room for every delivery the consumer
+/// holds at the largest figures measured (16 batches of 100).
+const PREFETCH: u16 = 2000;
+
+/// How long a batch waits to fill.
+const BATCH_WAIT: Duration = Duration::from_millis(5);
 
 /// One broker's figures.
 struct Row {
     broker: &'static str,
     bare: f64,
     floor: f64,
-    inbox: Vec<(usize, Measured)>,
+    /// By concurrency and batch size.
+    inbox: Vec<((usize, usize), Measured)>,
 }
 
 impl Row {
@@ -374,11 +392,12 @@ impl Row {
         match kind {
             Run::Bare => self.bare = drain_bare(source, count).await?,
             Run::Floor => self.floor = drain_floor(pool, source, count, run).await?,
-            Run::Inbox(level) => {
-                let (consumer, done) = inbox_consumer(pool, run, count, level).await?;
+            Run::Inbox(level, batch) => {
+                let figures = (level, batch);
+                let (consumer, done) = inbox_consumer(pool, run, count, figures).await?;
                 let measured =
                     drain_inbox(pool, source, count, &consumer, &done, count_commits).await?;
-                self.inbox.push((level, measured));
+                self.inbox.push((figures, measured));
             }
         }
         Ok(())
@@ -398,12 +417,12 @@ async fn nats(
     url: &str,
     pool: &PgPool,
     count: usize,
-    levels: &[usize],
+    figures: &[Run],
     count_commits: bool,
 ) -> Result<Row, Fail> {
     let context = jetstream::new(async_nats::connect(url).await?);
     let mut row = Row::new("nats");
-    for kind in runs(levels) {
+    for kind in figures.iter().copied() {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let stream = format!("BENCH_CONSUMER_{run}");
         let prefix = format!("bench-consumer-{run}");
@@ -431,13 +450,13 @@ async fn rabbitmq(
     url: &str,
     pool: &PgPool,
     count: usize,
-    levels: &[usize],
+    figures: &[Run],
     count_commits: bool,
 ) -> Result<Row, Fail> {
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
     let mut row = Row::new("rabbitmq");
-    for kind in runs(levels) {
+    for kind in figures.iter().copied() {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let (exchange, queue) = (
             format!("bench-consumer-{run}"),
@@ -480,14 +499,15 @@ async fn main() -> Result<(), Fail> {
     let amqp_url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
+    let figures = runs(&args.concurrency, &args.batch);
     let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
         .max_connections(u32::try_from(most + 2)?)
         .connect(&pg_url)
         .await?;
     println!(
-        "| broker | bare consumer (acks only), msg/s | concurrency | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | Postgres transactions per message | WAL flushes per message |"
+        "| broker | bare consumer (acks only), msg/s | concurrency | batch | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | Postgres transactions per message | WAL flushes per message |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let brokers: &[Broker] = match args.broker {
         Broker::Both => &[Broker::Rabbitmq, Broker::Nats],
         one => std::slice::from_ref(match one {
@@ -498,21 +518,33 @@ async fn main() -> Result<(), Fail> {
     for broker in brokers {
         let row = match broker {
             Broker::Rabbitmq => {
-                let levels = &args.concurrency;
-                rabbitmq(&amqp_url, &pool, args.messages, levels, args.count_commits).await?
+                rabbitmq(
+                    &amqp_url,
+                    &pool,
+                    args.messages,
+                    &figures,
+                    args.count_commits,
+                )
+                .await?
             }
             _ => {
-                let levels = &args.concurrency;
-                nats(&nats_url, &pool, args.messages, levels, args.count_commits).await?
+                nats(
+                    &nats_url,
+                    &pool,
+                    args.messages,
+                    &figures,
+                    args.count_commits,
+                )
+                .await?
             }
         };
-        for (level, measured) in &row.inbox {
+        for ((level, batch), measured) in &row.inbox {
             let commits = measured.per_message.map_or_else(
                 || "not counted | not counted".to_string(),
                 |(commits, syncs)| format!("{commits:.2} | {syncs:.2}"),
             );
             println!(
-                "| {} | {:.0} | {level} | {:.0} | {:.2} | {:.0} | {:.2} | {commits} |",
+                "| {} | {:.0} | {level} | {batch} | {:.0} | {:.2} | {:.0} | {:.2} | {commits} |",
                 row.broker,
                 row.bare,
                 measured.rate,

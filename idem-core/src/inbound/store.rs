@@ -241,6 +241,83 @@ pub trait Transaction: Send + 'static {
     async fn commit(self) -> Result<(), StoreError>
     where
         Self: Sized;
+
+    /// Whether this transaction claims ([`claim`](Self::claim)) and keeps
+    /// savepoints ([`savepoint`](Self::savepoint)): what a consumer needs
+    /// to handle a batch of messages in it. `false` unless the backend
+    /// says otherwise; the other batch operations then refuse.
+    fn batches(&self) -> bool {
+        false
+    }
+
+    /// Claims inside this transaction (the inbox mode of a batch): the
+    /// claim is decided as [`IdempotencyStore::claim`] decides it, and
+    /// takes effect only if the transaction commits, so a claim and the
+    /// writes it guards need one commit between them.
+    ///
+    /// # Contract
+    ///
+    /// Two transactions claiming one scope never both apply: the second
+    /// waits on the first's uncommitted claim (Postgres: on the record's
+    /// primary key), then finds it completed (the first committed) or
+    /// claims it (the first rolled back), or answers `InProgress` while
+    /// the first holds it (stores that cannot wait). Within one
+    /// transaction a scope claimed and completed before answers
+    /// `Completed`.
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::claim`]; after an error the transaction is
+    /// to be rolled back. [`StoreError::Misconfigured`] where the
+    /// transaction does not [`batch`](Self::batches).
+    async fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let _ = request;
+        Err(unbatched(Operation::Claim))
+    }
+
+    /// Marks the point [`rollback_to_savepoint`](Self::rollback_to_savepoint)
+    /// returns to. Savepoints nest: the rollback and the release name the
+    /// latest one still open.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] (roll the transaction back);
+    /// [`StoreError::Misconfigured`] where the transaction does not
+    /// [`batch`](Self::batches).
+    async fn savepoint(&mut self) -> Result<(), StoreError> {
+        Err(unbatched(Operation::Transaction))
+    }
+
+    /// Undoes everything written since the latest open savepoint (claims
+    /// and completions included) and closes it; what was written before
+    /// it stays.
+    ///
+    /// # Errors
+    ///
+    /// As [`savepoint`](Self::savepoint).
+    async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        Err(unbatched(Operation::Transaction))
+    }
+
+    /// Closes the latest open savepoint, keeping what was written since.
+    ///
+    /// # Errors
+    ///
+    /// As [`savepoint`](Self::savepoint).
+    async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        Err(unbatched(Operation::Transaction))
+    }
+}
+
+/// The refusal of a batch operation by a transaction that does not batch.
+fn unbatched(operation: Operation) -> StoreError {
+    StoreError::Misconfigured {
+        store: "transaction",
+        message: format!(
+            "{operation:?} of a batch asked of a transaction that does not batch \
+             (Transaction::batches is false)"
+        ),
+    }
 }
 
 impl<S: IdempotencyStore> Layered<S> {
