@@ -109,9 +109,10 @@ crate::part::dynamo_part!(
     /// value, one commits and the other is cancelled and counts again:
     /// sequences follow the commit order, and no two messages share a
     /// position. `TransactWriteItems` returns no values, so the counters
-    /// are read first: an enqueue is two requests (one more for each race
-    /// it loses; the duplicate of a stored id reads the stored message
-    /// instead).
+    /// are read first: an enqueue is two requests (two more for each race
+    /// it loses, after a random pause that keeps the last winner from
+    /// winning every round; the duplicate of a stored id reads the stored
+    /// message instead).
     ///
     /// **Late commits.** The position counter moves in the transaction that
     /// writes the message at that position, conditioned on the position
@@ -1062,6 +1063,14 @@ impl Messages {
     }
 }
 
+/// A random pause of up to 2^`losses` ms (64 ms at most) after a lost
+/// race for a counter: racing writers spread out instead of meeting again.
+fn lost_race_pause(losses: u32) -> Duration {
+    let ceiling = 1u64 << losses.min(6);
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_millis(random % (ceiling + 1))
+}
+
 /// The attribute a message item keeps its own lane key in, from its
 /// enqueue: a failure or a hold copies it into the lane index's key
 /// ([`attr::LANE`]), so that an update needs no read of the message.
@@ -1072,7 +1081,7 @@ impl OutboxStore for Messages {
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
         const OP: Operation = Operation::Enqueue;
         let now = self.synced_now().await?;
-        for _ in 0..ENQUEUE_ATTEMPTS {
+        for attempt in 0..ENQUEUE_ATTEMPTS {
             let (sequence, position) = match self.counters(message).await? {
                 Ok(counters) => counters,
                 Err(pointer) => {
@@ -1097,8 +1106,10 @@ impl OutboxStore for Messages {
                     }) =>
                 {
                     // Another enqueue took a number first (or the same
-                    // id committed meanwhile): read again.
-                    tokio::task::yield_now().await;
+                    // id committed meanwhile): read again, after a random
+                    // pause growing with the losses, or the writer that
+                    // just won, reading first, wins every round.
+                    tokio::time::sleep(lost_race_pause(attempt)).await;
                 }
                 Sent::Cancelled(reasons) => {
                     return Err(StoreError::Backend {

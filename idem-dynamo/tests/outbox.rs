@@ -376,3 +376,37 @@ async fn a_read_never_steps_over_a_position_it_does_not_see() {
     assert_eq!(read.messages, stored[1..]);
     common::delete_table(outbox.table()).await;
 }
+
+/// Enqueues racing on one partition (each reads the counters, one commits,
+/// the others count again): every message lands, no two at one position,
+/// each aggregate's in sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_enqueues_of_one_partition_all_land_at_distinct_positions() {
+    let outbox = Arc::new(common::own_outbox("outbox-storm", 1).await);
+    let tasks: Vec<_> = (0..4)
+        .map(|task| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                let mut stored = Vec::new();
+                for i in 0..10 {
+                    let message = message(&format!("order-{task}"), &format!("edit-{i}"));
+                    stored.push(outbox.enqueue(&message).await.unwrap());
+                }
+                stored
+            })
+        })
+        .collect();
+    let mut positions = Vec::new();
+    for task in tasks {
+        let stored = task.await.unwrap();
+        let sequences: Vec<u64> = stored.iter().map(|m| m.parts().sequence).collect();
+        assert_eq!(sequences, (1..=10).collect::<Vec<u64>>());
+        positions.extend(stored.iter().map(|m| m.parts().position));
+    }
+    positions.sort_unstable();
+    positions.dedup();
+    assert_eq!(positions.len(), 40, "two messages at one position");
+    let log = outbox.read(0, LogPosition::START, 100).await.unwrap();
+    assert_eq!(log.messages.len(), 40);
+    common::delete_table(outbox.table()).await;
+}
