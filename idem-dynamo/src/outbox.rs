@@ -128,12 +128,14 @@ crate::part::dynamo_part!(
     /// step over a message. (A read from below the cursor stops at the
     /// first purged message too; relays read from the cursor.)
     ///
-    /// **Why not DynamoDB Streams.** A stream would hand over what
-    /// committed, in order per item, but not across the items of a
-    /// partition, keeps 24 hours only, and moto (the emulator the tests
-    /// run on) serves streams without the shard lineage and iterator
-    /// semantics a relay would rely on: the queries above read what
-    /// committed on both, in order, with nothing to lose after a day.
+    /// **Why not DynamoDB Streams.** A stream hands over what committed in
+    /// order per item only (each message is an item of its own, so an
+    /// aggregate's order would have to be rebuilt across shards), keeps
+    /// 24 hours (a relay down longer loses messages), and needs shard
+    /// iterators checkpointed across shard splits; the tests' emulator,
+    /// moto, would have to serve all of that as DynamoDB does, which was
+    /// not relied on. The queries above read what committed, in order, on
+    /// moto and DynamoDB alike, with nothing lost after a day.
     ///
     /// **The lane.** A message that failed (or waits behind its aggregate's
     /// failed one) stays at its place in the log, marked waiting or parked,

@@ -62,7 +62,7 @@
 //! With `--store dynamo` (or `both`, after the Postgres measurements), for
 //! each broker: a DynamoDB outbox (`idem_dynamo::DynamoOutbox`) on the
 //! emulator at `IDEM_DYNAMO_ENDPOINT`, of 1 or 2 partitions, pre-filled with
-//! `--dynamo-messages` (one `enqueue` each, from several tasks) and drained
+//! `--dynamo-messages` (one `enqueue` each, from one writer) and drained
 //! by one relay at batch 100 with 1 or `--in-flight` batches in flight,
 //! beside the raw publish of as many messages (the median of 5 runs) and
 //! the same drain through a publisher that confirms at once. The client
@@ -1584,28 +1584,18 @@ impl Dynamo {
     }
 }
 
-/// Enqueues `messages` over `aggregates` into a DynamoDB outbox from
-/// [`FILL_TASKS`] tasks with aggregates of their own, one enqueue (one
-/// transaction) each.
+/// Enqueues `messages` over `aggregates` into a DynamoDB outbox, one
+/// `enqueue` (one transaction) each, from one writer: writers racing on a
+/// partition's counter lose rounds (idem-dynamo's tests race them), and
+/// moto serves one request at a time, so a race only slows the fill.
 async fn fill_dynamo(
     outbox: &DynamoOutbox,
     messages: usize,
     aggregates: usize,
 ) -> Result<(), BenchError> {
-    let tasks: Vec<JoinHandle<Result<(), BenchError>>> = (0..FILL_TASKS)
-        .map(|task| {
-            let outbox = outbox.clone();
-            tokio::spawn(async move {
-                for i in (0..messages).filter(|i| (i % aggregates) % FILL_TASKS == task) {
-                    let message = NewMessage::new(&aggregate(i, aggregates), KIND, payload(i))?;
-                    outbox.enqueue(&message).await?;
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await??;
+    for i in 0..messages {
+        let message = NewMessage::new(&aggregate(i, aggregates), KIND, payload(i))?;
+        outbox.enqueue(&message).await?;
     }
     Ok(())
 }
@@ -1830,7 +1820,7 @@ fn dynamo_section(lines: &[Line], md: &mut String) {
             *md,
             "\n## Outbox relay throughput on DynamoDB (moto)\n\n\
              A DynamoDB outbox on the emulator (`IDEM_DYNAMO_ENDPOINT`, one request at a time), \
-             pre-filled one `enqueue` a message, drained by one relay at batch {WIDE_BATCH} beside the \
+             pre-filled one `enqueue` a message by one writer, drained by one relay at batch {WIDE_BATCH} beside the \
              raw publish of as many messages. The emulator is far slower than DynamoDB: the \
              requests per batch and per enqueued message are what carry over.\n"
         );
