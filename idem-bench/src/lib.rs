@@ -18,6 +18,18 @@ use serde::{Deserialize, Serialize};
 pub mod callgrind;
 pub mod cpu;
 
+/// The configuration of a client of the DynamoDB-compatible server at
+/// `endpoint` (moto in the runs here: dummy credentials, one region), for
+/// a binary to add to and build.
+pub fn dynamo_config(endpoint: &str) -> idem_dynamo::aws_sdk_dynamodb::config::Builder {
+    use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region};
+    idem_dynamo::aws_sdk_dynamodb::Config::builder()
+        .behavior_version_latest()
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("bench", "bench", None, None, "idem-bench"))
+}
+
 /// One run's result: one JSON line with `--json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {

@@ -106,6 +106,13 @@ impl Default for ServiceClock {
 }
 
 impl ServiceClock {
+    /// A span on this clock that lasts `span` of real time at least: a
+    /// tenth more, since a correction may run the clock that much fast
+    /// (a back-off measured on it is then never cut short).
+    pub(crate) fn at_least(span: Duration) -> Duration {
+        span.saturating_add(span / u32::try_from(SLEW).unwrap_or(1))
+    }
+
     /// A clock of its own on the process's monotonic clock, unsynced.
     pub fn new() -> Self {
         Self::on_base(MonotonicClock::new())

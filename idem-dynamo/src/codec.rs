@@ -75,6 +75,49 @@ pub(crate) fn get_b<'a>(item: &'a Item, name: &str) -> Option<&'a [u8]> {
     item.get(name)?.as_b().ok().map(Blob::as_ref)
 }
 
+pub(crate) fn text_list<'a>(values: impl Iterator<Item = &'a str>) -> AttributeValue {
+    AttributeValue::L(values.map(s).collect())
+}
+
+/// About what DynamoDB counts of an item: names and values (a list's
+/// elements a few bytes each beyond their text).
+pub(crate) fn item_size(item: &Item) -> usize {
+    item.iter()
+        .map(|(name, value)| {
+            name.len()
+                + match value {
+                    AttributeValue::S(text) | AttributeValue::N(text) => text.len(),
+                    AttributeValue::B(bytes) => bytes.as_ref().len(),
+                    AttributeValue::L(list) => list
+                        .iter()
+                        .map(|v| v.as_s().map_or(0, String::len) + 3)
+                        .sum(),
+                    _ => 0,
+                }
+        })
+        .sum()
+}
+
+/// Refuses an item too large for what is added to it later: `field`
+/// named, with the largest payload (of `payload` bytes in it) that fits.
+pub(crate) fn check_fits(
+    item: &Item,
+    payload: usize,
+    field: &'static str,
+) -> Result<(), StoreError> {
+    let size = item_size(item);
+    let max = crate::options::ITEM_LIMIT - crate::options::ITEM_OVERHEAD;
+    if size > max {
+        return Err(idem_core::InvalidInput::TooLong {
+            field,
+            len: payload,
+            max: max.saturating_sub(size - payload),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Whether the item is still live at `now` (retention not passed).
 pub(crate) fn is_live(item: &Item, now: Timestamp) -> bool {
     get_n(item, attr::EXPIRES).is_some_and(|exp| now.as_unix_millis() < exp)

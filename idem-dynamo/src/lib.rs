@@ -48,6 +48,12 @@
 //!   [`VersionStore`](idem_core::store::VersionStore) over your own table,
 //!   a consistent read and an update conditioned on the event's
 //!   predecessor, pushed into the transaction.
+//! - [`DynamoOutbox`] is the [`OutboxStore`](idem_core::store::OutboxStore)
+//!   (table `idem-outbox`, [`DynamoOutboxOptions`] with its partition
+//!   count): a log per partition read through a cursor with consistent
+//!   queries, a message and its counters written in one
+//!   `TransactWriteItems`; [`DynamoOutbox::enqueue_in`] puts them into
+//!   your [`DynamoTransaction`], beside your business write.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -126,7 +132,8 @@
 //! expressions sent) and `transaction`; for the journal, `journal` (the
 //! store, its table and its transaction item) and `journal_item` (its item
 //! and expressions); for a consumer, `parking` (the parking store, its
-//! table and item) and `versions` (the version check).
+//! table and item) and `versions` (the version check); `outbox` (the
+//! outbox store, its table, items and enqueue in a transaction).
 
 mod claim;
 mod clock;
@@ -139,6 +146,7 @@ pub mod fuzzing;
 mod journal;
 mod journal_item;
 mod options;
+mod outbox;
 mod parking;
 mod part;
 mod store;
@@ -148,9 +156,11 @@ mod versions;
 pub use clock::ServiceClock;
 pub use journal::DynamoJournal;
 pub use options::{
-    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_PARKING_TABLE, DEFAULT_TABLE,
-    DynamoJournalOptions, DynamoOptions, DynamoParkingOptions, ITEM_LIMIT,
+    DEFAULT_JOURNAL_TABLE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_OUTBOX_TABLE, DEFAULT_PARKING_TABLE,
+    DEFAULT_TABLE, DynamoJournalOptions, DynamoOptions, DynamoOutboxOptions, DynamoParkingOptions,
+    ITEM_LIMIT,
 };
+pub use outbox::DynamoOutbox;
 pub use parking::DynamoParking;
 pub use store::DynamoStore;
 pub use transaction::DynamoTransaction;

@@ -37,6 +37,8 @@ pub(crate) struct Settings {
     pub(crate) service: Option<ServiceClock>,
     pub(crate) max_response_bytes: usize,
     pub(crate) layer: OperationLayer,
+    /// The outbox's partition count (1 for every other part).
+    pub(crate) partitions: u32,
 }
 
 impl Settings {
@@ -49,15 +51,21 @@ impl Settings {
             service: Some(service),
             max_response_bytes,
             layer: OperationLayer::new(STORE, StoreOptions::DEFAULT_OPERATION_TIMEOUT),
+            partitions: 1,
         }
     }
 }
 
 /// The options of a DynamoDB part: its table (on `$default` unless set), its
 /// clock and the shared [`StoreOptions`], whose response limit is checked
-/// against `$limits` (default, ceiling, why).
+/// against `$limits` (default, ceiling, why); and the part's own settings,
+/// each with its default and its check, carried into [`Settings`] under
+/// the same name.
 macro_rules! part_options {
-    ($(#[$doc:meta])* $name:ident, $default:ident, $limits:expr, $table_doc:literal) => {
+    (
+        $(#[$doc:meta])* $name:ident, $default:ident, $limits:expr, $table_doc:literal
+        $(, $(#[$field_doc:meta])* $field:ident: $ty:ty = $init:expr, checked by $check:path)*
+    ) => {
         $(#[$doc])*
         #[derive(Debug, Clone)]
         #[non_exhaustive]
@@ -66,6 +74,7 @@ macro_rules! part_options {
             clock: Arc<dyn Clock>,
             service: Option<ServiceClock>,
             store: StoreOptions,
+            $($field: $ty,)*
         }
 
         impl Default for $name {
@@ -77,6 +86,7 @@ macro_rules! part_options {
                     clock: Arc::new(service.clone()),
                     service: Some(service),
                     store: StoreOptions::default(),
+                    $($field: $init,)*
                 }
             }
         }
@@ -153,14 +163,27 @@ macro_rules! part_options {
                 let (default, ceiling, why) = $limits;
                 let max_response_bytes = self.store.checked(default, ceiling, why)?;
                 validate_table(&self.table)?;
-                Ok(Settings {
+                #[allow(unused_mut)] // parts without settings of their own
+                let mut settings = Settings {
                     table: self.table,
                     clock: self.clock,
                     service: self.service,
                     max_response_bytes,
                     layer: OperationLayer::new(STORE, self.store.operation_timeout()),
-                })
+                    partitions: 1,
+                };
+                $(settings.$field = $check(self.$field)?;)*
+                Ok(settings)
             }
+
+            $(
+                $(#[$field_doc])*
+                #[must_use]
+                pub fn $field(mut self, $field: $ty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
         }
     };
 }
@@ -288,6 +311,59 @@ part_options!(
     DEFAULT_PARKING_TABLE,
     (ITEM_LIMIT, usize::MAX, "unused by a parking store"),
     "A table of its own: its key and indexes are the parking store's (see [`create_table`](crate::DynamoParking::create_table))."
+);
+
+/// The table [`DynamoOutbox::new`](crate::DynamoOutbox::new) uses.
+///
+/// ```
+/// assert_eq!(idem_dynamo::DEFAULT_OUTBOX_TABLE, "idem-outbox");
+/// ```
+pub const DEFAULT_OUTBOX_TABLE: &str = "idem-outbox";
+
+part_options!(
+    /// Settings of a [`DynamoOutbox`](crate::DynamoOutbox): its table, its
+    /// clock (which judges leases and back-off and stamps every time of a
+    /// message), its [operation timeout](StoreOptions::with_operation_timeout)
+    /// and its partition count, in the shape of [`DynamoOptions`].
+    ///
+    /// The setters never fail: [`DynamoOutbox::with_options`](crate::DynamoOutbox::with_options)
+    /// checks the whole set once.
+    ///
+    /// The operation timeout bounds each
+    /// [`OutboxStore`](idem_core::store::OutboxStore) operation as a whole,
+    /// every request of it and the SDK's retries included, and an
+    /// [`enqueue_in`](crate::DynamoOutbox::enqueue_in)'s read; not
+    /// [`create_table`](crate::DynamoOutbox::create_table). An outbox keeps
+    /// no responses, so the response limit of [`StoreOptions`] is not used
+    /// (it is still checked, as everywhere: a zero one is refused).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::StoreOptions;
+    /// use idem_dynamo::DynamoOutboxOptions;
+    ///
+    /// let options = DynamoOutboxOptions::default()
+    ///     .table("orders-outbox")
+    ///     .partitions(8)
+    ///     .store_options(StoreOptions::default().with_operation_timeout(Duration::from_secs(2)));
+    /// # let _ = options;
+    /// ```
+    DynamoOutboxOptions,
+    DEFAULT_OUTBOX_TABLE,
+    (ITEM_LIMIT, usize::MAX, "unused by an outbox"),
+    "A table of its own: its key and index are the outbox's (see [`create_table`](crate::DynamoOutbox::create_table)).",
+    /// How many partitions the outbox has (1 to 1024; 1 by default): each
+    /// is a log that one relay at a time reads, so as many relays publish
+    /// at once, and each partition's enqueues are serialised on its
+    /// position counter (more partitions, more enqueues at once). Every
+    /// process of one table must agree on it: an aggregate's partition is
+    /// its hash modulo the count.
+    ///
+    /// ```
+    /// let options = idem_dynamo::DynamoOutboxOptions::default().partitions(4);
+    /// # let _ = options;
+    /// ```
+    partitions: u32 = 1, checked by idem_core::store::validate_partitions
 );
 
 /// DynamoDB's table name rules: 3 to 255 characters of `[A-Za-z0-9_.-]`.

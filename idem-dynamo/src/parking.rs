@@ -13,12 +13,12 @@ use idem_core::store::{
     Capabilities, InboundMessage, NewParked, ParkedMessage, ParkedQuery, ParkedState, ParkingStore,
     Resolution, Timestamp, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, InvalidInput, Operation, Scope, StoreError, Tenant, async_trait};
+use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
 
-use crate::codec::{Item, b, get_b, get_n, get_s, n, s};
+use crate::codec::{Item, b, check_fits, get_b, get_n, get_s, n, s, text_list};
 use crate::error::{build_failure, classify, corrupt, is_condition_failure};
 use crate::journal_item::names;
-use crate::options::{DynamoParkingOptions, ITEM_LIMIT, ITEM_OVERHEAD};
+use crate::options::DynamoParkingOptions;
 use crate::part::{attribute_definition, key_element};
 
 /// Attribute names. Every expression names them through `#` placeholders.
@@ -103,8 +103,8 @@ crate::part::dynamo_part!(
     ///
     /// **Limits.** An entry is one item, at most 400 KB: a message whose
     /// payload and headers leave no room for the rest is refused with
-    /// [`InvalidInput::TooLong`] before anything is sent. A table with local
-    /// indexes keeps at most 10 GB per partition, here per consumer: room
+    /// [`InvalidInput::TooLong`](idem_core::InvalidInput::TooLong) before
+    /// anything is sent. A table with local indexes keeps at most 10 GB per partition, here per consumer: room
     /// for far more parked messages than an operator reads.
     ///
     /// The service's clock ([`ServiceClock`](crate::ServiceClock)), or the
@@ -234,16 +234,12 @@ fn version_key(aggregate: &str, version: Option<u64>, parked_at: Timestamp, id: 
     )
 }
 
-fn text_list<'a>(values: impl Iterator<Item = &'a str>) -> AttributeValue {
-    AttributeValue::L(values.map(s).collect())
-}
-
 /// The item of an entry parked at `now` (all of it: a park writes it whole).
 ///
 /// # Errors
 ///
-/// [`InvalidInput::TooLong`] when the message leaves too little of a 400 KB
-/// item for the rest of the entry.
+/// [`InvalidInput::TooLong`](idem_core::InvalidInput::TooLong) when the
+/// message leaves too little of a 400 KB item for the rest of the entry.
 fn item(parked: &NewParked, now: Timestamp) -> Result<Item, StoreError> {
     let message = &parked.message;
     let id = message.id();
@@ -275,34 +271,8 @@ fn item(parked: &NewParked, now: Timestamp) -> Result<Item, StoreError> {
         let key = version_key(aggregate, message.version(), now, id.as_str());
         item.insert(attr::VERSION_KEY.into(), s(key));
     }
-    // DynamoDB counts names and values (a list's elements a byte or so
-    // each beyond their text); what a resolve adds later is within the
-    // overhead.
-    let size: usize = item
-        .iter()
-        .map(|(name, value)| {
-            name.len()
-                + match value {
-                    AttributeValue::S(text) | AttributeValue::N(text) => text.len(),
-                    AttributeValue::B(bytes) => bytes.as_ref().len(),
-                    AttributeValue::L(list) => list
-                        .iter()
-                        .map(|v| v.as_s().map_or(0, String::len) + 3)
-                        .sum(),
-                    _ => 0,
-                }
-        })
-        .sum();
-    let max = ITEM_LIMIT - ITEM_OVERHEAD;
-    if size > max {
-        let payload = message.payload().len();
-        return Err(InvalidInput::TooLong {
-            field: "parked message",
-            len: payload,
-            max: max.saturating_sub(size - payload),
-        }
-        .into());
-    }
+    // What a resolve adds later is within the overhead.
+    check_fits(&item, message.payload().len(), "parked message")?;
     Ok(item)
 }
 
@@ -623,7 +593,10 @@ impl ParkingStore for Entries {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
 
+    use idem_core::InvalidInput;
+
     use super::*;
+    use crate::options::{ITEM_LIMIT, ITEM_OVERHEAD};
 
     fn parked(payload: Vec<u8>) -> NewParked {
         let message = InboundMessage::new("m-1", "order.placed", payload)

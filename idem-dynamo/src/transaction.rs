@@ -34,6 +34,12 @@ const CONDITION_FAILED: &str = "ConditionalCheckFailed";
 /// order you pushed them, and the runner releases the claim: nothing happened,
 /// and the client may retry at once.
 ///
+/// [`DynamoOutbox::enqueue_in`](crate::DynamoOutbox::enqueue_in) adds a
+/// message to it, with its outbox counters conditioned on what the enqueue
+/// read: a racing enqueue of the same aggregate or partition that commits
+/// first cancels the commit with a retryable [`StoreError::Unavailable`]
+/// (nothing written; run the transaction again).
+///
 /// DynamoDB refuses two operations on one item in one transaction: a
 /// completion replaces a pending checkpoint of the same record (a completed
 /// record keeps no checkpoint), and your items must not write the record's
@@ -77,6 +83,56 @@ pub struct DynamoTransaction {
     settings: Settings,
     items: Vec<TransactWriteItem>,
     records: Vec<RecordWrite>,
+    /// The outbox's messages enqueued in it (their log and id items).
+    outbox: Vec<TransactWriteItem>,
+    /// What the outbox's items weigh, about.
+    outbox_bytes: usize,
+    /// The outbox's counters it moves, each once, however many messages
+    /// took a number from it.
+    counters: Vec<Counter>,
+}
+
+/// DynamoDB's most items in one `TransactWriteItems`.
+pub(crate) const MAX_TRANSACTION_ITEMS: usize = 100;
+
+/// DynamoDB's largest `TransactWriteItems`, in bytes.
+pub(crate) const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
+
+/// A counter item of the outbox moved from `from` (absent: never moved) to
+/// `to`, conditioned on standing at `from`: a racing transaction that moved
+/// it first cancels this one.
+#[derive(Debug, Clone)]
+pub(crate) struct Counter {
+    pub(crate) table: String,
+    pub(crate) key: crate::codec::Item,
+    pub(crate) attr: &'static str,
+    pub(crate) from: Option<u64>,
+    pub(crate) to: u64,
+}
+
+impl Counter {
+    /// The conditioned update.
+    pub(crate) fn item(&self) -> Result<TransactWriteItem, StoreError> {
+        let set = format!("SET #{} = :to", self.attr);
+        let condition = match self.from {
+            None => format!("attribute_not_exists(#{})", self.attr),
+            Some(_) => format!("#{} = :from", self.attr),
+        };
+        let mut update = aws_sdk_dynamodb::types::Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(self.key.clone()))
+            .set_expression_attribute_names(Some(crate::journal_item::names(&[&set, &condition])))
+            .update_expression(set)
+            .condition_expression(condition)
+            .expression_attribute_values(":to", crate::codec::n(self.to));
+        if let Some(from) = self.from {
+            update = update.expression_attribute_values(":from", crate::codec::n(from));
+        }
+        let update = update
+            .build()
+            .map_err(|e| crate::error::build_failure(Operation::Enqueue, e))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
 }
 
 /// A fenced write of the store's own, pending in the transaction.
@@ -93,6 +149,7 @@ impl fmt::Debug for DynamoTransaction {
             .field("table", &self.settings.table)
             .field("items", &self.items.len())
             .field("record_writes", &self.records.len())
+            .field("outbox_writes", &(self.outbox.len() + self.counters.len()))
             .finish_non_exhaustive()
     }
 }
@@ -104,7 +161,75 @@ impl DynamoTransaction {
             settings,
             items: Vec::new(),
             records: Vec::new(),
+            outbox: Vec::new(),
+            outbox_bytes: 0,
+            counters: Vec::new(),
         }
+    }
+
+    /// Where the transaction has moved the counter `key` of `table`
+    /// already, if it has.
+    pub(crate) fn counter(&self, table: &str, key: &crate::codec::Item) -> Option<u64> {
+        self.counters
+            .iter()
+            .find(|c| c.table == table && c.key == *key)
+            .map(|c| c.to)
+    }
+
+    /// Adds an enqueued message's items and the counters it moved: a
+    /// counter moved already keeps its first condition and moves further.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::OutOfRange`](idem_core::InvalidInput::OutOfRange)
+    /// when the transaction would exceed DynamoDB's 100 items, or
+    /// [`InvalidInput::TooLong`](idem_core::InvalidInput::TooLong) its
+    /// 4 MB; nothing is added then.
+    pub(crate) fn enqueue(
+        &mut self,
+        writes: Vec<TransactWriteItem>,
+        bytes: usize,
+        counters: Vec<Counter>,
+    ) -> Result<(), StoreError> {
+        let new_counters = counters
+            .iter()
+            .filter(|c| self.counter(&c.table, &c.key).is_none())
+            .count();
+        let total = self.items.len()
+            + self.records.len()
+            + self.outbox.len()
+            + self.counters.len()
+            + writes.len()
+            + new_counters;
+        if total > MAX_TRANSACTION_ITEMS {
+            return Err(idem_core::InvalidInput::OutOfRange {
+                field: "transaction",
+                reason: "DynamoDB takes at most 100 items in one TransactWriteItems",
+            }
+            .into());
+        }
+        let written = self.outbox_bytes.saturating_add(bytes);
+        if written > MAX_TRANSACTION_BYTES {
+            return Err(idem_core::InvalidInput::TooLong {
+                field: "transaction's outbox messages",
+                len: written,
+                max: MAX_TRANSACTION_BYTES,
+            }
+            .into());
+        }
+        self.outbox_bytes = written;
+        self.outbox.extend(writes);
+        for counter in counters {
+            match self
+                .counters
+                .iter_mut()
+                .find(|c| c.table == counter.table && c.key == counter.key)
+            {
+                Some(moved) => moved.to = counter.to,
+                None => self.counters.push(counter),
+            }
+        }
+        Ok(())
     }
 
     /// Adds one of your writes (put, update, delete or condition check, on
@@ -179,11 +304,24 @@ impl Transaction for DynamoTransaction {
     }
 
     async fn commit(self) -> Result<(), StoreError> {
-        if self.items.is_empty() && self.records.is_empty() {
+        if self.items.is_empty() && self.records.is_empty() && self.outbox.is_empty() {
             return Ok(());
         }
         let callers = self.items.len();
         let mut items = self.items;
+        items.extend(self.outbox);
+        for counter in &self.counters {
+            items.push(counter.item()?);
+        }
+        // The outbox's items stand between the caller's and the record's.
+        let records = items.len();
+        if records + self.records.len() > MAX_TRANSACTION_ITEMS {
+            return Err(idem_core::InvalidInput::OutOfRange {
+                field: "transaction",
+                reason: "DynamoDB takes at most 100 items in one TransactWriteItems",
+            }
+            .into());
+        }
         items.extend(self.records.into_iter().map(|w| w.item));
         let sent = self
             .client
@@ -209,9 +347,24 @@ impl Transaction for DynamoTransaction {
             .collect();
         if reasons
             .iter()
-            .any(|&(i, code)| i >= callers && code == CONDITION_FAILED)
+            .any(|&(i, code)| i >= records && code == CONDITION_FAILED)
         {
             return Err(StoreError::LostLease);
+        }
+        // A racing transaction took a sequence or a position this one
+        // counted on: nothing was written, and run again it counts anew.
+        if reasons
+            .iter()
+            .any(|&(i, code)| i >= callers && code == CONDITION_FAILED)
+        {
+            return Err(StoreError::Unavailable {
+                store: STORE,
+                operation: OP,
+                message: "a racing enqueue took the outbox's next sequence or position first: \
+                          nothing was written; run the transaction again"
+                    .into(),
+                source: Some(Box::new(error)),
+            });
         }
         if reasons
             .iter()

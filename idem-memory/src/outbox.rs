@@ -1,6 +1,6 @@
 //! `MemoryOutbox`: the outbox store in process, on the caller's clock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -295,13 +295,9 @@ impl OutboxStore for Messages {
             .filter_map(|id| state.messages.get(id))
             .map(|message| state.shown(message))
             .collect();
-        let blocked: BTreeSet<String> = messages
-            .iter()
-            .map(|m| m.message().aggregate())
-            .filter(|aggregate| lane.contains_key(aggregate))
-            .map(str::to_string)
-            .collect();
-        Ok(LogBatch::new(messages, blocked))
+        Ok(LogBatch::among(messages, |aggregate| {
+            lane.contains_key(aggregate)
+        }))
     }
 
     async fn advance(

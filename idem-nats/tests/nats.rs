@@ -131,7 +131,7 @@ async fn a_subject_no_stream_stores_is_an_error() {
 async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_order() {
     let stream = TestStream::new().await;
     let outbox = Arc::new(partitioned());
-    let enqueued = fill(&outbox, "agg", "order.changed", 100, 100).await;
+    let enqueued = fill(&*outbox, "agg", "order.changed", 100, 100).await;
     let first: Arc<dyn Publisher> = Arc::new(publisher(&stream).await);
     let second: Arc<dyn Publisher> = Arc::new(publisher(&stream).await);
     let relays = Running::start(
@@ -139,7 +139,7 @@ async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_orde
         vec![first.clone(), second.clone(), first, second],
         sharing_options(),
     );
-    drained(&outbox).await;
+    drained(&*outbox).await;
     relays.stop().await;
     let messages = stream
         .read(enqueued.len(), Duration::from_millis(500))
@@ -154,7 +154,7 @@ async fn a_crash_between_confirm_and_cursor_move_leaves_one_copy_in_the_stream()
     let stream = TestStream::new().await;
     let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
     let outbox = Arc::new(MemoryOutbox::with_clock(clock.clone()));
-    let enqueued = fill(&outbox, "crash", "order.changed", 10, 1).await;
+    let enqueued = fill(&*outbox, "crash", "order.changed", 10, 1).await;
     let stalling = Arc::new(HoldAfterPublish::new(publisher(&stream).await));
     let first: Relay<MemoryOutbox, HoldAfterPublish<JetStreamPublisher>> =
         Relay::new(Arc::clone(&outbox), Arc::clone(&stalling), relay_options());
@@ -186,7 +186,7 @@ async fn a_crash_between_confirm_and_cursor_move_leaves_one_copy_in_the_stream()
 async fn a_poison_message_parks_its_aggregate_while_the_others_flow() {
     let stream = TestStream::new().await;
     let outbox = Arc::new(MemoryOutbox::new());
-    let enqueued = fill(&outbox, "poison", "order.changed", 10, 20).await;
+    let enqueued = fill(&*outbox, "poison", "order.changed", 10, 20).await;
     let refusing: Arc<dyn Publisher> = Arc::new(Refusing {
         inner: publisher(&stream).await,
         aggregate: "poison-3".to_string(),
@@ -231,7 +231,7 @@ async fn the_server_cut_off_for_two_seconds_then_back_loses_nothing() {
             .unwrap(),
     );
     let outbox = Arc::new(MemoryOutbox::new());
-    let enqueued = fill(&outbox, "cut", "order.changed", 20, 100).await;
+    let enqueued = fill(&*outbox, "cut", "order.changed", 20, 100).await;
     let relays = Running::start(
         &outbox,
         vec![through_proxy.clone(), through_proxy],
@@ -247,7 +247,7 @@ async fn the_server_cut_off_for_two_seconds_then_back_loses_nothing() {
     let stranded = outbox.stats().await.unwrap().pending;
     assert!(stranded > 0, "the cut came while a backlog was left");
     proxy.resume();
-    drained(&outbox).await;
+    drained(&*outbox).await;
     relays.stop().await;
 
     // JetStream dropped every copy a lost PubAck made.

@@ -168,7 +168,7 @@ async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_orde
     let topology = Topology::new(true).await;
     let mut consumer = topology.consumer().await;
     let outbox = Arc::new(partitioned());
-    let enqueued = fill(&outbox, "agg", "order.changed", 100, 100).await;
+    let enqueued = fill(&*outbox, "agg", "order.changed", 100, 100).await;
     // Two connections, each shared by two relays.
     let first: Arc<dyn Publisher> = Arc::new(publisher(&topology).await);
     let second: Arc<dyn Publisher> = Arc::new(publisher(&topology).await);
@@ -177,7 +177,7 @@ async fn four_relays_sharing_eight_partitions_publish_every_message_once_in_orde
         vec![first.clone(), second.clone(), first, second],
         sharing_options(),
     );
-    drained(&outbox).await;
+    drained(&*outbox).await;
     relays.stop().await;
     let deliveries = read(&mut consumer, enqueued.len(), Duration::from_millis(500)).await;
     let copies = check_order(&enqueued, &summary(&deliveries));
@@ -191,7 +191,7 @@ async fn a_crash_between_confirm_and_cursor_move_delivers_a_copy_with_the_same_m
     let mut consumer = topology.consumer().await;
     let clock = ManualClock::new(Timestamp::from_unix_millis(1_700_000_000_000));
     let outbox = Arc::new(MemoryOutbox::with_clock(clock.clone()));
-    let enqueued = fill(&outbox, "crash", "order.changed", 10, 1).await;
+    let enqueued = fill(&*outbox, "crash", "order.changed", 10, 1).await;
     let stalling = Arc::new(HoldAfterPublish::new(publisher(&topology).await));
     let first: Relay<MemoryOutbox, HoldAfterPublish<RabbitPublisher>> =
         Relay::new(Arc::clone(&outbox), Arc::clone(&stalling), relay_options());
@@ -229,7 +229,7 @@ async fn a_poison_message_parks_its_aggregate_while_the_others_flow() {
     let topology = Topology::new(true).await;
     let mut consumer = topology.consumer().await;
     let outbox = Arc::new(MemoryOutbox::new());
-    let enqueued = fill(&outbox, "poison", "order.changed", 10, 20).await;
+    let enqueued = fill(&*outbox, "poison", "order.changed", 10, 20).await;
     let refusing: Arc<dyn Publisher> = Arc::new(Refusing {
         inner: publisher(&topology).await,
         aggregate: "poison-3".to_string(),
@@ -275,7 +275,7 @@ async fn the_broker_cut_off_for_two_seconds_then_back_loses_nothing() {
             .unwrap(),
     );
     let outbox = Arc::new(MemoryOutbox::new());
-    let enqueued = fill(&outbox, "cut", "order.changed", 20, 100).await;
+    let enqueued = fill(&*outbox, "cut", "order.changed", 20, 100).await;
     let relays = Running::start(
         &outbox,
         vec![through_proxy.clone(), through_proxy],
@@ -291,7 +291,7 @@ async fn the_broker_cut_off_for_two_seconds_then_back_loses_nothing() {
     let stranded = outbox.stats().await.unwrap().pending;
     assert!(stranded > 0, "the cut came while a backlog was left");
     proxy.resume();
-    drained(&outbox).await;
+    drained(&*outbox).await;
     relays.stop().await;
 
     let deliveries = read(&mut consumer, enqueued.len(), Duration::from_millis(500)).await;

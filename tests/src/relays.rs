@@ -38,8 +38,8 @@ where
 /// Enqueues `per_aggregate` messages for each of `aggregates` aggregates
 /// (`<tag>-<n>`), round-robin, so aggregates interleave in commit order;
 /// kind `<kind>`, a header `test-index`, the payload `<aggregate>/<index>`.
-pub async fn fill(
-    outbox: &MemoryOutbox,
+pub async fn fill<S: OutboxStore + ?Sized>(
+    outbox: &S,
     tag: &str,
     kind: &str,
     aggregates: usize,
@@ -65,7 +65,7 @@ pub async fn fill(
 
 /// Every message in the logs of `outbox`'s partitions, partition by
 /// partition in log order: what a relay would read.
-pub async fn logged(outbox: &MemoryOutbox) -> Vec<OutboxMessage> {
+pub async fn logged<S: OutboxStore + ?Sized>(outbox: &S) -> Vec<OutboxMessage> {
     let partitions = outbox.stats().await.unwrap().partitions.len();
     let mut logged = Vec::new();
     for partition in 0..partitions {
@@ -117,8 +117,8 @@ pub struct Running {
 
 impl Running {
     /// Runs one relay per publisher in `publishers` over `outbox`.
-    pub fn start(
-        outbox: &Arc<MemoryOutbox>,
+    pub fn start<S: OutboxStore + ?Sized>(
+        outbox: &Arc<S>,
         publishers: Vec<Arc<dyn Publisher>>,
         options: RelayOptions,
     ) -> Self {
@@ -126,7 +126,7 @@ impl Running {
         let tasks = publishers
             .into_iter()
             .map(|publisher| {
-                let relay: Relay<MemoryOutbox, dyn Publisher> =
+                let relay: Relay<S, dyn Publisher> =
                     Relay::new(Arc::clone(outbox), publisher, options);
                 let mut stopped = stopped.clone();
                 tokio::spawn(async move {
@@ -154,7 +154,7 @@ impl Running {
 }
 
 /// Waits until nothing is pending in `outbox`.
-pub async fn drained(outbox: &MemoryOutbox) {
+pub async fn drained<S: OutboxStore + ?Sized>(outbox: &S) {
     wait_until("the outbox is drained", || async {
         outbox.stats().await.unwrap().pending == 0
     })

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use idem_bench::Outcome;
 use idem_core::Scope;
 use idem_core::store::{encode_headers, storage_key};
+use idem_dynamo::aws_sdk_dynamodb::Client;
 use idem_dynamo::aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use idem_dynamo::aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure,
 };
-use idem_dynamo::aws_sdk_dynamodb::{self, Client};
 use idem_dynamo::expressions::{CLAIM_CONDITION, CLAIM_UPDATE, COMPLETE_UPDATE, FENCE};
 use idem_dynamo::{DynamoOptions, DynamoStore};
 
@@ -57,14 +57,7 @@ pub(super) async fn connect(settings: &Settings<'_>) -> Result<Parts<Raw, Counte
 }
 
 fn client(endpoint: &str) -> Client {
-    use aws_sdk_dynamodb::config::{Credentials, Region};
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version_latest()
-        .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("bench", "bench", None, None, "idem-bench"))
-        .build();
-    Client::from_conf(config)
+    Client::from_conf(idem_bench::dynamo_config(endpoint).build())
 }
 
 fn s(value: &str) -> AttributeValue {

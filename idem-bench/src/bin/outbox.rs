@@ -59,6 +59,17 @@
 //!    commit returned, both on this process's monotonic clock (an arrival
 //!    before the commit returned counts as zero).
 //!
+//! With `--store dynamo` (or `both`, after the Postgres measurements), for
+//! each broker: a DynamoDB outbox (`idem_dynamo::DynamoOutbox`) on the
+//! emulator at `IDEM_DYNAMO_ENDPOINT`, of 1 or 2 partitions, pre-filled with
+//! `--dynamo-messages` (one `enqueue` each, from one writer) and drained
+//! by one relay at batch 100 with 1 or `--in-flight` batches in flight,
+//! beside the raw publish of as many messages (the median of 5 runs) and
+//! the same drain through a publisher that confirms at once. The client
+//! counts its requests: per relay batch and per enqueued message, the
+//! figures that carry over from moto (one request at a time, in Python) to
+//! DynamoDB, whose throughput moto's says little about.
+//!
 //! Writes `<out>/outbox.jsonl` (one JSON line per measurement) and
 //! `<out>/outbox.md`, and prints the markdown. Everything it creates has a
 //! random name and is removed at the end: a Postgres schema of its own, a
@@ -88,6 +99,10 @@ use idem_core::store::{
     Advance, Capabilities, LogBatch, LogPosition, MessageId, NewMessage, OutboxMessage,
     OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
 };
+use idem_dynamo::aws_sdk_dynamodb;
+use idem_dynamo::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use idem_dynamo::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use idem_dynamo::{DynamoOutbox, DynamoOutboxOptions};
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -166,6 +181,13 @@ const WARM_UP: usize = 20;
 const EXPIRES: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreChoice {
+    Postgres,
+    Dynamo,
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BrokerChoice {
     Rabbitmq,
     Nats,
@@ -179,6 +201,15 @@ struct Args {
     /// The brokers to measure.
     #[arg(long, value_enum, default_value = "both")]
     broker: BrokerChoice,
+    /// The outbox stores to measure: Postgres (every measurement), DynamoDB
+    /// on the emulator at `IDEM_DYNAMO_ENDPOINT` (relay throughput at batch
+    /// 100 and requests per batch, beside the raw publish), or both.
+    #[arg(long, value_enum, default_value = "postgres")]
+    store: StoreChoice,
+    /// Messages per DynamoDB throughput measurement: moto serves one
+    /// request at a time, far slower than DynamoDB.
+    #[arg(long, default_value_t = 1000)]
+    dynamo_messages: usize,
     /// Messages per throughput measurement (relay and raw alike).
     #[arg(long, default_value_t = 5000)]
     messages: usize,
@@ -315,12 +346,47 @@ struct Latency {
     max_us: u64,
 }
 
+/// One throughput measurement of a DynamoDB outbox (on moto): one broker,
+/// the relay and the raw publish at batch 100.
+#[derive(Debug, Clone, Serialize)]
+struct DynamoThroughput {
+    broker: &'static str,
+    batch: usize,
+    in_flight: usize,
+    partitions: u32,
+    messages: usize,
+    aggregates: usize,
+    /// Messages per second through the relay, from its first read to its
+    /// last advance.
+    relay_msgs_per_s: f64,
+    /// Messages per second through the client alone (the median of
+    /// [`RAW_ROUNDS`] runs).
+    raw_msgs_per_s: f64,
+    /// relay / raw.
+    ratio: f64,
+    relay_seconds: f64,
+    /// Messages per second of the same drain through a publisher that
+    /// confirms at once: the store's and the relay's own ceiling (here,
+    /// the emulator's).
+    store_alone_msgs_per_s: f64,
+    /// Requests to DynamoDB per batch of the drain (reads of the logs and
+    /// lanes, advances, acquires and the last reads that found nothing):
+    /// the figure that carries over from the emulator to DynamoDB.
+    requests_per_batch: f64,
+    /// Requests to DynamoDB per message of the fill (`enqueue`, each in a
+    /// transaction of its own).
+    enqueue_requests_per_message: f64,
+    batches: u64,
+    relay_failed: u64,
+}
+
 /// One JSON line.
 #[derive(Debug, Serialize)]
 #[serde(tag = "bench", rename_all = "snake_case")]
 enum Line {
     Throughput(Box<Throughput>),
     Latency(Latency),
+    Dynamo(Box<DynamoThroughput>),
 }
 
 /// The payload of the `i`-th message.
@@ -635,6 +701,52 @@ enum Route {
     Away(Duration),
 }
 
+/// What a relay's passes did, added up.
+#[derive(Debug, Default)]
+struct Passes {
+    /// Reads that found something.
+    batches: u64,
+    /// Of those, after the first pass.
+    later_batches: u64,
+    /// Publishes failed or parked.
+    failed: u64,
+}
+
+/// Passes of `relay` until `messages` are published: a first pass alone
+/// (`Relay::relay_once`, after which `first` runs), then `Relay::drain`
+/// with the batches in flight its options say.
+async fn relay_all<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static>(
+    relay: &Relay<S, P>,
+    messages: usize,
+    started: Instant,
+    first: impl FnOnce(),
+) -> Result<Passes, BenchError> {
+    let once = relay.relay_once().await?;
+    first();
+    let mut passes = Passes {
+        batches: once.batches as u64,
+        later_batches: 0,
+        failed: (once.failed + once.parked) as u64,
+    };
+    let mut published = once.published;
+    while published < messages as u64 {
+        if started.elapsed() > PATIENCE {
+            return Err(format!("the relay published {published} of {messages} in time").into());
+        }
+        let pass = relay.drain().await?;
+        if pass.read == 0 {
+            // Only failed messages are left, waiting out their back-off.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        passes.batches += pass.batches as u64;
+        passes.later_batches += pass.batches as u64;
+        published += pass.published;
+        passes.failed += (pass.failed + pass.parked) as u64;
+    }
+    Ok(passes)
+}
+
 /// Drains an outbox pre-filled as `shape` says through `publisher`, with
 /// its batches in flight (`Relay::drain`) after a first batch alone
 /// (`Relay::relay_once`), its pool reaching Postgres by `route`.
@@ -719,26 +831,13 @@ async fn relay_drain(
     };
     // The first batch alone (it prepares the statements), then drains with
     // the batches in flight asked for.
-    let first = relay.relay_once().await?;
-    drain.first_batch = statements();
-    drain.batches += first.batches as u64;
-    let mut published = first.published;
-    drain.failed += (first.failed + first.parked) as u64;
-    while published < messages as u64 {
-        if started.elapsed() > PATIENCE {
-            return Err(format!("the relay published {published} of {messages} in time").into());
-        }
-        let pass = relay.drain().await?;
-        if pass.read == 0 {
-            // Only failed messages are left, waiting out their back-off.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        }
-        drain.batches += pass.batches as u64;
-        drain.later_batches += pass.batches as u64;
-        published += pass.published;
-        drain.failed += (pass.failed + pass.parked) as u64;
-    }
+    let passes = relay_all(&relay, messages, started, || {
+        drain.first_batch = statements()
+    })
+    .await?;
+    drain.batches = passes.batches;
+    drain.later_batches = passes.later_batches;
+    drain.failed = passes.failed;
     drain.later_round_trips = statements() - drain.first_batch;
     drain.elapsed = started.elapsed();
     drain.cpu = CpuSample::now(broker).per_unit_since(&cpu_before, messages);
@@ -1410,6 +1509,197 @@ async fn throughput(
     Ok(measured)
 }
 
+/// Counts the requests a client sends (the service clock's `ListTables`
+/// aside): the emulator's own counter reads only a request's `TableName`,
+/// which batch requests do not have.
+#[derive(Debug, Clone, Default)]
+struct Requests(Arc<AtomicU64>);
+
+impl Requests {
+    fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Intercept for Requests {
+    fn name(&self) -> &'static str {
+        "requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let target = context.request().headers().get("x-amz-target");
+        if !target.is_some_and(|t| t.ends_with(".ListTables")) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// DynamoDB: a client of the emulator counting its requests, and the
+/// tables of the run's own.
+struct Dynamo {
+    client: aws_sdk_dynamodb::Client,
+    requests: Requests,
+    id: String,
+}
+
+impl Dynamo {
+    fn connect(id: &str) -> Result<Self, BenchError> {
+        let requests = Requests::default();
+        let config = idem_bench::dynamo_config(&env("IDEM_DYNAMO_ENDPOINT")?)
+            .interceptor(requests.clone())
+            .build();
+        Ok(Self {
+            client: aws_sdk_dynamodb::Client::from_conf(config),
+            requests,
+            id: id.to_string(),
+        })
+    }
+
+    /// An outbox of `partitions` on a new table `name` of the run's.
+    async fn outbox(&self, name: &str, partitions: u32) -> Result<DynamoOutbox, BenchError> {
+        let options = DynamoOutboxOptions::default()
+            .table(&format!("bench-{}-{name}", self.id))
+            .partitions(partitions)
+            .store_options(
+                idem_core::StoreOptions::default().with_operation_timeout(Duration::from_secs(30)),
+            );
+        let outbox = DynamoOutbox::with_options(self.client.clone(), options)?;
+        outbox.create_table().await?;
+        Ok(outbox)
+    }
+
+    async fn delete(&self, outbox: &DynamoOutbox) -> Result<(), BenchError> {
+        self.client
+            .delete_table()
+            .table_name(outbox.table())
+            .send()
+            .await?;
+        Ok(())
+    }
+}
+
+/// Enqueues `messages` over `aggregates` into a DynamoDB outbox, one
+/// `enqueue` (one transaction) each, from one writer: writers racing on a
+/// partition's counter lose rounds (idem-dynamo's tests race them), and
+/// moto serves one request at a time, so a race only slows the fill.
+async fn fill_dynamo(
+    outbox: &DynamoOutbox,
+    messages: usize,
+    aggregates: usize,
+) -> Result<(), BenchError> {
+    for i in 0..messages {
+        let message = NewMessage::new(&aggregate(i, aggregates), KIND, payload(i))?;
+        outbox.enqueue(&message).await?;
+    }
+    Ok(())
+}
+
+/// A DynamoDB outbox filled as `shape` says and drained through
+/// `publisher`: its time, its requests per batch, and the fill's requests
+/// per message.
+async fn dynamo_drain(
+    dynamo: &Dynamo,
+    publisher: Arc<dyn Publisher>,
+    name: &str,
+    shape: Shape,
+) -> Result<(Duration, Passes, f64, f64), BenchError> {
+    let outbox = dynamo.outbox(name, shape.partitions).await?;
+    let before_fill = dynamo.requests.count();
+    fill_dynamo(&outbox, shape.messages, shape.aggregates).await?;
+    let enqueue_requests = dynamo.requests.count() - before_fill;
+    let relay = Relay::new(
+        Arc::new(outbox.clone()),
+        publisher,
+        RelayOptions::default()
+            .with_batch(shape.batch)?
+            .with_in_flight(shape.in_flight)?,
+    );
+    let before = dynamo.requests.count();
+    let started = Instant::now();
+    let passes = relay_all(&relay, shape.messages, started, || {}).await?;
+    let elapsed = started.elapsed();
+    let requests = dynamo.requests.count() - before;
+    dynamo.delete(&outbox).await?;
+    Ok((
+        elapsed,
+        passes,
+        requests as f64,
+        enqueue_requests as f64 / shape.messages.max(1) as f64,
+    ))
+}
+
+/// Relay throughput over a DynamoDB outbox at batch 100, beside the raw
+/// publish of as many messages, at each partition count and batches in
+/// flight.
+async fn dynamo_throughput(
+    dynamo: &Dynamo,
+    broker: &Broker,
+    args: &Args,
+) -> Result<Vec<Line>, BenchError> {
+    let (batch, aggregates, messages) = (WIDE_BATCH, args.aggregates, args.dynamo_messages);
+    broker.purge().await?;
+    let mut raws = Vec::new();
+    for _ in 0..RAW_ROUNDS {
+        raws.push(raw_round(broker, messages, aggregates, batch, None).await?);
+    }
+    let (raw, _) = median(raws)?;
+    let mut windows = vec![1, args.in_flight];
+    windows.dedup();
+    let mut lines = Vec::new();
+    for &partitions in &PARTITIONS {
+        for &in_flight in &windows {
+            eprintln!(
+                "[outbox] {} on DynamoDB: {partitions} partitions, {in_flight} in flight",
+                broker.name()
+            );
+            let shape = Shape {
+                batch,
+                in_flight,
+                partitions,
+                messages,
+                aggregates,
+            };
+            let name = format!("{}-p{partitions}-f{in_flight}", broker.name());
+            let (elapsed, passes, requests, enqueue) =
+                dynamo_drain(dynamo, broker.publisher().await?, &name, shape).await?;
+            broker.purge().await?;
+            let alone = dynamo_drain(
+                dynamo,
+                Arc::new(ConfirmsAtOnce),
+                &format!("{name}-alone"),
+                shape,
+            )
+            .await?;
+            let relay_msgs_per_s = per_second(messages, elapsed);
+            let raw_msgs_per_s = per_second(messages, raw.elapsed);
+            lines.push(Line::Dynamo(Box::new(DynamoThroughput {
+                broker: broker.name(),
+                batch,
+                in_flight,
+                partitions,
+                messages,
+                aggregates,
+                relay_msgs_per_s,
+                raw_msgs_per_s,
+                ratio: relay_msgs_per_s / raw_msgs_per_s,
+                relay_seconds: elapsed.as_secs_f64(),
+                store_alone_msgs_per_s: per_second(messages, alone.0),
+                requests_per_batch: requests / passes.batches.max(1) as f64,
+                enqueue_requests_per_message: enqueue,
+                batches: passes.batches,
+                relay_failed: passes.failed,
+            })));
+        }
+    }
+    Ok(lines)
+}
+
 /// Commit-to-broker latency: enqueue at the rate asked, one committed
 /// transaction a message, with `Relay::run` woken by the outbox's listener.
 async fn latency(pg: &Pg, broker: &Broker, args: &Args) -> Result<Latency, BenchError> {
@@ -1523,8 +1813,50 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
+/// The DynamoDB rows' section of the report, if any were measured.
+fn dynamo_section(lines: &[Line], md: &mut String) {
+    if lines.iter().any(|line| matches!(line, Line::Dynamo(_))) {
+        let _ = writeln!(
+            *md,
+            "\n## Outbox relay throughput on DynamoDB (moto)\n\n\
+             A DynamoDB outbox on the emulator (`IDEM_DYNAMO_ENDPOINT`, one request at a time), \
+             pre-filled one `enqueue` a message by one writer, drained by one relay at batch {WIDE_BATCH} beside the \
+             raw publish of as many messages. The emulator is far slower than DynamoDB: the \
+             requests per batch and per enqueued message are what carry over.\n"
+        );
+        md.push_str(
+            "| broker | batch | aggregates | partitions | in flight | relay msg/s | raw msg/s | relay/raw | no broker msg/s | requests/batch | requests/enqueue |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for line in lines {
+            if let Line::Dynamo(d) = line {
+                let _ = writeln!(
+                    *md,
+                    "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.0} | {:.2} | {:.2} |",
+                    d.broker,
+                    d.batch,
+                    d.aggregates,
+                    d.partitions,
+                    d.in_flight,
+                    d.relay_msgs_per_s,
+                    d.raw_msgs_per_s,
+                    d.ratio,
+                    d.store_alone_msgs_per_s,
+                    d.requests_per_batch,
+                    d.enqueue_requests_per_message,
+                );
+            }
+        }
+    }
+}
+
 /// The markdown report: throughput, then latency.
 fn markdown(lines: &[Line], args: &Args) -> String {
+    if !lines.iter().any(|line| matches!(line, Line::Throughput(_))) {
+        let mut md = String::new();
+        dynamo_section(lines, &mut md);
+        return md;
+    }
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -1711,6 +2043,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
             }
         }
     }
+    dynamo_section(lines, &mut md);
     let _ = writeln!(
         md,
         "\n## Outbox commit-to-broker latency\n\n\
@@ -1748,6 +2081,7 @@ async fn run(args: &Args) -> Result<Vec<Line>, BenchError> {
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
     let pg = Pg::connect(&id).await?;
+    let dynamo = Dynamo::connect(&id[..12])?;
     let mut lines = Vec::new();
     let mut outcome = Ok(());
     let kinds: &[BrokerChoice] = match args.broker {
@@ -1767,7 +2101,17 @@ async fn run(args: &Args) -> Result<Vec<Line>, BenchError> {
                 break;
             }
         };
-        let measured = measure(&pg, &broker, args).await;
+        let measured = match args.store {
+            StoreChoice::Postgres => measure(&pg, &broker, args).await,
+            StoreChoice::Dynamo => dynamo_throughput(&dynamo, &broker, args).await,
+            StoreChoice::Both => match measure(&pg, &broker, args).await {
+                Ok(mut lines) => dynamo_throughput(&dynamo, &broker, args).await.map(|more| {
+                    lines.extend(more);
+                    lines
+                }),
+                Err(error) => Err(error),
+            },
+        };
         let name = broker.name();
         if let Err(error) = broker.delete().await {
             eprintln!("[outbox] cannot remove what the run created on {name}: {error}");

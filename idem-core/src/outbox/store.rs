@@ -118,6 +118,33 @@ impl LogBatch {
         Self { messages, blocked }
     }
 
+    /// A batch of `messages` (in log order) whose blocked aggregates are
+    /// those of its messages that `in_lane` says have a message in the
+    /// partition's retry lane.
+    ///
+    /// ```
+    /// use idem_core::store::{LogBatch, LogPosition, MessageParts, MessageState, NewMessage, OutboxMessage, Timestamp};
+    ///
+    /// let at = Timestamp::from_unix_millis(0);
+    /// let parts = MessageParts {
+    ///     sequence: 2, partition: 0, position: LogPosition::new(7, 0), state: MessageState::Pending,
+    ///     attempts: 0, last_error: None, enqueued_at: at, available_at: at, sent_at: None,
+    /// };
+    /// let paid = OutboxMessage::new(NewMessage::new("order-1", "order.paid", b"{}".to_vec())?, parts);
+    /// let batch = LogBatch::among(vec![paid], |aggregate| aggregate == "order-1");
+    /// assert!(batch.blocked.contains("order-1"));
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    pub fn among(messages: Vec<OutboxMessage>, in_lane: impl Fn(&str) -> bool) -> Self {
+        let blocked = messages
+            .iter()
+            .map(|m| m.message().aggregate())
+            .filter(|aggregate| in_lane(aggregate))
+            .map(str::to_string)
+            .collect();
+        Self::new(messages, blocked)
+    }
+
     /// The position of its last message: where a cursor moves once every
     /// message of the batch is settled.
     pub fn end(&self) -> Option<LogPosition> {

@@ -293,3 +293,23 @@ pub async fn requests(table: &str) -> u64 {
         .parse()
         .unwrap_or_else(|_| panic!("the server at {ENDPOINT_VAR} does not count requests (start it with scripts/moto_server.py): {body}"))
 }
+
+/// An outbox of `partitions` on a table of the test's own (a read or an
+/// acquire sees the whole table), with [`GENEROUS_OPERATION_TIMEOUT`], its
+/// table and lane index created.
+pub async fn own_outbox(prefix: &str, partitions: u32) -> idem_dynamo::DynamoOutbox {
+    let shared = StoreOptions::default().with_operation_timeout(GENEROUS_OPERATION_TIMEOUT);
+    let options = idem_dynamo::DynamoOutboxOptions::default()
+        .table(&own_table(prefix))
+        .partitions(partitions)
+        .store_options(shared);
+    let outbox = idem_dynamo::DynamoOutbox::with_options(client(), options).expect("valid options");
+    outbox.create_table().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",
+            outbox.table(),
+            endpoint()
+        )
+    });
+    outbox
+}
