@@ -12,10 +12,10 @@ use std::time::Duration;
 use idem_conformance::support::SkewedClock;
 use idem_core::store::{
     Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, JournalStore, NewOperation,
-    OperationId, OperationKey, OwnerToken, SystemClock,
+    OperationId, OperationKey, OutboxStore, OwnerToken, PartitionLease, SystemClock,
 };
 use idem_core::{Fingerprint, Scope, Tenant};
-use idem_dynamo::{DynamoJournalOptions, DynamoOptions, ServiceClock};
+use idem_dynamo::{DynamoJournalOptions, DynamoOptions, DynamoOutboxOptions, ServiceClock};
 use serde_json::json;
 
 /// How far apart the two callers' clocks are: each is this far from the
@@ -190,4 +190,50 @@ async fn acquire_twice(first: &impl JournalStore, second: &impl JournalStore) ->
         .acquire(key.held_by(OwnerToken::generate()), lease)
         .await
         .unwrap()
+}
+
+/// A partition held by the relay an hour behind is not taken by the relay
+/// an hour ahead while its lease lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_hours_ahead_never_takes_a_held_partition_on_the_service_clock() {
+    let table = fresh_table("outbox");
+    let on = |clock: SkewedClock| {
+        DynamoOutboxOptions::default()
+            .table(&table)
+            .partitions(1)
+            .service_clock(ServiceClock::on_base(clock))
+    };
+    let early = common::outbox_with(on(behind())).await;
+    let late = common::outbox_with(on(ahead())).await;
+    let (first, second) = take_partition_twice(&early, &late).await;
+    assert!(first.is_some(), "the only partition was free");
+    assert!(second.is_none(), "a held partition was taken: {second:?}");
+}
+
+/// The same two relays on their own clocks: the one ahead takes the
+/// partition at once, which is what the service's clock prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_callers_clocks_the_relay_ahead_takes_a_held_partition() {
+    let table = fresh_table("outbox-caller");
+    let on = |clock: SkewedClock| {
+        DynamoOutboxOptions::default()
+            .table(&table)
+            .partitions(1)
+            .clock(clock)
+    };
+    let early = common::outbox_with(on(behind())).await;
+    let late = common::outbox_with(on(ahead())).await;
+    let (first, second) = take_partition_twice(&early, &late).await;
+    assert!(first.is_some(), "the only partition was free");
+    assert!(second.is_some(), "the lease lapsed by the clock ahead");
+}
+
+async fn take_partition_twice(
+    first: &impl OutboxStore,
+    second: &impl OutboxStore,
+) -> (Option<PartitionLease>, Option<PartitionLease>) {
+    let lease = Duration::from_secs(60);
+    let held = first.acquire(OwnerToken::generate(), lease).await.unwrap();
+    let taken = second.acquire(OwnerToken::generate(), lease).await.unwrap();
+    (held, taken)
 }

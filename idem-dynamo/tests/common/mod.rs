@@ -298,12 +298,20 @@ pub async fn requests(table: &str) -> u64 {
 /// acquire sees the whole table), with [`GENEROUS_OPERATION_TIMEOUT`], its
 /// table and lane index created.
 pub async fn own_outbox(prefix: &str, partitions: u32) -> idem_dynamo::DynamoOutbox {
+    outbox_with(
+        idem_dynamo::DynamoOutboxOptions::default()
+            .table(&own_table(prefix))
+            .partitions(partitions),
+    )
+    .await
+}
+
+/// An outbox with `options` and [`GENEROUS_OPERATION_TIMEOUT`], its table
+/// and lane index created.
+pub async fn outbox_with(options: idem_dynamo::DynamoOutboxOptions) -> idem_dynamo::DynamoOutbox {
     let shared = StoreOptions::default().with_operation_timeout(GENEROUS_OPERATION_TIMEOUT);
-    let options = idem_dynamo::DynamoOutboxOptions::default()
-        .table(&own_table(prefix))
-        .partitions(partitions)
-        .store_options(shared);
-    let outbox = idem_dynamo::DynamoOutbox::with_options(client(), options).expect("valid options");
+    let outbox = idem_dynamo::DynamoOutbox::with_options(client(), options.store_options(shared))
+        .expect("valid options");
     outbox.create_table().await.unwrap_or_else(|e| {
         panic!(
             "cannot create table {} at {ENDPOINT_VAR}={}: {e:?}",
