@@ -260,15 +260,31 @@ impl Delivery for JetStreamDelivery {
         call("ack", self.message.ack()).await
     }
 
-    /// Every ack sent at once, pipelined on the connection, and awaited
-    /// together within one time limit.
+    /// Every ack sent at once, pipelined on the connection, then the
+    /// connection flushed, all within one time limit.
     async fn ack_all(batch: &[&Self]) -> Result<(), BrokerError> {
+        let Some(first) = batch.first() else {
+            return Ok(());
+        };
         let acks = batch.iter().map(|delivery| delivery.message.ack());
-        let acked = call("ack", async {
+        call("ack", async {
             let acked = futures_util::future::join_all(acks).await;
-            acked.into_iter().collect::<Result<Vec<()>, _>>()
-        });
-        acked.await.map(drop)
+            for ack in acked {
+                ack.map_err(|e| e.to_string())?;
+            }
+            // An ack is only queued on the client: flushed, it reaches the
+            // server before whatever follows, the connection's end included
+            // (a process ending right after its batch's acks would otherwise
+            // have them all delivered again).
+            first
+                .message
+                .context
+                .client()
+                .flush()
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
