@@ -23,12 +23,67 @@ use idem_conformance::jetstream::JetStream;
 use idem_consumer::{Consumed, Consumer, ConsumerOptions, Delivery};
 use idem_core::store::{NewMessage, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
+use idem_dynamo::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use idem_dynamo::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use idem_dynamo::aws_sdk_dynamodb::error::BoxError;
 use idem_dynamo::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
 use idem_dynamo::{DynamoOptions, DynamoParking, DynamoStore, DynamoTransaction, VersionedItems};
 
 /// The shop's item that lists every effect, in commit order.
 const LEDGER: &str = "ledger";
+
+/// A request: its operation and the tables it names.
+type Request = (String, BTreeSet<String>);
+
+/// Each request the client sends.
+#[derive(Debug, Clone, Default)]
+struct Requests(Arc<Mutex<Vec<Request>>>);
+
+impl Requests {
+    fn take(&self) -> Vec<Request> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+impl Intercept for Requests {
+    fn name(&self) -> &'static str {
+        "requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = context.request();
+        let operation = request
+            .headers()
+            .get("x-amz-target")
+            .and_then(|target| target.rsplit('.').next())
+            .unwrap_or_default()
+            .to_string();
+        let body: serde_json::Value =
+            serde_json::from_slice(request.body().bytes().unwrap_or(b"{}"))?;
+        // As the server counts them: the request's table, or each of a
+        // transaction's items'.
+        let items = body["TransactItems"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let tables = std::iter::once(&body)
+            .chain(
+                items
+                    .iter()
+                    .flat_map(|item| item.as_object().into_iter().flat_map(|o| o.values())),
+            )
+            .filter_map(|value| value["TableName"].as_str().map(str::to_string))
+            .collect();
+        self.0.lock().unwrap().push((operation, tables));
+        Ok(())
+    }
+}
 
 /// The shop's books on DynamoDB: a domain table of the test's own holding
 /// the ledger and each aggregate's item, written through the inbox's
@@ -112,12 +167,12 @@ struct DynamoBackend {
     inbox: DynamoStore,
     parking: DynamoParking,
     domain: String,
-    requests: common::Requests,
+    requests: Requests,
 }
 
 impl DynamoBackend {
     async fn new() -> Self {
-        let requests = common::Requests::default();
+        let requests = Requests::default();
         let config: Config = common::config_with(&common::endpoint(), common::CONNECT_TIMEOUT)
             .interceptor(requests.clone())
             .build();

@@ -8,15 +8,14 @@
     clippy::unwrap_used
 )]
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use idem_conformance::faults::FaultProxy;
 use idem_core::StoreOptions;
 use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region, timeout::TimeoutConfig};
 use idem_dynamo::aws_sdk_dynamodb::types::AttributeValue;
-use idem_dynamo::aws_sdk_dynamodb::{self, Client, Config};
+use idem_dynamo::aws_sdk_dynamodb::{Client, Config};
 use idem_dynamo::{
     DynamoJournal, DynamoJournalOptions, DynamoOptions, DynamoParking, DynamoParkingOptions,
     DynamoStore,
@@ -321,65 +320,4 @@ pub async fn outbox_with(options: idem_dynamo::DynamoOutboxOptions) -> idem_dyna
         )
     });
     outbox
-}
-
-/// A request: its operation and the tables it names.
-pub type Request = (String, BTreeSet<String>);
-
-/// Each request the client sends (an interceptor to build a client with).
-#[derive(Debug, Clone, Default)]
-pub struct Requests(Arc<Mutex<Vec<Request>>>);
-
-impl Requests {
-    pub fn take(&self) -> Vec<Request> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-
-    /// How many were sent to the tables (the service clock's `ListTables`
-    /// aside).
-    pub fn count(&self) -> usize {
-        let sent = self.0.lock().unwrap();
-        sent.iter()
-            .filter(|(operation, _)| operation != "ListTables")
-            .count()
-    }
-}
-
-impl aws_sdk_dynamodb::config::Intercept for Requests {
-    fn name(&self) -> &'static str {
-        "requests"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let request = context.request();
-        let operation = request
-            .headers()
-            .get("x-amz-target")
-            .and_then(|target| target.rsplit('.').next())
-            .unwrap_or_default()
-            .to_string();
-        let body: serde_json::Value =
-            serde_json::from_slice(request.body().bytes().unwrap_or(b"{}"))?;
-        // As the server counts them: the request's table, or each of a
-        // transaction's items'.
-        let items = body["TransactItems"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let tables = std::iter::once(&body)
-            .chain(
-                items
-                    .iter()
-                    .flat_map(|item| item.as_object().into_iter().flat_map(|o| o.values())),
-            )
-            .filter_map(|value| value["TableName"].as_str().map(str::to_string))
-            .collect();
-        self.0.lock().unwrap().push((operation, tables));
-        Ok(())
-    }
 }
