@@ -1,0 +1,256 @@
+//! The services on Postgres: HTTP records, orders and the outbox in one
+//! database, and the shipping service's inbox, parking, shipments and
+//! effects in tables of the run's own.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Extension, Router};
+use http::StatusCode;
+use idem_consumer::{Consumer, ConsumerOptions, Handled, Handler, async_trait};
+use idem_core::store::{IdempotencyStore, InboundMessage, NewMessage, VersionCheck, VersionStore};
+use idem_core::{HandlerError, Idempotency, StoreError};
+use idem_http::{IdempotencyLayer, IdempotencyTransaction};
+use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool};
+use idem_postgres::{
+    PgTransaction, PostgresOptions, PostgresOutbox, PostgresOutboxOptions, PostgresParking,
+    PostgresParkingOptions, PostgresStore, VersionedTable,
+};
+
+use super::{Backend, CONSUMER, Effect, env, serve};
+
+/// The consumer's side: the shipment row at the event's version, and one
+/// row per effect, so a second effect would show.
+pub(crate) struct Shipping {
+    inbox: PostgresStore,
+    versions: VersionedTable,
+    shipments: String,
+    effects: String,
+}
+
+#[async_trait]
+impl Handler for Shipping {
+    type Tx = PgTransaction;
+
+    async fn begin(&self) -> Result<PgTransaction, StoreError> {
+        self.inbox.begin().await
+    }
+
+    async fn handle(
+        &self,
+        message: &InboundMessage,
+        mut tx: PgTransaction,
+    ) -> Result<(PgTransaction, Handled), HandlerError> {
+        let order = message.aggregate().ok_or("no order")?;
+        let version = message.version().ok_or("no version")?;
+        let status = std::str::from_utf8(message.payload())?.to_string();
+        let check = self.versions.advance(&mut *tx, order, version).await?;
+        if check == VersionCheck::Apply {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {} (id, version, status) VALUES ($1, $2, $3) \
+                 ON CONFLICT (id) DO UPDATE SET status = excluded.status",
+                self.shipments
+            )))
+            .bind(order)
+            .bind(i64::try_from(version)?)
+            .bind(&status)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {} (id, version) VALUES ($1, $2)",
+                self.effects
+            )))
+            .bind(order)
+            .bind(i64::try_from(version)?)
+            .execute(&mut *tx)
+            .await?;
+        }
+        Ok((tx, check.into()))
+    }
+}
+
+/// One database, the run's tables in it.
+pub(crate) struct Postgres {
+    pool: PgPool,
+    run: String,
+}
+
+impl Postgres {
+    fn table(&self, name: &str) -> String {
+        format!("e2e_{name}_{}", self.run)
+    }
+
+    async fn sql(&self, statement: String) {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[async_trait]
+impl Backend for Postgres {
+    const NAME: &'static str = "postgres";
+    type Outbox = PostgresOutbox;
+    type Shipping = Shipping;
+
+    async fn new(run: &str) -> Self {
+        let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&env(
+                "IDEM_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ))
+            .await
+            .expect("connect to IDEM_POSTGRES_URL");
+        Self {
+            pool,
+            run: run.to_string(),
+        }
+    }
+
+    async fn order_service(&self) -> (Arc<PostgresOutbox>, String) {
+        let records = PostgresStore::with_options(
+            self.pool.clone(),
+            PostgresOptions::default().table(&self.table("records")),
+        )
+        .unwrap();
+        records.migrate().await.unwrap();
+        let outbox = Arc::new(
+            PostgresOutbox::with_options(
+                self.pool.clone(),
+                PostgresOutboxOptions::default().table(&self.table("outbox")),
+            )
+            .unwrap(),
+        );
+        outbox.migrate().await.unwrap();
+        let orders = self.table("orders");
+        self.sql(format!(
+            "CREATE TABLE {orders} (id text PRIMARY KEY, status text NOT NULL)"
+        ))
+        .await;
+
+        let upsert = format!(
+            "INSERT INTO {orders} (id, status) VALUES ($1, $2) \
+             ON CONFLICT (id) DO UPDATE SET status = excluded.status"
+        );
+        let route_outbox = outbox.clone();
+        let handler = move |Extension(tx): Extension<IdempotencyTransaction<PgTransaction>>,
+                            body: String| {
+            let (upsert, outbox) = (upsert.clone(), route_outbox.clone());
+            async move {
+                let (order, status) = body.split_once(' ').unwrap();
+                let mut tx = tx.lock().await.unwrap();
+                sqlx::query(AssertSqlSafe(upsert))
+                    .bind(order)
+                    .bind(status)
+                    .execute(&mut **tx)
+                    .await
+                    .unwrap();
+                let event =
+                    NewMessage::new(order, "order.changed", status.as_bytes().to_vec()).unwrap();
+                outbox.enqueue_in(&mut tx, &event).await.unwrap();
+                (StatusCode::CREATED, format!("{order} {status}"))
+            }
+        };
+        let any: Arc<dyn IdempotencyStore> = Arc::new(records.clone());
+        let layer = IdempotencyLayer::new(Idempotency::new(any)).in_transaction({
+            let records = records.clone();
+            move || records.begin()
+        });
+        let app = Router::new().route("/orders", post(handler)).layer(layer);
+        (outbox, serve(app).await)
+    }
+
+    async fn shipping_service(&self, options: ConsumerOptions) -> Consumer<Shipping> {
+        let inbox = PostgresStore::with_options(
+            self.pool.clone(),
+            PostgresOptions::default().table(&self.table("inbox")),
+        )
+        .unwrap();
+        inbox.migrate().await.unwrap();
+        let parking = PostgresParking::with_options(
+            self.pool.clone(),
+            PostgresParkingOptions::default().table(&self.table("parked")),
+        )
+        .unwrap();
+        parking.migrate().await.unwrap();
+        let (shipments, effects) = (self.table("shipments"), self.table("effects"));
+        self.sql(format!(
+            "CREATE TABLE {shipments} (id text PRIMARY KEY, version bigint NOT NULL, \
+             status text NOT NULL)"
+        ))
+        .await;
+        self.sql(format!(
+            "CREATE TABLE {effects} (seq bigserial PRIMARY KEY, id text NOT NULL, \
+             version bigint NOT NULL)"
+        ))
+        .await;
+        let shipping = Shipping {
+            inbox: inbox.clone(),
+            versions: VersionedTable::new(&shipments, "id", "version").unwrap(),
+            shipments,
+            effects,
+        };
+        Consumer::with_options(
+            CONSUMER,
+            Arc::new(inbox),
+            Arc::new(parking),
+            shipping,
+            options,
+        )
+        .unwrap()
+    }
+
+    async fn effects(&self) -> Vec<Effect> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, version FROM {} ORDER BY seq",
+            self.table("effects")
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(order, version)| Effect {
+                order,
+                version: u64::try_from(version).unwrap(),
+            })
+            .collect()
+    }
+
+    async fn shipments(&self) -> HashMap<String, (u64, String)> {
+        let rows: Vec<(String, i64, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, version, status FROM {}",
+            self.table("shipments")
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(order, version, status)| (order, (u64::try_from(version).unwrap(), status)))
+            .collect()
+    }
+
+    async fn delete(&self) {
+        let mut tables: Vec<String> = [
+            "records",
+            "outbox",
+            "orders",
+            "inbox",
+            "parked",
+            "shipments",
+            "effects",
+        ]
+        .into_iter()
+        .map(|name| self.table(name))
+        .collect();
+        tables.push(format!("{}_aggregates", self.table("outbox")));
+        for name in tables {
+            self.sql(format!("DROP TABLE IF EXISTS {name} CASCADE"))
+                .await;
+        }
+    }
+}
