@@ -51,8 +51,9 @@ fn gap(current: u64, message: &InboundMessage) -> String {
 
 /// How one pass of a batch through its transaction ended.
 enum Round {
-    /// Committed: each message's attempt, `None` for those settled before.
-    Committed(Vec<Option<Attempt>>),
+    /// Committed: the messages it took are settled; those that did not fit
+    /// ([`Transaction::fits`]) go on in the next transaction.
+    Committed,
     /// A handler failed, taking the transaction with it: its message's
     /// attempt is settled, and the batch begins again without it.
     HandlerFailed,
@@ -63,6 +64,16 @@ enum Round {
     Unbatched,
 }
 
+/// The refusal of a batch whose first message alone does not fit one
+/// transaction: it is handled on its own instead, where its commit says why.
+fn alone_too_large() -> StoreError {
+    idem_core::InvalidInput::OutOfRange {
+        field: "transaction",
+        reason: "one message's writes do not fit the batch's transaction",
+    }
+    .into()
+}
+
 /// How one message of a batch went in the batch's transaction.
 enum Step<Tx> {
     /// Done (or rolled back to its savepoint): the transaction goes on.
@@ -71,6 +82,9 @@ enum Step<Tx> {
     HandlerFailed(String),
     /// The transaction is no longer to be trusted.
     Refused(StoreError),
+    /// The message's writes made the transaction too large
+    /// ([`Transaction::fits`]); they were rolled back to its savepoint.
+    Full(Tx),
 }
 
 /// How many received deliveries may wait behind their aggregates per slot
@@ -813,26 +827,17 @@ impl<H: Handler> Consumer<H> {
     async fn attempt_batch(&self, messages: &[&InboundMessage]) -> Option<Vec<Attempt>> {
         let mut settled: Vec<Option<Attempt>> = messages.iter().map(|_| None).collect();
         let mut commits = 0u64;
-        // Each pass that a handler error ends settles that message, so at
-        // most one pass more than the batch has messages.
+        // Each pass settles at least one message (a handler error settles
+        // its message; a commit at least the first it took), so at most
+        // as many passes as the batch has messages, and one more.
         let refused = loop {
             commits += 1;
             match self.batch_round(messages, &mut settled).await {
-                Round::Committed(done) => {
+                Round::Committed if settled.iter().all(Option::is_some) => {
                     tracing::Span::current().record("commits", commits);
-                    let attempts = settled.into_iter().zip(done);
-                    return Some(
-                        attempts
-                            .map(|(settled, done)| settled.or(done))
-                            .map(|attempt| {
-                                attempt.unwrap_or_else(|| {
-                                    Attempt::Busy(self.parts.options.first_backoff)
-                                })
-                            })
-                            .collect(),
-                    );
+                    return Some(settled.into_iter().flatten().collect());
                 }
-                Round::HandlerFailed => {}
+                Round::Committed | Round::HandlerFailed => {}
                 Round::Unbatched => return None,
                 Round::Refused(error) => break error,
             }
@@ -871,7 +876,7 @@ impl<H: Handler> Consumer<H> {
         if !tx.batches() {
             return Round::Unbatched;
         }
-        let mut done: Vec<Option<Attempt>> = messages.iter().map(|_| None).collect();
+        let mut done: Vec<(usize, Attempt)> = Vec::new();
         for (at, message) in messages.iter().enumerate() {
             if settled[at].is_some() {
                 continue;
@@ -879,8 +884,13 @@ impl<H: Handler> Consumer<H> {
             match self.batch_step(message, tx).await {
                 Step::Kept(kept, attempt) => {
                     tx = kept;
-                    done[at] = Some(attempt);
+                    done.push((at, attempt));
                 }
+                Step::Full(kept) if !done.is_empty() => {
+                    tx = kept;
+                    break;
+                }
+                Step::Full(_) => return Round::Refused(alone_too_large()),
                 Step::HandlerFailed(reason) => {
                     settled[at] = Some(Attempt::Failed(reason));
                     return Round::HandlerFailed;
@@ -889,7 +899,12 @@ impl<H: Handler> Consumer<H> {
             }
         }
         match tx.commit().await {
-            Ok(()) => Round::Committed(done),
+            Ok(()) => {
+                for (at, attempt) in done {
+                    settled[at] = Some(attempt);
+                }
+                Round::Committed
+            }
             Err(error) => Round::Refused(error),
         }
     }
@@ -944,6 +959,15 @@ impl<H: Handler> Consumer<H> {
                 Err(error) => return Step::Refused(error),
             },
         };
+        // Whatever the message came to (a version check that found its
+        // aggregate written already in this transaction answers a gap),
+        // a transaction it made too large goes on without it.
+        if !tx.fits() {
+            return match tx.rollback_to_savepoint().await {
+                Ok(()) => Step::Full(tx),
+                Err(error) => Step::Refused(error),
+            };
+        }
         let (closed, attempt) = match attempt {
             Ok(attempt) => (tx.release_savepoint().await, attempt),
             Err(attempt) => (tx.rollback_to_savepoint().await, attempt),

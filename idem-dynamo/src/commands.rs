@@ -9,8 +9,11 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-use idem_core::store::{Lease, Timestamp, check_response_size, checkpoint_json, encode_headers};
-use idem_core::{Checkpoint, Operation, StoreError, StoredResponse};
+use idem_core::store::{
+    Lease, OwnerToken, Record, RecordState, Timestamp, check_response_size, checkpoint_json,
+    encode_headers,
+};
+use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse};
 
 use crate::codec::{COMPLETED, IN_FLIGHT, attr, b, get_n, get_s, key, n, s};
 use crate::error::build_failure;
@@ -155,9 +158,34 @@ pub(crate) fn complete(
     now: Timestamp,
     max: usize,
 ) -> Result<FencedUpdate, StoreError> {
+    let headers = fitting_headers(lease.scope(), response, max)?;
+    let retained_until = now + lease.retention();
+    Ok(
+        FencedUpdate::new(Operation::Complete, lease, now, COMPLETE_UPDATE)
+            .name("#ttl", attr::TTL)
+            .value(":c", s(COMPLETED))
+            .value(":rs", n(response.status()))
+            .value(":rh", b(headers))
+            .value(":rb", b(response.body().to_vec()))
+            .value(":exp", n(retained_until.as_unix_millis()))
+            .value(":ttl", n(retained_until.as_unix_secs_ceil()))
+            .value(":att", n(lease.attempt())),
+    )
+}
+
+/// `response`'s encoded headers, once it is known to fit `scope`'s item.
+///
+/// # Errors
+///
+/// [`StoreError::TooLarge`] over `max` bytes, or when the response cannot
+/// fit one item beside the record's own attributes.
+fn fitting_headers(
+    scope: &Scope,
+    response: &StoredResponse,
+    max: usize,
+) -> Result<Vec<u8>, StoreError> {
     check_response_size(response, max)?;
     let headers = encode_headers(response);
-    let scope = lease.scope();
     // DynamoDB counts attribute names and values: names (32 bytes),
     // fingerprint (32), owner (36), status (1), four numbers (21 each at
     // most), the key's length digits and colons (5), then tenant and key
@@ -172,18 +200,102 @@ pub(crate) fn complete(
             max,
         });
     }
-    let retained_until = now + lease.retention();
-    Ok(
-        FencedUpdate::new(Operation::Complete, lease, now, COMPLETE_UPDATE)
-            .name("#ttl", attr::TTL)
-            .value(":c", s(COMPLETED))
-            .value(":rs", n(response.status()))
-            .value(":rh", b(headers))
-            .value(":rb", b(response.body().to_vec()))
-            .value(":exp", n(retained_until.as_unix_millis()))
-            .value(":ttl", n(retained_until.as_unix_secs_ceil()))
-            .value(":att", n(lease.attempt())),
-    )
+    Ok(headers)
+}
+
+/// The condition of a claim made inside a transaction over no live record:
+/// the table still holds none (`:now`, epoch ms).
+const CLAIMED_OVER_NONE: &str = "attribute_not_exists(pk) OR #exp <= :now";
+/// The condition of a claim made inside a transaction over a lapsed lease:
+/// its owner (`:rown`) still holds the record in flight, its lease still
+/// lapsed (`:f`, `:now`).
+const CLAIMED_OVER_LAPSED: &str = "own = :rown AND st = :f AND lease <= :now";
+
+/// The write of `record`, claimed inside a transaction at `now` and
+/// perhaps completed or checkpointed since in it: the record's whole state,
+/// conditioned on the table still holding what the claim read (no live
+/// record, or `read`'s lapsed lease), so that a claim that commits first
+/// elsewhere cancels the transaction instead of being overwritten.
+///
+/// # Errors
+///
+/// [`StoreError::TooLarge`] for a completion that cannot fit (as
+/// [`complete`]'s), over `max` bytes.
+pub(crate) fn claimed_in(
+    table: &str,
+    record: &Record,
+    read: Option<OwnerToken>,
+    now: Timestamp,
+    max: usize,
+) -> Result<TransactWriteItem, StoreError> {
+    let scope = record.scope();
+    let retained_until = record.retained_until();
+    let mut set = vec![
+        "fp = :fp",
+        "own = :own",
+        "#exp = :exp",
+        "#ttl = :ttl",
+        "tenant = :tenant",
+        "k = :k",
+    ];
+    let mut values = HashMap::from([
+        (
+            ":fp".to_string(),
+            b(record.fingerprint().as_bytes().to_vec()),
+        ),
+        (":own".to_string(), s(record.owner().to_string())),
+        (":exp".to_string(), n(retained_until.as_unix_millis())),
+        (":ttl".to_string(), n(retained_until.as_unix_secs_ceil())),
+        (":tenant".to_string(), s(scope.tenant().as_str())),
+        (":k".to_string(), s(scope.key().as_str())),
+        (":now".to_string(), n(now.as_unix_millis())),
+        (":att".to_string(), n(record.attempt())),
+    ]);
+    let remove = match record.state() {
+        RecordState::Completed { response } => {
+            let headers = fitting_headers(scope, response, max)?;
+            set.extend(["st = :c", "rs = :rs", "rh = :rh", "rb = :rb", "datt = :att"]);
+            values.insert(":c".to_string(), s(COMPLETED));
+            values.insert(":rs".to_string(), n(response.status()));
+            values.insert(":rh".to_string(), b(headers));
+            values.insert(":rb".to_string(), b(response.body().to_vec()));
+            "lease, att, cpn, cpd"
+        }
+        _ => {
+            let lease = record.lease_expires_at().unwrap_or(now);
+            set.extend(["st = :f", "lease = :lease", "att = :att"]);
+            values.insert(":f".to_string(), s(IN_FLIGHT));
+            values.insert(":lease".to_string(), n(lease.as_unix_millis()));
+            match record.checkpoint() {
+                Some(checkpoint) => {
+                    set.extend(["cpn = :cpn", "cpd = :cpd"]);
+                    values.insert(":cpn".to_string(), s(checkpoint.name()));
+                    values.insert(":cpd".to_string(), s(checkpoint_json(checkpoint)));
+                    "rs, rh, rb, datt"
+                }
+                None => "rs, rh, rb, datt, cpn, cpd",
+            }
+        }
+    };
+    let condition = match read {
+        None => CLAIMED_OVER_NONE,
+        Some(owner) => {
+            values.insert(":rown".to_string(), s(owner.to_string()));
+            values.insert(":f".to_string(), s(IN_FLIGHT));
+            CLAIMED_OVER_LAPSED
+        }
+    };
+    let update = Update::builder()
+        .table_name(table)
+        .key(attr::PK, key(scope))
+        .update_expression(format!("SET {} REMOVE {remove}", set.join(", ")))
+        .condition_expression(condition)
+        .expression_attribute_names("#exp", attr::EXPIRES)
+        .expression_attribute_names("#ttl", attr::TTL)
+        .set_expression_attribute_values(Some(values))
+        .build()
+        .map_err(|e| build_failure(Operation::Claim, e))?;
+    Ok(TransactWriteItem::builder().update(update).build())
 }
 
 /// The renewal of `lease` to `until`, for a record retained at least that long.

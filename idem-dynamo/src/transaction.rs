@@ -6,9 +6,14 @@ use std::fmt;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
-use idem_core::store::{Lease, OwnerToken, Transaction};
+use std::time::Duration;
+
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Lease, OwnerToken, Record, Timestamp, Transaction, decide,
+};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 
+use crate::codec::{self, attr};
 use crate::commands::{self, FencedUpdate};
 use crate::error::{RETRYABLE_REASONS, STORE, classify};
 use crate::options::Settings;
@@ -45,6 +50,19 @@ const CONDITION_FAILED: &str = "ConditionalCheckFailed";
 /// record keeps no checkpoint), and your items must not write the record's
 /// own item (they may share its table). DynamoDB caps a transaction at 100
 /// items and 4 MB.
+///
+/// It batches ([`Transaction::batches`]), for a consumer's batch of
+/// messages: [`claim`](Transaction::claim) reads the record (one consistent
+/// `GetItem`), decides as the store's claim does, and on a claim adds the
+/// record's write, conditioned on the table still holding what it read (no
+/// live record, or the same lapsed lease); the completion and checkpoints
+/// of that claim rewrite that one write. A claim of the same record that
+/// commits first elsewhere cancels the commit with a retryable
+/// [`StoreError::Unavailable`] naming the record's item: nothing was
+/// written. Savepoints are marks in the items gathered, undone in process.
+/// [`fits`](Transaction::fits) turns false past 100 items or when a
+/// version check found its aggregate written already in it
+/// ([`VersionedItems`](crate::VersionedItems)).
 ///
 /// The commit is bounded by the store's
 /// [operation timeout](idem_core::StoreOptions::with_operation_timeout); a commit
@@ -90,6 +108,25 @@ pub struct DynamoTransaction {
     /// The outbox's counters it moves, each once, however many messages
     /// took a number from it.
     counters: Vec<Counter>,
+    /// The aggregates' items a version check writes in it (table, key,
+    /// version): DynamoDB takes one write per item in a transaction.
+    versioned: Vec<(String, crate::codec::Item, u64)>,
+    /// A version check found its aggregate's item written already: the
+    /// transaction no longer [fits](Transaction::fits).
+    crowded: bool,
+    /// What it held at each open savepoint, the latest last.
+    savepoints: Vec<Mark>,
+}
+
+/// What a transaction held at a savepoint.
+struct Mark {
+    items: usize,
+    records: Vec<RecordWrite>,
+    outbox: usize,
+    outbox_bytes: usize,
+    counters: Vec<Counter>,
+    versioned: usize,
+    crowded: bool,
 }
 
 /// DynamoDB's most items in one `TransactWriteItems`.
@@ -136,11 +173,34 @@ impl Counter {
 }
 
 /// A fenced write of the store's own, pending in the transaction.
+#[derive(Clone)]
 struct RecordWrite {
     key: AttributeValue,
     owner: OwnerToken,
     completes: bool,
     item: TransactWriteItem,
+    /// Claimed in this transaction: the record is not the owner's in the
+    /// table yet, so its writes carry the claim's condition.
+    claimed: Option<Claimed>,
+}
+
+/// A claim made inside a transaction.
+#[derive(Clone)]
+struct Claimed {
+    /// The record as the transaction will write it.
+    record: Record,
+    /// The owner of the lapsed lease the claim takes over, if any.
+    read: Option<OwnerToken>,
+    /// When the claim was decided.
+    at: Timestamp,
+}
+
+/// The refusal of a savepoint operation with none open.
+fn no_savepoint() -> StoreError {
+    StoreError::Misconfigured {
+        store: STORE,
+        message: "a savepoint was rolled back to or released with none open".into(),
+    }
 }
 
 impl fmt::Debug for DynamoTransaction {
@@ -164,7 +224,161 @@ impl DynamoTransaction {
             outbox: Vec::new(),
             outbox_bytes: 0,
             counters: Vec::new(),
+            versioned: Vec::new(),
+            crowded: false,
+            savepoints: Vec::new(),
         }
+    }
+
+    /// The version a check of this transaction writes to `key` of
+    /// `table` already, if one does: the transaction is then crowded (it
+    /// no longer fits), as the item takes no second write.
+    pub(crate) fn version_written(&mut self, table: &str, key: &crate::codec::Item) -> Option<u64> {
+        let written = self
+            .versioned
+            .iter()
+            .find(|(t, k, _)| t == table && k == key)
+            .map(|(_, _, version)| *version);
+        self.crowded |= written.is_some();
+        written
+    }
+
+    /// A version check's update of `key` of `table` to `version`, joining
+    /// the transaction.
+    pub(crate) fn push_version(
+        &mut self,
+        table: &str,
+        key: &crate::codec::Item,
+        version: u64,
+        update: TransactWriteItem,
+    ) {
+        self.versioned
+            .push((table.to_string(), key.clone(), version));
+        self.items.push(update);
+    }
+
+    /// The items the commit would send.
+    fn item_count(&self) -> usize {
+        self.items.len() + self.outbox.len() + self.counters.len() + self.records.len()
+    }
+
+    fn mark(&self) -> Mark {
+        Mark {
+            items: self.items.len(),
+            records: self.records.clone(),
+            outbox: self.outbox.len(),
+            outbox_bytes: self.outbox_bytes,
+            counters: self.counters.clone(),
+            versioned: self.versioned.len(),
+            crowded: self.crowded,
+        }
+    }
+
+    fn restore(&mut self, mark: Mark) {
+        self.items.truncate(mark.items);
+        self.records = mark.records;
+        self.outbox.truncate(mark.outbox);
+        self.outbox_bytes = mark.outbox_bytes;
+        self.counters = mark.counters;
+        self.versioned.truncate(mark.versioned);
+        self.crowded = mark.crowded;
+    }
+
+    /// The claim of `request` in this transaction: the record it writes
+    /// already answers for itself (one write per item); otherwise one
+    /// consistent `GetItem`, the core's decision table, and on a claim
+    /// the record's write joins the transaction, conditioned on what was
+    /// read.
+    async fn claim_within(&mut self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let key = codec::key(request.scope());
+        if let Some(pending) = self.records.iter().find(|w| w.key == key) {
+            let now = self.settings.clock.now();
+            let outcome = match &pending.claimed {
+                Some(claimed) => decide(Some(&claimed.record), request, now).outcome,
+                None => ClaimOutcome::InProgress {
+                    retry_after: request.lease(),
+                },
+            };
+            // A second owner's claim of a record this transaction writes
+            // would be a second write of its item.
+            return Ok(match outcome {
+                ClaimOutcome::Claimed { .. } if pending.owner != request.owner() => {
+                    ClaimOutcome::InProgress {
+                        retry_after: Duration::from_millis(1),
+                    }
+                }
+                outcome => outcome,
+            });
+        }
+        let read = self
+            .client
+            .get_item()
+            .table_name(&self.settings.table)
+            .key(attr::PK, key.clone())
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify(Operation::Claim, e))?;
+        // After the response: the service's clock has read its time.
+        let now = self.settings.clock.now();
+        let existing = read
+            .item()
+            .map(|item| codec::record(request.scope(), item, Operation::Claim))
+            .transpose()?
+            .filter(|record| record.is_live(now));
+        let decision = decide(existing.as_ref(), request, now);
+        let Some(record) = decision.write else {
+            return Ok(decision.outcome);
+        };
+        let read = existing.map(|record| record.owner());
+        let item = commands::claimed_in(
+            &self.settings.table,
+            &record,
+            read,
+            now,
+            self.settings.max_response_bytes,
+        )?;
+        self.records.push(RecordWrite {
+            key,
+            owner: request.owner(),
+            completes: false,
+            item,
+            claimed: Some(Claimed {
+                record,
+                read,
+                at: now,
+            }),
+        });
+        Ok(decision.outcome)
+    }
+
+    /// The pending write of a record `lease` claimed in this transaction,
+    /// rewritten as `change` leaves it; `None` if it claimed none here.
+    fn rewrite_claimed(
+        &mut self,
+        lease: &Lease,
+        completes: bool,
+        change: impl FnOnce(Record) -> Record,
+    ) -> Option<Result<(), StoreError>> {
+        let key = codec::key(lease.scope());
+        let (table, max) = (&self.settings.table, self.settings.max_response_bytes);
+        let pending = self
+            .records
+            .iter_mut()
+            .find(|w| w.key == key && w.claimed.is_some())?;
+        if pending.completes || pending.owner != lease.owner() {
+            return Some(Err(StoreError::LostLease));
+        }
+        let claimed = pending.claimed.as_mut()?;
+        let record = change(claimed.record.clone());
+        let item = match commands::claimed_in(table, &record, claimed.read, claimed.at, max) {
+            Ok(item) => item,
+            Err(error) => return Some(Err(error)),
+        };
+        claimed.record = record;
+        pending.item = item;
+        pending.completes = completes;
+        Some(Ok(()))
     }
 
     /// Where the transaction has moved the counter `key` of `table`
@@ -263,6 +477,7 @@ impl DynamoTransaction {
             owner: lease.owner(),
             completes,
             item,
+            claimed: None,
         };
         match self.records.iter_mut().find(|w| w.key == write.key) {
             // A completed record takes no further fenced write, and two
@@ -290,6 +505,11 @@ impl Transaction for DynamoTransaction {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let now = self.settings.clock.now();
+        let retained_until = now + lease.retention();
+        let completed = |record: Record| record.completed(response.clone(), retained_until);
+        if let Some(rewritten) = self.rewrite_claimed(lease, true, completed) {
+            return rewritten;
+        }
         let update = commands::complete(lease, response, now, self.settings.max_response_bytes)?;
         self.write(lease, update, true)
     }
@@ -299,8 +519,46 @@ impl Transaction for DynamoTransaction {
         lease: &Lease,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
+        let recovers = |record: Record| record.with_checkpoint(Some(checkpoint.clone()));
+        if let Some(rewritten) = self.rewrite_claimed(lease, false, recovers) {
+            return rewritten;
+        }
         let now = self.settings.clock.now();
         self.write(lease, commands::checkpoint(lease, checkpoint, now), false)
+    }
+
+    fn batches(&self) -> bool {
+        true
+    }
+
+    /// At most 100 items and 4 MB of the outbox's messages, and no
+    /// aggregate's item checked twice ([`VersionedItems`](crate::VersionedItems)).
+    fn fits(&self) -> bool {
+        !self.crowded
+            && self.item_count() <= MAX_TRANSACTION_ITEMS
+            && self.outbox_bytes <= MAX_TRANSACTION_BYTES
+    }
+
+    async fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let layer = self.settings.layer;
+        layer.claim(request, self.claim_within(request)).await
+    }
+
+    async fn savepoint(&mut self) -> Result<(), StoreError> {
+        let mark = self.mark();
+        self.savepoints.push(mark);
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        let mark = self.savepoints.pop().ok_or_else(no_savepoint)?;
+        self.restore(mark);
+        Ok(())
+    }
+
+    async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        self.savepoints.pop().ok_or_else(no_savepoint)?;
+        Ok(())
     }
 
     async fn commit(self) -> Result<(), StoreError> {
@@ -322,6 +580,7 @@ impl Transaction for DynamoTransaction {
             }
             .into());
         }
+        let claims: Vec<bool> = self.records.iter().map(|w| w.claimed.is_some()).collect();
         items.extend(self.records.into_iter().map(|w| w.item));
         let sent = self
             .client
@@ -345,6 +604,23 @@ impl Transaction for DynamoTransaction {
             .filter_map(|(i, reason)| reason.code().map(|code| (i, code)))
             .filter(|(_, code)| *code != NO_FAILURE)
             .collect();
+        // A claim made in this transaction whose record another claim
+        // took and committed first: nothing was written, and claimed again
+        // the record answers for itself.
+        if let Some(&(i, code)) = reasons
+            .iter()
+            .find(|&&(i, _)| i >= records && claims.get(i - records) == Some(&true))
+        {
+            return Err(StoreError::Unavailable {
+                store: STORE,
+                operation: OP,
+                message: format!(
+                    "item #{i}, a record claimed in the transaction, cancelled it ({code}): \
+                     another claim of it committed first; nothing was written"
+                ),
+                source: Some(Box::new(error)),
+            });
+        }
         if reasons
             .iter()
             .any(|&(i, code)| i >= records && code == CONDITION_FAILED)

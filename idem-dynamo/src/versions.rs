@@ -43,7 +43,11 @@ type KeyOf = Arc<dyn Fn(&str) -> Item + Send + Sync>;
 /// DynamoDB refuses two writes to one item in one transaction: write the
 /// event's effect to other items, or to the aggregate's own item through
 /// [`advance_setting`](Self::advance_setting), which sets your attributes
-/// in the version's update.
+/// in the version's update. A second check of one aggregate in one
+/// transaction reads nothing and answers [`VersionCheck::Gap`] (its
+/// `current` the version the first one writes), and the transaction no
+/// longer [fits](idem_core::store::Transaction::fits): commit it and check
+/// again in the next (a consumer's batch does so by itself).
 ///
 /// ```no_run
 /// use idem_core::store::{VersionCheck, VersionStore};
@@ -204,6 +208,11 @@ impl VersionedItems {
             }
         }
         let key = (self.key)(aggregate);
+        // DynamoDB takes one write per item in a transaction: a second
+        // check of one aggregate waits for the next transaction.
+        if let Some(written) = tx.version_written(&self.table, &key) {
+            return Ok(VersionCheck::Gap { current: written });
+        }
         let (client, settings) = tx.parts();
         let read = client
             .get_item()
@@ -227,7 +236,8 @@ impl VersionedItems {
         };
         let check = VersionCheck::of(version, current);
         if check == VersionCheck::Apply {
-            tx.push(self.update(key, version, attributes)?);
+            let update = self.update(key.clone(), version, attributes)?;
+            tx.push_version(&self.table, &key, version, update);
         }
         Ok(check)
     }

@@ -250,6 +250,16 @@ pub trait Transaction: Send + 'static {
         false
     }
 
+    /// Whether everything written so far can commit as one transaction.
+    /// A consumer handling a batch checks it after each message: a message
+    /// that made the transaction too large is rolled back to its savepoint,
+    /// the messages before it commit, and it goes on in the next
+    /// transaction. `true` unless the backend caps a transaction (DynamoDB:
+    /// 100 items, and one write per item).
+    fn fits(&self) -> bool {
+        true
+    }
+
     /// Claims inside this transaction (the inbox mode of a batch): the
     /// claim is decided as [`IdempotencyStore::claim`] decides it, and
     /// takes effect only if the transaction commits, so a claim and the
@@ -261,7 +271,9 @@ pub trait Transaction: Send + 'static {
     /// waits on the first's uncommitted claim (Postgres: on the record's
     /// primary key), then finds it completed (the first committed) or
     /// claims it (the first rolled back), or answers `InProgress` while
-    /// the first holds it (stores that cannot wait). Within one
+    /// the first holds it (stores that cannot wait), or claims it and its
+    /// commit is refused with nothing written if the first committed
+    /// meanwhile (stores that decide at the commit: DynamoDB). Within one
     /// transaction a scope claimed and completed before answers
     /// `Completed`.
     ///
