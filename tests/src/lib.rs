@@ -33,6 +33,9 @@ use std::sync::Arc;
 
 use idem_core::store::{IdempotencyStore, JournalStore, OutboxStore, ParkingStore};
 
+use crate::batches::BatchingStore;
+
+pub mod batches;
 pub mod cases;
 pub mod consumers;
 pub mod faults;
@@ -560,4 +563,97 @@ where
     Fut: Future<Output = S>,
 {
     failing_of(all_parking_cases::<S>(), &make).await
+}
+
+/// Expands to one `#[test]` per case of a record store's transactions
+/// that batch ([`batches`]: a claim inside a transaction, savepoints), each
+/// building its [`BatchingStore`] with the given `async` expression; every
+/// case works in scopes of its own.
+///
+/// ```ignore
+/// mod batches {
+///     idem_conformance::batch_suite!(async {
+///         let store = my_crate::MyStore::connect("...").await.unwrap();
+///         idem_conformance::batches::Batching::new(store, |store| store.clone().begin_owned())
+///     });
+/// }
+/// ```
+#[macro_export]
+macro_rules! batch_suite {
+    ($make:expr $(,)?) => {
+        $crate::__batch_cases! { tests($make) }
+    };
+}
+
+/// The one list of batch cases, expanded as tests or as a list of values.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __batch_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__expand_cases! {batches $mode $args [
+            a_claim_in_a_transaction_is_decided_as_the_stores_claim,
+            a_claim_in_a_transaction_takes_effect_only_if_it_commits,
+            two_transactions_claiming_one_scope_never_both_apply,
+            within_one_transaction_a_scope_claimed_and_completed_answers_completed,
+            a_rollback_to_a_savepoint_undoes_only_what_was_written_since,
+            savepoints_nest_and_each_operation_names_the_latest_open,
+            a_released_savepoint_keeps_what_was_written_since,
+        ]}
+    };
+}
+
+/// Every batch case with its name, boxed for the [`BatchingStore`] `S`.
+///
+/// ```
+/// use idem_conformance::batches::Batching;
+/// # use idem_core::store::{Lease, Transaction};
+/// # use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
+/// # struct Tx;
+/// # #[async_trait]
+/// # impl Transaction for Tx {
+/// #     async fn complete(&mut self, _: &Lease, _: &StoredResponse) -> Result<(), StoreError> { Ok(()) }
+/// #     async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> { Ok(()) }
+/// #     async fn commit(self) -> Result<(), StoreError> { Ok(()) }
+/// # }
+///
+/// let cases = idem_conformance::all_batch_cases::<Batching<idem_memory::MemoryStore, Tx>>();
+/// assert!(cases.len() >= 7);
+/// ```
+pub fn all_batch_cases<S: BatchingStore>() -> Vec<(&'static str, CaseFn<S>)> {
+    __batch_cases!(list())
+}
+
+/// Runs every batch case concurrently, each against a fresh
+/// [`BatchingStore`] from `make` and within a time limit, and returns the
+/// names of those that failed.
+///
+/// ```
+/// use idem_conformance::batches::Batching;
+/// use idem_memory::MemoryStore;
+/// # use idem_core::store::{Lease, Transaction};
+/// # use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
+/// // A transaction that does not batch.
+/// struct Tx;
+/// # #[async_trait]
+/// # impl Transaction for Tx {
+/// #     async fn complete(&mut self, _: &Lease, _: &StoredResponse) -> Result<(), StoreError> { Ok(()) }
+/// #     async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> { Ok(()) }
+/// #     async fn commit(self) -> Result<(), StoreError> { Ok(()) }
+/// # }
+///
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let failed = idem_conformance::failing_batch_cases(|| async {
+///     Batching::new(MemoryStore::new(), |_store| async { Ok(Tx) })
+/// })
+/// .await;
+/// assert_eq!(failed.len(), idem_conformance::all_batch_cases::<Batching<MemoryStore, Tx>>().len());
+/// # });
+/// ```
+pub async fn failing_batch_cases<S, F, Fut>(make: F) -> Vec<&'static str>
+where
+    S: BatchingStore,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    failing_of(all_batch_cases::<S>(), &make).await
 }

@@ -10,13 +10,15 @@
 mod journal;
 mod outbox;
 mod parking;
+mod transaction;
 
 pub use journal::{JournalDefect, OwnJournal};
 pub use outbox::{OutboxDefect, OwnOutbox};
 pub use parking::{OwnParking, ParkingDefect};
+pub use transaction::{BatchDefect, OwnTransaction};
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::store::{
@@ -228,7 +230,9 @@ enum Fenced<'a> {
 /// [`idem_core::store`] documentation alone, as a user would write one.
 #[derive(Debug)]
 pub struct OwnStore {
-    records: Mutex<HashMap<Scope, Record>>,
+    /// Shared with the store's transactions ([`OwnStore::begin`]).
+    records: Arc<Mutex<HashMap<Scope, Record>>>,
+    batch_defect: BatchDefect,
     rivals: Rivals,
     defect: Defect,
     max_response_bytes: usize,
@@ -254,13 +258,25 @@ impl OwnStore {
     /// A store with one deliberate bug.
     pub fn with_defect(defect: Defect) -> Self {
         Self {
-            records: Mutex::new(HashMap::new()),
+            records: Arc::default(),
+            batch_defect: BatchDefect::None,
             rivals: Rivals::default(),
             defect,
             max_response_bytes: 64 * 1024,
             instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             first_answers: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same store whose transactions have one deliberate bug.
+    pub fn with_batch_defect(mut self, defect: BatchDefect) -> Self {
+        self.batch_defect = defect;
+        self
+    }
+
+    /// Opens a transaction that batches, on the same records.
+    pub fn begin(&self) -> OwnTransaction {
+        OwnTransaction::new(self.records.clone(), self.batch_defect)
     }
 
     /// The same store with another response limit (`usize::MAX`: none).

@@ -6,3 +6,13 @@ idem_conformance::conformance_suite!(async { idem_own_store::OwnStore::new() });
 mod parking {
     idem_conformance::parking_suite!(async { idem_own_store::OwnParking::new() });
 }
+
+/// The batch suite against the store's own transactions.
+mod batches {
+    idem_conformance::batch_suite!(async {
+        idem_conformance::batches::Batching::new(idem_own_store::OwnStore::new(), |store| {
+            let tx = store.begin();
+            async move { Ok(tx) }
+        })
+    });
+}

@@ -1,0 +1,248 @@
+//! The own store's transaction, which batches: written from
+//! [`Transaction`]'s documentation alone. It decides each claim from what
+//! the records hold (and from what it writes itself), writes nothing until
+//! its commit, and commits every write at once if no record a claim read
+//! has changed since (a store that decides at the commit); savepoints are
+//! copies of what it holds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Clock, Lease, Record, SystemClock, Transaction, decide,
+};
+use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
+
+/// A deliberate bug of the own store's transaction, for proving that the
+/// batch suite catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BatchDefect {
+    /// No bug: the transaction keeps the whole contract.
+    None,
+    /// Writes a claim to the records at once, not at the commit.
+    ClaimWritesAtOnce,
+    /// Commits its claims over whatever the records hold by then.
+    CommitOverwritesARacingClaim,
+    /// Claims again a scope it claimed and completed itself.
+    ClaimIgnoresItsOwnWrites,
+    /// Takes a claim of another fingerprint for the record's own.
+    ClaimIgnoresFingerprint,
+    /// Rolls back to the first savepoint still open, not the latest.
+    RollsBackToTheFirstSavepoint,
+    /// Keeps what was written since the savepoint it rolls back to.
+    RollbackKeepsWrites,
+    /// Undoes what was written since the savepoint it releases.
+    ReleaseUndoesWrites,
+}
+
+/// A record the transaction writes at its commit.
+#[derive(Debug, Clone)]
+struct Write {
+    /// The record as the claim read it (`None`: no live record), or the
+    /// lease's record, for a lease claimed outside the transaction.
+    read: Option<Record>,
+    /// The record as the commit writes it.
+    record: Record,
+    /// Claimed outside the transaction: its record must still be the
+    /// lease's at the commit.
+    fenced: bool,
+}
+
+/// A transaction of an [`OwnStore`](crate::OwnStore)
+/// ([`OwnStore::begin`](crate::OwnStore::begin)).
+#[derive(Debug)]
+pub struct OwnTransaction {
+    records: Arc<Mutex<HashMap<Scope, Record>>>,
+    defect: BatchDefect,
+    writes: Vec<Write>,
+    /// What it held at each open savepoint, the latest last.
+    savepoints: Vec<Vec<Write>>,
+}
+
+impl OwnTransaction {
+    pub(crate) fn new(records: Arc<Mutex<HashMap<Scope, Record>>>, defect: BatchDefect) -> Self {
+        Self {
+            records,
+            defect,
+            writes: Vec::new(),
+            savepoints: Vec::new(),
+        }
+    }
+
+    fn records(&self) -> MutexGuard<'_, HashMap<Scope, Record>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The write of `scope` it holds.
+    fn written(&mut self, scope: &Scope) -> Option<&mut Write> {
+        self.writes.iter_mut().find(|w| w.record.scope() == scope)
+    }
+
+    /// `lease`'s record as `change` leaves it, written at the commit.
+    fn fenced_write(
+        &mut self,
+        lease: &Lease,
+        change: impl FnOnce(Record) -> Record,
+    ) -> Result<(), StoreError> {
+        if let Some(write) = self.written(lease.scope()) {
+            if write.record.owner() != lease.owner() || !write.record.is_in_flight() {
+                return Err(StoreError::LostLease);
+            }
+            write.record = change(write.record.clone());
+            return Ok(());
+        }
+        let now = SystemClock.now();
+        let held = self
+            .records()
+            .get(lease.scope())
+            .filter(|record| record.is_held_by(lease, now))
+            .cloned()
+            .ok_or(StoreError::LostLease)?;
+        self.writes.push(Write {
+            read: Some(held.clone()),
+            record: change(held),
+            fenced: true,
+        });
+        Ok(())
+    }
+}
+
+fn no_savepoint() -> StoreError {
+    StoreError::Misconfigured {
+        store: "own",
+        message: "no savepoint is open".into(),
+    }
+}
+
+#[async_trait]
+impl Transaction for OwnTransaction {
+    async fn complete(
+        &mut self,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let retained_until = SystemClock.now() + lease.retention();
+        self.fenced_write(lease, |record| {
+            record.completed(response.clone(), retained_until)
+        })
+    }
+
+    async fn checkpoint(
+        &mut self,
+        lease: &Lease,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        self.fenced_write(lease, |record| {
+            record.with_checkpoint(Some(checkpoint.clone()))
+        })
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        let now = SystemClock.now();
+        let mut records = self.records();
+        for write in &self.writes {
+            let current = records
+                .get(write.record.scope())
+                .filter(|record| record.is_live(now));
+            let unchanged = match self.defect {
+                BatchDefect::CommitOverwritesARacingClaim => true,
+                BatchDefect::ClaimWritesAtOnce if !write.fenced => true,
+                _ => current == write.read.as_ref(),
+            };
+            if unchanged {
+                continue;
+            }
+            if write.fenced {
+                return Err(StoreError::LostLease);
+            }
+            return Err(StoreError::Unavailable {
+                store: "own",
+                operation: Operation::Transaction,
+                message: "a record claimed in the transaction changed before its commit: \
+                          nothing was written"
+                    .into(),
+                source: None,
+            });
+        }
+        for write in self.writes.iter().cloned() {
+            records.insert(write.record.scope().clone(), write.record);
+        }
+        Ok(())
+    }
+
+    fn batches(&self) -> bool {
+        true
+    }
+
+    async fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let now = SystemClock.now();
+        let defect = self.defect;
+        if defect != BatchDefect::ClaimIgnoresItsOwnWrites
+            && let Some(write) = self.written(request.scope())
+        {
+            let outcome = decide(Some(&write.record), request, now).outcome;
+            // The record it writes takes no second owner.
+            return Ok(match outcome {
+                ClaimOutcome::Claimed { .. } if write.record.owner() != request.owner() => {
+                    ClaimOutcome::InProgress {
+                        retry_after: Duration::from_millis(1),
+                    }
+                }
+                outcome => outcome,
+            });
+        }
+        let existing = self
+            .records()
+            .get(request.scope())
+            .filter(|record| record.is_live(now))
+            .cloned();
+        let request = match (&existing, defect) {
+            (Some(record), BatchDefect::ClaimIgnoresFingerprint) => {
+                ClaimRequest::new(request.scope().clone(), record.fingerprint())
+                    .with_lease(request.lease())?
+                    .with_retention(request.retention())?
+            }
+            _ => request.clone(),
+        };
+        let decision = decide(existing.as_ref(), &request, now);
+        if let Some(record) = decision.write {
+            if defect == BatchDefect::ClaimWritesAtOnce {
+                self.records()
+                    .insert(request.scope().clone(), record.clone());
+            }
+            self.writes.push(Write {
+                read: existing,
+                record,
+                fenced: false,
+            });
+        }
+        Ok(decision.outcome)
+    }
+
+    async fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.savepoints.push(self.writes.clone());
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        let latest = self.savepoints.pop().ok_or_else(no_savepoint)?;
+        match self.defect {
+            BatchDefect::RollbackKeepsWrites => {}
+            BatchDefect::RollsBackToTheFirstSavepoint => {
+                self.writes = self.savepoints.first().cloned().unwrap_or(latest);
+            }
+            _ => self.writes = latest,
+        }
+        Ok(())
+    }
+
+    async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        let latest = self.savepoints.pop().ok_or_else(no_savepoint)?;
+        if self.defect == BatchDefect::ReleaseUndoesWrites {
+            self.writes = latest;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,329 @@
+//! The cases of a record store's transactions that batch: one `pub async
+//! fn` per sentence of [`Transaction`]'s batch operations
+//! ([`claim`](Transaction::claim) inside a transaction, and savepoints), run
+//! on a [`BatchingStore`] (the store, and a way to open its transactions).
+//! A consumer handles a batch of messages in one such transaction; every
+//! case works in a scope of its own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState, Transaction,
+};
+use idem_core::{Fingerprint, Scope, StoreError, StoredResponse};
+
+use crate::support::fresh_scope;
+
+/// A transaction being opened.
+pub type Opening<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// A record store and a way to open its transactions, which batch: what
+/// the batch cases run on. [`Batching`] is one for any store.
+pub trait BatchingStore: Send + Sync + 'static {
+    /// The record store.
+    type Store: IdempotencyStore;
+    /// Its transaction.
+    type Tx: Transaction;
+
+    /// The record store.
+    fn store(&self) -> &Self::Store;
+
+    /// Opens a transaction.
+    fn begin(&self) -> Opening<Self::Tx>;
+}
+
+/// A store and the function that opens its transactions, as a
+/// [`BatchingStore`].
+///
+/// ```
+/// use idem_conformance::batches::Batching;
+/// use idem_memory::MemoryStore;
+/// # use idem_core::store::{Lease, Transaction};
+/// # use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
+/// # struct Tx;
+/// # #[async_trait]
+/// # impl Transaction for Tx {
+/// #     async fn complete(&mut self, _: &Lease, _: &StoredResponse) -> Result<(), StoreError> { Ok(()) }
+/// #     async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> { Ok(()) }
+/// #     async fn commit(self) -> Result<(), StoreError> { Ok(()) }
+/// # }
+///
+/// // Your store's `begin`, owning what the transaction needs.
+/// let batching = Batching::new(MemoryStore::new(), |_store| async { Ok(Tx) });
+/// # let _ = batching;
+/// ```
+pub struct Batching<S, T> {
+    store: S,
+    begin: OpenWith<S, T>,
+}
+
+/// How a [`Batching`] opens a transaction of its store.
+type OpenWith<S, T> = Box<dyn Fn(&S) -> Opening<T> + Send + Sync>;
+
+impl<S: IdempotencyStore, T: Transaction> Batching<S, T> {
+    /// `store`, whose transactions `begin` opens.
+    pub fn new<F, Fut>(store: S, begin: F) -> Self
+    where
+        F: Fn(&S) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        Self {
+            store,
+            begin: Box::new(move |store| Box::pin(begin(store))),
+        }
+    }
+}
+
+impl<S: IdempotencyStore, T: Transaction> BatchingStore for Batching<S, T> {
+    type Store = S;
+    type Tx = T;
+
+    fn store(&self) -> &S {
+        &self.store
+    }
+
+    fn begin(&self) -> Opening<T> {
+        (self.begin)(&self.store)
+    }
+}
+
+/// How long a transaction holding a claim waits for a rival's claim to
+/// reach the store before it commits: a store that makes the rival wait
+/// holds it this long; one that decides at the commit lets it commit first.
+const RIVAL: Duration = Duration::from_millis(300);
+
+fn request(scope: &Scope, payload: &[u8]) -> ClaimRequest {
+    ClaimRequest::new(scope.clone(), Fingerprint::of_bytes(payload))
+        .with_lease(Duration::from_secs(30))
+        .expect("a valid lease")
+}
+
+async fn begin<S: BatchingStore>(batching: &S) -> S::Tx {
+    let tx = batching.begin().await.expect("begin a transaction");
+    assert!(tx.batches(), "the suite runs on transactions that batch");
+    tx
+}
+
+/// Claims `scope` in `tx`, which must claim it.
+async fn claimed<T: Transaction>(tx: &mut T, scope: &Scope) -> Lease {
+    match tx.claim(&request(scope, b"x")).await {
+        Ok(ClaimOutcome::Claimed { lease, .. }) => lease,
+        other => panic!("expected a claim of {scope:?}, got {other:?}"),
+    }
+}
+
+/// Claims and completes `scope` in `tx` with `body`.
+async fn claim_and_complete<T: Transaction>(tx: &mut T, scope: &Scope, body: &str) {
+    let lease = claimed(tx, scope).await;
+    tx.complete(&lease, &StoredResponse::new(200, body))
+        .await
+        .expect("complete in the transaction");
+}
+
+/// The body `scope`'s record was completed with, `None` while it has no
+/// record, panicking on one in flight.
+async fn completed_body<S: IdempotencyStore>(store: &S, scope: &Scope) -> Option<Vec<u8>> {
+    let record = store.get(scope).await.expect("get")?;
+    match record.state() {
+        RecordState::Completed { response } => Some(response.body().to_vec()),
+        state => panic!("{scope:?} is not completed: {state:?}"),
+    }
+}
+
+/// A transaction's claim is decided as the store's claim decides it: a
+/// completed record answers its response, another fingerprint a mismatch,
+/// another owner's live lease in progress, and no record a claim.
+pub async fn a_claim_in_a_transaction_is_decided_as_the_stores_claim<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    let (done, held, free) = (fresh_scope(), fresh_scope(), fresh_scope());
+    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&done, b"x")).await else {
+        panic!("the store claims a fresh scope");
+    };
+    store
+        .complete(&lease, &StoredResponse::new(201, "done"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.claim(&request(&held, b"x")).await,
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+    let mut tx = begin(&*batching).await;
+    match tx.claim(&request(&done, b"x")).await {
+        Ok(ClaimOutcome::Completed(response)) => assert_eq!(response.body(), b"done"),
+        other => panic!("a completed record answers its response: {other:?}"),
+    }
+    assert_eq!(
+        tx.claim(&request(&done, b"other")).await.unwrap(),
+        ClaimOutcome::Mismatch
+    );
+    assert!(
+        matches!(
+            tx.claim(&request(&held, b"x")).await,
+            Ok(ClaimOutcome::InProgress { .. })
+        ),
+        "another owner's live lease is in progress"
+    );
+    match tx.claim(&request(&free, b"x")).await {
+        Ok(ClaimOutcome::Claimed { lease, checkpoint }) => {
+            assert_eq!((lease.attempt(), checkpoint), (1, None));
+        }
+        other => panic!("no record is a claim: {other:?}"),
+    }
+}
+
+/// A transaction's claim takes effect only if it commits: nothing shows
+/// before the commit, a claim rolled back leaves nothing (the next claim
+/// is a first attempt), and a committed one is there with its completion.
+pub async fn a_claim_in_a_transaction_takes_effect_only_if_it_commits<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    let (kept, dropped) = (fresh_scope(), fresh_scope());
+    let mut tx = begin(&*batching).await;
+    claim_and_complete(&mut tx, &dropped, "dropped").await;
+    drop(tx);
+    assert!(
+        store.get(&dropped).await.unwrap().is_none(),
+        "a rolled back claim leaves nothing"
+    );
+    match store.claim(&request(&dropped, b"x")).await {
+        Ok(ClaimOutcome::Claimed { lease, .. }) => assert_eq!(lease.attempt(), 1),
+        other => panic!("the next claim is a first attempt: {other:?}"),
+    }
+    let mut tx = begin(&*batching).await;
+    claim_and_complete(&mut tx, &kept, "kept").await;
+    assert!(
+        store.get(&kept).await.unwrap().is_none(),
+        "nothing shows before the commit"
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        completed_body(store, &kept).await.as_deref(),
+        Some(&b"kept"[..])
+    );
+}
+
+/// Two transactions claiming one scope never both apply: whichever way
+/// the store serialises them (the second waits, answers in progress, or
+/// has its commit refused), one completion commits and the record holds it.
+pub async fn two_transactions_claiming_one_scope_never_both_apply<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let mut first = begin(&*batching).await;
+    claim_and_complete(&mut first, &scope, "first").await;
+    // The second claims while the first's claim is uncommitted.
+    let mut second = tokio::spawn({
+        let (batching, scope) = (batching.clone(), scope.clone());
+        async move {
+            let mut tx = begin(&*batching).await;
+            match tx.claim(&request(&scope, b"x")).await {
+                Ok(ClaimOutcome::Claimed { lease, .. }) => {
+                    tx.complete(&lease, &StoredResponse::new(200, "second"))
+                        .await
+                        .unwrap();
+                    tx.commit().await.is_ok()
+                }
+                _ => false,
+            }
+        }
+    });
+    let second_early = tokio::time::timeout(RIVAL, &mut second).await.ok();
+    let first_applied = first.commit().await.is_ok();
+    let second_applied = match second_early {
+        Some(done) => done.unwrap(),
+        None => second.await.unwrap(),
+    };
+    assert!(
+        first_applied != second_applied,
+        "exactly one applies: first {first_applied}, second {second_applied}"
+    );
+    let winner: &[u8] = if first_applied { b"first" } else { b"second" };
+    assert_eq!(
+        completed_body(batching.store(), &scope).await.as_deref(),
+        Some(winner)
+    );
+}
+
+/// Within one transaction a scope claimed and completed before answers
+/// its completion.
+pub async fn within_one_transaction_a_scope_claimed_and_completed_answers_completed<
+    S: BatchingStore,
+>(
+    batching: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let mut tx = begin(&*batching).await;
+    claim_and_complete(&mut tx, &scope, "once").await;
+    match tx.claim(&request(&scope, b"x")).await {
+        Ok(ClaimOutcome::Completed(response)) => assert_eq!(response.body(), b"once"),
+        other => panic!("claimed again in the transaction: {other:?}"),
+    }
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        completed_body(batching.store(), &scope).await.as_deref(),
+        Some(&b"once"[..])
+    );
+}
+
+/// A rollback to a savepoint undoes what was written since (claims and
+/// completions), and what was written before it stays.
+pub async fn a_rollback_to_a_savepoint_undoes_only_what_was_written_since<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let (before, since) = (fresh_scope(), fresh_scope());
+    let mut tx = begin(&*batching).await;
+    claim_and_complete(&mut tx, &before, "before").await;
+    tx.savepoint().await.unwrap();
+    claim_and_complete(&mut tx, &since, "since").await;
+    tx.rollback_to_savepoint().await.unwrap();
+    tx.commit().await.expect("commit");
+    let store = batching.store();
+    assert_eq!(
+        completed_body(store, &before).await.as_deref(),
+        Some(&b"before"[..])
+    );
+    assert_eq!(completed_body(store, &since).await, None);
+}
+
+/// Savepoints nest: a rollback and a release name the latest one still
+/// open.
+pub async fn savepoints_nest_and_each_operation_names_the_latest_open<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let (outer, inner) = (fresh_scope(), fresh_scope());
+    let mut tx = begin(&*batching).await;
+    tx.savepoint().await.unwrap();
+    claim_and_complete(&mut tx, &outer, "outer").await;
+    tx.savepoint().await.unwrap();
+    claim_and_complete(&mut tx, &inner, "inner").await;
+    // Back to the inner savepoint only, then the outer one closed.
+    tx.rollback_to_savepoint().await.unwrap();
+    tx.release_savepoint().await.unwrap();
+    tx.commit().await.expect("commit");
+    let store = batching.store();
+    assert_eq!(
+        completed_body(store, &outer).await.as_deref(),
+        Some(&b"outer"[..])
+    );
+    assert_eq!(completed_body(store, &inner).await, None);
+}
+
+/// A released savepoint keeps what was written since.
+pub async fn a_released_savepoint_keeps_what_was_written_since<S: BatchingStore>(batching: Arc<S>) {
+    let scope = fresh_scope();
+    let mut tx = begin(&*batching).await;
+    tx.savepoint().await.unwrap();
+    claim_and_complete(&mut tx, &scope, "kept").await;
+    tx.release_savepoint().await.unwrap();
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        completed_body(batching.store(), &scope).await.as_deref(),
+        Some(&b"kept"[..])
+    );
+}

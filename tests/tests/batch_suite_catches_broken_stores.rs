@@ -1,0 +1,101 @@
+//! The batch suite is itself tested: the own store's transactions pass
+//! every case, and each deliberately broken variant fails the cases of the
+//! sentence it breaks.
+
+use idem_conformance::batches::Batching;
+use idem_own_store::{BatchDefect, OwnStore, OwnTransaction};
+
+mod common;
+
+fn failing(defect: BatchDefect) -> Vec<&'static str> {
+    common::failing(idem_conformance::failing_batch_cases(|| async move {
+        Batching::new(OwnStore::new().with_batch_defect(defect), |store| {
+            let tx = store.begin();
+            async move { Ok(tx) }
+        })
+    }))
+}
+
+#[test]
+fn batch_suite_has_named_cases_with_unique_names() {
+    let cases = idem_conformance::all_batch_cases::<Batching<OwnStore, OwnTransaction>>();
+    let mut names: Vec<_> = cases.iter().map(|(name, _)| *name).collect();
+    assert!(names.len() >= 7, "{} cases", names.len());
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), cases.len());
+}
+
+#[test]
+fn every_batch_case_function_is_in_the_suite() {
+    let source = include_str!("../src/batches.rs");
+    let mut defined: Vec<&str> = source
+        .lines()
+        .filter_map(|line| line.strip_prefix("pub async fn "))
+        .filter_map(|rest| rest.split(['<', '(']).next())
+        .collect();
+    let mut listed: Vec<&str> =
+        idem_conformance::all_batch_cases::<Batching<OwnStore, OwnTransaction>>()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+    defined.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(defined, listed);
+}
+
+#[test]
+fn correct_own_transactions_pass_every_case() {
+    assert_eq!(failing(BatchDefect::None), Vec::<&str>::new());
+}
+
+#[test]
+fn each_defect_fails_exactly_the_cases_of_its_sentence() {
+    let expected: [(BatchDefect, &[&str]); 7] = [
+        (
+            // A claim written at once is there before the commit, and
+            // after a rollback (of the transaction or to a savepoint).
+            BatchDefect::ClaimWritesAtOnce,
+            &[
+                "a_claim_in_a_transaction_takes_effect_only_if_it_commits",
+                "a_rollback_to_a_savepoint_undoes_only_what_was_written_since",
+                "savepoints_nest_and_each_operation_names_the_latest_open",
+            ],
+        ),
+        (
+            BatchDefect::CommitOverwritesARacingClaim,
+            &["two_transactions_claiming_one_scope_never_both_apply"],
+        ),
+        (
+            BatchDefect::ClaimIgnoresItsOwnWrites,
+            &["within_one_transaction_a_scope_claimed_and_completed_answers_completed"],
+        ),
+        (
+            BatchDefect::ClaimIgnoresFingerprint,
+            &["a_claim_in_a_transaction_is_decided_as_the_stores_claim"],
+        ),
+        (
+            BatchDefect::RollsBackToTheFirstSavepoint,
+            &["savepoints_nest_and_each_operation_names_the_latest_open"],
+        ),
+        (
+            // Nesting is seen through a rollback too.
+            BatchDefect::RollbackKeepsWrites,
+            &[
+                "a_rollback_to_a_savepoint_undoes_only_what_was_written_since",
+                "savepoints_nest_and_each_operation_names_the_latest_open",
+            ],
+        ),
+        (
+            // Nesting is seen through a release too.
+            BatchDefect::ReleaseUndoesWrites,
+            &[
+                "a_released_savepoint_keeps_what_was_written_since",
+                "savepoints_nest_and_each_operation_names_the_latest_open",
+            ],
+        ),
+    ];
+    for (defect, cases) in expected {
+        common::assert_caught_exactly(defect, &failing(defect), cases);
+    }
+}
