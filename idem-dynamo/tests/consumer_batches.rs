@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker::{Broker, TestDelivery, TestSource, event, plain};
+use broker::{Broker, TestSource, deliveries, event, outcomes, plain};
 use idem_consumer::{Consumed, Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon};
 use idem_core::store::{InboundMessage, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
@@ -147,27 +147,9 @@ async fn consumer(options: ConsumerOptions) -> (Consumer<Books>, Books) {
 }
 
 impl Books {
-    /// Every item of the domain table, read consistently.
+    /// Every item of the domain table.
     async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
-        let mut items = Vec::new();
-        let mut from = None;
-        loop {
-            let page = self
-                .inbox
-                .client()
-                .scan()
-                .table_name(&self.domain)
-                .consistent_read(true)
-                .set_exclusive_start_key(from)
-                .send()
-                .await
-                .unwrap();
-            items.extend(page.items.unwrap_or_default());
-            from = page.last_evaluated_key;
-            if from.is_none() {
-                return items;
-            }
-        }
+        common::scan(&self.domain).await
     }
 
     /// The messages with an effect, each as often as it had one, sorted.
@@ -209,19 +191,6 @@ fn options(max_deliveries: u32) -> ConsumerOptions {
     ConsumerOptions::default()
         .max_deliveries(max_deliveries)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
-}
-
-/// The deliveries of `messages`, each delivered once by a broker of its own.
-fn deliveries(messages: Vec<InboundMessage>) -> Vec<TestDelivery> {
-    let broker = Broker::default();
-    for message in messages {
-        broker.publish(message);
-    }
-    std::iter::from_fn(|| broker.deliver()).collect()
-}
-
-fn outcomes(settled: Vec<Result<Consumed, idem_consumer::ConsumerError>>) -> Vec<Consumed> {
-    settled.into_iter().map(Result::unwrap).collect()
 }
 
 fn sorted(mut ids: Vec<String>) -> Vec<String> {

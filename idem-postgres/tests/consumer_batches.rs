@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker::{Broker, TestDelivery, TestSource, event, plain};
+use broker::{Broker, TestSource, deliveries, event, outcomes, plain};
 use idem_consumer::{Consumed, Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon};
 use idem_core::store::{InboundMessage, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
@@ -159,15 +159,6 @@ fn options(max_deliveries: u32) -> ConsumerOptions {
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
 }
 
-/// The deliveries of `messages`, each delivered once by a broker of its own.
-fn deliveries(messages: Vec<InboundMessage>) -> Vec<TestDelivery> {
-    let broker = Broker::default();
-    for message in messages {
-        broker.publish(message);
-    }
-    std::iter::from_fn(|| broker.deliver()).collect()
-}
-
 /// The messages with an effect, each as often as it had one, sorted.
 async fn effects(pool: &PgPool, books: &Books) -> Vec<String> {
     sqlx::query_scalar(AssertSqlSafe(format!(
@@ -177,10 +168,6 @@ async fn effects(pool: &PgPool, books: &Books) -> Vec<String> {
     .fetch_all(pool)
     .await
     .unwrap()
-}
-
-fn outcomes(settled: Vec<Result<Consumed, idem_consumer::ConsumerError>>) -> Vec<Consumed> {
-    settled.into_iter().map(Result::unwrap).collect()
 }
 
 #[tokio::test]

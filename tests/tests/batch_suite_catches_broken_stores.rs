@@ -28,18 +28,12 @@ fn batch_suite_has_named_cases_with_unique_names() {
 
 #[test]
 fn every_batch_case_function_is_in_the_suite() {
-    let source = include_str!("../src/batches.rs");
-    let mut defined: Vec<&str> = source
-        .lines()
-        .filter_map(|line| line.strip_prefix("pub async fn "))
-        .filter_map(|rest| rest.split(['<', '(']).next())
-        .collect();
+    let defined = common::case_functions(include_str!("../src/batches.rs"));
     let mut listed: Vec<&str> =
         idem_conformance::all_batch_cases::<Batching<OwnStore, OwnTransaction>>()
             .into_iter()
             .map(|(name, _)| name)
             .collect();
-    defined.sort_unstable();
     listed.sort_unstable();
     assert_eq!(defined, listed);
 }

@@ -28,17 +28,11 @@ fn parking_suite_has_named_cases_with_unique_names() {
 
 #[test]
 fn every_parking_case_function_is_in_the_suite() {
-    let source = include_str!("../src/parking.rs");
-    let mut defined: Vec<&str> = source
-        .lines()
-        .filter_map(|line| line.strip_prefix("pub async fn "))
-        .filter_map(|rest| rest.split(['<', '(']).next())
-        .collect();
+    let defined = common::case_functions(include_str!("../src/parking.rs"));
     let mut listed: Vec<&str> = idem_conformance::all_parking_cases::<OwnParking>()
         .into_iter()
         .map(|(name, _)| name)
         .collect();
-    defined.sort_unstable();
     listed.sort_unstable();
     assert_eq!(defined, listed);
 }

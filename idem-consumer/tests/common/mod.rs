@@ -230,3 +230,20 @@ pub fn event(id: &str, aggregate: &str, version: u64) -> InboundMessage {
 pub fn plain(id: &str, payload: &str) -> InboundMessage {
     InboundMessage::new(id, "order.placed", payload.as_bytes().to_vec()).unwrap()
 }
+
+/// The deliveries of `messages`, each delivered once by a broker of its
+/// own: a batch to consume.
+pub fn deliveries(messages: Vec<InboundMessage>) -> Vec<TestDelivery> {
+    let broker = Broker::default();
+    for message in messages {
+        broker.publish(message);
+    }
+    std::iter::from_fn(|| broker.deliver()).collect()
+}
+
+/// What a batch's deliveries came to, each of which must have settled.
+pub fn outcomes(
+    settled: Vec<Result<idem_consumer::Consumed, idem_consumer::ConsumerError>>,
+) -> Vec<idem_consumer::Consumed> {
+    settled.into_iter().map(Result::unwrap).collect()
+}

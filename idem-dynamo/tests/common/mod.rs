@@ -249,6 +249,27 @@ pub async fn app_table(prefix: &str, sorted: bool) -> String {
     table
 }
 
+/// Every item of `table`, read consistently, page after page.
+pub async fn scan(table: &str) -> Vec<HashMap<String, AttributeValue>> {
+    let mut items = Vec::new();
+    let mut from = None;
+    loop {
+        let page = client()
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .set_exclusive_start_key(from)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("cannot scan table {table}: {e:?}"));
+        items.extend(page.items.unwrap_or_default());
+        from = page.last_evaluated_key;
+        if from.is_none() {
+            return items;
+        }
+    }
+}
+
 /// Deletes a table of the test's own.
 pub async fn delete_table(table: &str) {
     client()

@@ -85,28 +85,9 @@ pub(crate) struct Dynamo {
 }
 
 impl Dynamo {
-    /// Every item of the shipping service's domain table, read
-    /// consistently.
+    /// Every item of the shipping service's domain table.
     async fn domain_items(&self) -> Vec<HashMap<String, AttributeValue>> {
-        let mut items = Vec::new();
-        let mut from = None;
-        loop {
-            let page = self
-                .inbox
-                .client()
-                .scan()
-                .table_name(&self.domain)
-                .consistent_read(true)
-                .set_exclusive_start_key(from)
-                .send()
-                .await
-                .unwrap();
-            items.extend(page.items.unwrap_or_default());
-            from = page.last_evaluated_key;
-            if from.is_none() {
-                return items;
-            }
-        }
+        common::scan(&self.domain).await
     }
 }
 

@@ -45,6 +45,19 @@ pub(crate) fn assert_caught_exactly(defect: impl Debug, failed: &[&str], expecte
     );
 }
 
+/// The case functions a suite's source defines (every `pub async fn`),
+/// sorted: each must be in the suite's list.
+#[allow(dead_code)] // not every test file checks its suite's list
+pub(crate) fn case_functions(source: &str) -> Vec<&str> {
+    let mut defined: Vec<&str> = source
+        .lines()
+        .filter_map(|line| line.strip_prefix("pub async fn "))
+        .filter_map(|rest| rest.split(['<', '(']).next())
+        .collect();
+    defined.sort_unstable();
+    defined
+}
+
 /// Whether `case` (one case's future) passes, run on a multi-threaded
 /// runtime of its own as the generated tests run it.
 #[allow(dead_code)] // not every test file runs a case alone
