@@ -492,6 +492,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
     /// what was read is still published and settled, and the first error
     /// is returned.
     ///
+    /// Each pass ([`relay_once`](Self::relay_once) too) ends by renewing
+    /// the partitions it holds that nothing renewed for a third of the
+    /// lease (nothing to read), so a loop of passes, [`run`](Self::run)'s
+    /// or your own, keeps its partitions while idle.
+    ///
     /// # Cancellation
     ///
     /// Dropped mid-way (a relay that crashes or is cut off), its partitions
@@ -547,7 +552,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
             published = tracing::field::Empty,
             failed = tracing::field::Empty,
         );
-        let pass = self.passes(once).instrument(span.clone()).await?;
+        let pass = self.passes(once).instrument(span.clone()).await;
+        // Whatever the pass came to, a partition no batch renewed (nothing
+        // to read) keeps its lease: a loop of passes keeps what it holds.
+        self.renew_idle().await;
+        let pass = pass?;
         span.record("read", pass.read);
         span.record("published", pass.published);
         span.record("failed", pass.failed);
@@ -603,18 +612,18 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
         }
     }
 
-    /// Records a partition's lease after its drain: renewed, or lost.
+    /// Records a partition's lease after its drain: renewed (now), or as
+    /// it was (a drain that wrote nothing renewed nothing), or lost.
     fn keep(&self, lease: Option<PartitionLease>) {
         let Some(lease) = lease else {
             return;
         };
-        self.locked().insert(
-            lease.partition(),
-            Held {
-                lease,
-                renewed: tokio::time::Instant::now(),
-            },
-        );
+        let mut held = self.locked();
+        let renewed = match held.get(&lease.partition()) {
+            Some(kept) if kept.lease == lease => kept.renewed,
+            _ => tokio::time::Instant::now(),
+        };
+        held.insert(lease.partition(), Held { lease, renewed });
     }
 
     /// One partition: its retry lane's due messages, then its log.
@@ -890,9 +899,7 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
     }
 
     /// Relays until `shutdown` completes: a [`drain`](Self::drain), then a
-    /// wait for a wake-up or the poll interval; partitions whose cursor did
-    /// not move for a third of the lease are renewed, so an idle relay
-    /// keeps them; when idle, a batch of sent messages past their retention
+    /// wait for a wake-up or the poll interval; when idle, a batch of sent messages past their retention
     /// is purged at most every purge interval. A failing store is retried
     /// at the poll interval, with a warning. Gauges (with the `metrics`
     /// feature) are refreshed after each drain. At the shutdown the relay
@@ -904,7 +911,6 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
             if let Err(error) = self.drain().await {
                 tracing::warn!(%error, "the outbox relay could not make a pass");
             }
-            self.renew_idle().await;
             self.refresh_gauges().await;
             if tokio::time::Instant::now() >= next_purge {
                 next_purge = tokio::time::Instant::now() + self.options.purge_every;

@@ -310,6 +310,33 @@ async fn a_relay_whose_lease_was_taken_over_moves_no_cursor() {
 }
 
 #[tokio::test]
+async fn a_loop_of_drains_keeps_its_idle_partition_past_the_lease() {
+    let outbox = Arc::new(MemoryOutbox::new());
+    let publisher = Arc::new(Recording::default());
+    // Passes come more often than a third of the lease (plenty of room
+    // for a slow machine), and go on for longer than the lease. Holding
+    // all it may, the relay acquires nothing more in a pass.
+    let lease = Duration::from_secs(3);
+    let options = quick().with_lease(lease).unwrap().with_max_partitions(1);
+    let relay = Relay::new(outbox.clone(), publisher.clone(), options.unwrap());
+    relay.drain().await.unwrap();
+    assert_eq!(relay.partitions(), [0]);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        relay.drain().await.unwrap();
+    }
+    // Still its own: nobody else takes it, and what comes is published and
+    // settled under the lease it kept.
+    let other = Relay::new(outbox.clone(), publisher.clone(), quick());
+    other.relay_once().await.unwrap();
+    assert!(other.partitions().is_empty(), "the idle lease lapsed");
+    outbox.enqueue(&message("order-1", 1)).await.unwrap();
+    let pass = relay.drain().await.unwrap();
+    assert_eq!((pass.published, pass.lost), (1, 0), "{pass:?}");
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
+
+#[tokio::test]
 async fn relays_share_the_partitions_and_take_over_a_dead_ones_after_its_lease() {
     let outbox = Arc::new(MemoryOutbox::with_partitions(4, idem_core::store::SystemClock).unwrap());
     for n in 1..=3 {
