@@ -62,6 +62,9 @@ enum Round {
     Refused(StoreError),
     /// The handler's transaction does not batch.
     Unbatched,
+    /// A message must be undone alone, and the pass took no savepoints:
+    /// the batch begins again with one per message.
+    Undo,
 }
 
 /// The refusal of a batch whose first message alone does not fit one
@@ -85,6 +88,8 @@ enum Step<Tx> {
     /// The message's writes made the transaction too large
     /// ([`Transaction::fits`]); they were rolled back to its savepoint.
     Full(Tx),
+    /// The message must be undone alone, and no savepoint was taken.
+    Undo,
 }
 
 /// How many received deliveries may wait behind their aggregates per slot
@@ -771,7 +776,10 @@ impl<H: Handler> Consumer<H> {
     /// is claimed in one transaction of the handler's
     /// ([`Transaction::claim`]) and handled under a savepoint of its own,
     /// then the transaction commits once and the deliveries are
-    /// acknowledged together ([`Delivery::ack_all`]).
+    /// acknowledged together ([`Delivery::ack_all`]). Where a savepoint
+    /// costs a round trip ([`Transaction::free_savepoints`] is false:
+    /// Postgres) the batch first runs without any, and begins again with
+    /// them only if a message must be undone alone.
     ///
     /// - A message whose handler returns a gap, whose claim finds it
     ///   applied, held or consumed with another payload, or whose
@@ -827,17 +835,22 @@ impl<H: Handler> Consumer<H> {
     async fn attempt_batch(&self, messages: &[&InboundMessage]) -> Option<Vec<Attempt>> {
         let mut settled: Vec<Option<Attempt>> = messages.iter().map(|_| None).collect();
         let mut commits = 0u64;
+        // Savepoints only once a message needed one (or where they are
+        // free): most batches undo nothing.
+        let mut careful = false;
         // Each pass settles at least one message (a handler error settles
-        // its message; a commit at least the first it took), so at most
-        // as many passes as the batch has messages, and one more.
+        // its message; a commit at least the first it took), but for the
+        // one pass that turns careful, so at most as many passes as the
+        // batch has messages, and two more.
         let refused = loop {
             commits += 1;
-            match self.batch_round(messages, &mut settled).await {
+            match self.batch_round(messages, &mut settled, careful).await {
                 Round::Committed if settled.iter().all(Option::is_some) => {
                     tracing::Span::current().record("commits", commits);
                     return Some(settled.into_iter().flatten().collect());
                 }
                 Round::Committed | Round::HandlerFailed => {}
+                Round::Undo => careful = true,
                 Round::Unbatched => return None,
                 Round::Refused(error) => break error,
             }
@@ -863,11 +876,12 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// One pass of the batch's messages not yet settled through one
-    /// transaction.
+    /// transaction, each under a savepoint of its own if `careful`.
     async fn batch_round(
         &self,
         messages: &[&InboundMessage],
         settled: &mut [Option<Attempt>],
+        careful: bool,
     ) -> Round {
         let mut tx = match self.parts.handler.begin().await {
             Ok(tx) => tx,
@@ -876,12 +890,13 @@ impl<H: Handler> Consumer<H> {
         if !tx.batches() {
             return Round::Unbatched;
         }
+        let careful = careful || tx.free_savepoints();
         let mut done: Vec<(usize, Attempt)> = Vec::new();
         for (at, message) in messages.iter().enumerate() {
             if settled[at].is_some() {
                 continue;
             }
-            match self.batch_step(message, tx).await {
+            match self.batch_step(message, tx, careful).await {
                 Step::Kept(kept, attempt) => {
                     tx = kept;
                     done.push((at, attempt));
@@ -896,6 +911,7 @@ impl<H: Handler> Consumer<H> {
                     return Round::HandlerFailed;
                 }
                 Step::Refused(error) => return Round::Refused(error),
+                Step::Undo => return Round::Undo,
             }
         }
         match tx.commit().await {
@@ -909,10 +925,15 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// One message of a batch under its own savepoint: its claim, its
-    /// handler, its completion.
-    async fn batch_step(&self, message: &InboundMessage, mut tx: H::Tx) -> Step<H::Tx> {
-        if let Err(error) = tx.savepoint().await {
+    /// One message of a batch, under its own savepoint if `careful`: its
+    /// claim, its handler, its completion.
+    async fn batch_step(
+        &self,
+        message: &InboundMessage,
+        mut tx: H::Tx,
+        careful: bool,
+    ) -> Step<H::Tx> {
+        if careful && let Err(error) = tx.savepoint().await {
             return Step::Refused(error);
         }
         let scope = Scope::new(self.parts.name.clone(), message.id().clone());
@@ -933,6 +954,9 @@ impl<H: Handler> Consumer<H> {
                     _ => Attempt::Busy(self.parts.options.first_backoff),
                 };
                 // The claim wrote nothing to keep.
+                if !careful {
+                    return Step::Kept(tx, attempt);
+                }
                 return match tx.release_savepoint().await {
                     Ok(()) => Step::Kept(tx, attempt),
                     Err(error) => Step::Refused(error),
@@ -962,6 +986,12 @@ impl<H: Handler> Consumer<H> {
         // Whatever the message came to (a version check that found its
         // aggregate written already in this transaction answers a gap),
         // a transaction it made too large goes on without it.
+        if !careful {
+            return match attempt {
+                Ok(attempt) if tx.fits() => Step::Kept(tx, attempt),
+                _ => Step::Undo,
+            };
+        }
         if !tx.fits() {
             return match tx.rollback_to_savepoint().await {
                 Ok(()) => Step::Full(tx),

@@ -248,7 +248,7 @@ async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
     );
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
     assert_eq!(
-        shop.books.domain.lock().await.versions.get("order-1"),
+        shop.books.domain.lock().unwrap().versions.get("order-1"),
         Some(&4)
     );
 }
@@ -573,8 +573,12 @@ async fn shutdown_returns_after_its_grace_and_the_delivery_finishes_in_its_task(
 /// whole and is acknowledged once.
 #[tokio::test]
 async fn aborting_run_with_deliveries_in_flight_lets_each_commit_and_settle() {
-    let (consumer, shop, _) =
-        consumer_with(ConsumerOptions::default().max_deliveries(4).concurrency(4));
+    // One delivery a batch, so that the three are in their handlers at once.
+    let options = ConsumerOptions::default()
+        .max_deliveries(4)
+        .concurrency(4)
+        .batch(1, Duration::ZERO);
+    let (consumer, shop, _) = consumer_with(options);
     let broker = Broker::default();
     broker.redeliver_unsettled();
     let ids = ["m-1", "m-2", "m-3"];

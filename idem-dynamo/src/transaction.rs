@@ -531,6 +531,10 @@ impl Transaction for DynamoTransaction {
         true
     }
 
+    fn free_savepoints(&self) -> bool {
+        true
+    }
+
     /// At most 100 items and 4 MB of the outbox's messages, and no
     /// aggregate's item checked twice ([`VersionedItems`](crate::VersionedItems)).
     fn fits(&self) -> bool {

@@ -36,9 +36,11 @@ mod outbox;
 mod parking;
 mod part;
 mod store;
+mod transaction;
 
 pub use journal::MemoryJournal;
 pub use options::{DEFAULT_MAX_RESPONSE_BYTES, MemoryOptions};
 pub use outbox::MemoryOutbox;
 pub use parking::MemoryParking;
 pub use store::MemoryStore;
+pub use transaction::MemoryTransaction;

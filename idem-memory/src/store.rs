@@ -1,9 +1,10 @@
 //! `MemoryStore`: the records in a moka cache, each decision one
-//! `and_compute_with` on the record's key.
+//! `and_compute_with` on the record's key; a transaction's commit writes
+//! several keys at once behind the store's gate.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use idem_core::store::{
@@ -18,6 +19,7 @@ use moka::sync::Cache;
 
 use crate::options::MemoryOptions;
 use crate::part::{STORE, capabilities, layered};
+use crate::transaction::MemoryTransaction;
 
 /// The in-process store. Cloning is cheap and shares the records.
 ///
@@ -33,8 +35,12 @@ forward_store!(MemoryStore => records);
 
 /// The records and the rules on them, inside the store's layer.
 #[derive(Clone)]
-struct Records {
+pub(crate) struct Records {
     records: Cache<Key, Arc<Record>, KeyHash>,
+    /// Every write of one record passes it shared; a transaction's commit,
+    /// which writes several, alone: so no write lands between the commit's
+    /// checks and its writes.
+    gate: Arc<RwLock<()>>,
     /// Seeds the one SipHash of each operation's scope.
     hashing: RandomState,
     clock: Arc<dyn Clock>,
@@ -156,6 +162,7 @@ impl MemoryStore {
             .build_with_hasher(KeyHash);
         let records = Records {
             records,
+            gate: Arc::default(),
             hashing: RandomState::new(),
             clock,
             max_response_bytes,
@@ -163,6 +170,15 @@ impl MemoryStore {
         Self {
             records: layered(records),
         }
+    }
+}
+
+impl MemoryStore {
+    /// Opens a transaction on the store ([`MemoryTransaction`]): claims,
+    /// completions, checkpoints and the caller's own writes that commit
+    /// together, as a consumer's batch needs.
+    pub fn begin(&self) -> MemoryTransaction {
+        MemoryTransaction::new(self.records.get_ref().clone())
     }
 }
 
@@ -186,6 +202,7 @@ impl Records {
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
         let mut answered = false;
+        let _writing = self.writing();
         self.records
             .entry(self.key(lease.scope()))
             .and_compute_with(|entry| match entry {
@@ -203,6 +220,63 @@ impl Records {
         } else {
             Err(StoreError::LostLease)
         }
+    }
+
+    /// A write of one record may proceed (no commit is writing).
+    fn writing(&self) -> RwLockReadGuard<'_, ()> {
+        // The gate guards no data: a panic while it was held leaves
+        // nothing half done to refuse.
+        self.gate
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    pub(crate) fn max_response_bytes(&self) -> usize {
+        self.max_response_bytes
+    }
+
+    /// The live record of `scope`, as stored.
+    pub(crate) fn read(&self, scope: &Scope) -> Option<Arc<Record>> {
+        let now = self.clock.now();
+        self.records
+            .get(&self.key(scope))
+            .filter(|record| record.is_live(now))
+    }
+
+    /// Writes each record over the one read before (`None`: no live
+    /// record), and runs `effects` between the checks and the writes, all
+    /// while no other write can land; or, if any record changed since it
+    /// was read, writes nothing and answers its place among `writes`.
+    pub(crate) fn commit(
+        &self,
+        writes: Vec<(Option<Arc<Record>>, Record)>,
+        effects: impl FnOnce(),
+    ) -> Result<(), usize> {
+        let _alone = self
+            .gate
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (at, (read, record)) in writes.iter().enumerate() {
+            let current = self.read(record.scope());
+            let unchanged = match (read, &current) {
+                (Some(read), Some(current)) => Arc::ptr_eq(read, current),
+                (None, None) => true,
+                _ => false,
+            };
+            if !unchanged {
+                return Err(at);
+            }
+        }
+        effects();
+        for (_, record) in writes {
+            let key = self.key(record.scope());
+            self.records.insert(key, Arc::new(record));
+        }
+        Ok(())
     }
 
     fn updated(record: &Record, edit: impl FnOnce(Record) -> Record) -> Op<Arc<Record>> {
@@ -225,6 +299,7 @@ impl IdempotencyStore for Records {
             }
         }
         let mut outcome = None;
+        let _writing = self.writing();
         self.records.entry(key).and_compute_with(|entry| {
             let existing = entry.map(|e| e.into_value());
             let decision = decide(existing.as_deref(), request, now);
@@ -311,6 +386,7 @@ impl IdempotencyStore for Records {
             .map(|(key, _)| key)
             .collect();
         let mut removed = 0;
+        let _writing = self.writing();
         for key in expired {
             let result =
                 self.records
@@ -329,6 +405,7 @@ impl IdempotencyStore for Records {
 
     async fn delete(&self, scope: &Scope) -> Result<bool, StoreError> {
         let now = self.clock.now();
+        let _writing = self.writing();
         Ok(self
             .records
             .remove(&self.key(scope))

@@ -14,3 +14,14 @@ mod through_dyn {
         Arc::new(idem_memory::MemoryStore::new()) as Arc<dyn IdempotencyStore>
     });
 }
+
+/// The batch suite against `MemoryTransaction`: claims inside the
+/// transaction and savepoints.
+mod batches {
+    idem_conformance::batch_suite!(async {
+        idem_conformance::batches::Batching::new(idem_memory::MemoryStore::new(), |store| {
+            let tx = store.begin();
+            async move { Ok(tx) }
+        })
+    });
+}

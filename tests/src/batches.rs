@@ -41,18 +41,12 @@ pub trait BatchingStore: Send + Sync + 'static {
 /// ```
 /// use idem_conformance::batches::Batching;
 /// use idem_memory::MemoryStore;
-/// # use idem_core::store::{Lease, Transaction};
-/// # use idem_core::{Checkpoint, StoreError, StoredResponse, async_trait};
-/// # struct Tx;
-/// # #[async_trait]
-/// # impl Transaction for Tx {
-/// #     async fn complete(&mut self, _: &Lease, _: &StoredResponse) -> Result<(), StoreError> { Ok(()) }
-/// #     async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> { Ok(()) }
-/// #     async fn commit(self) -> Result<(), StoreError> { Ok(()) }
-/// # }
 ///
 /// // Your store's `begin`, owning what the transaction needs.
-/// let batching = Batching::new(MemoryStore::new(), |_store| async { Ok(Tx) });
+/// let batching = Batching::new(MemoryStore::new(), |store| {
+///     let tx = store.begin();
+///     async move { Ok(tx) }
+/// });
 /// # let _ = batching;
 /// ```
 pub struct Batching<S, T> {

@@ -20,11 +20,10 @@ use idem_consumer::{
     Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait,
 };
 use idem_core::store::{
-    IdempotencyStore, InboundMessage, Lease, NewMessage, OutboxMessage, OutboxStore, ParkingStore,
-    Transaction, VersionCheck,
+    InboundMessage, NewMessage, OutboxMessage, OutboxStore, ParkingStore, Transaction, VersionCheck,
 };
-use idem_core::{Checkpoint, HandlerError, StoreError, StoredResponse};
-use idem_memory::{MemoryOutbox, MemoryParking, MemoryStore};
+use idem_core::{HandlerError, StoreError};
+use idem_memory::{MemoryOutbox, MemoryParking, MemoryStore, MemoryTransaction};
 use idem_outbox::{Published, Publisher};
 use tokio::sync::Notify;
 
@@ -67,88 +66,57 @@ pub trait Books: Clone + Send + Sync + 'static {
     async fn effects(&self) -> Vec<String>;
 }
 
-/// The memory shop's books: a [`Domain`] beside a memory inbox.
+/// The memory shop's books: a [`Domain`] beside a memory inbox, written
+/// together through the inbox's [`MemoryTransaction`] (which batches).
 #[derive(Clone)]
 pub struct MemoryBooks {
-    /// The inbox the ledger completes in.
+    /// The inbox the shop's transactions commit in.
     pub store: MemoryStore,
     /// What committed.
-    pub domain: Arc<tokio::sync::Mutex<Domain>>,
+    pub domain: Arc<Mutex<Domain>>,
 }
 
-/// The memory shop's transaction: its writes and the inbox completion,
-/// applied together at commit under the domain's lock.
-pub struct Ledger {
-    store: MemoryStore,
-    domain: Arc<tokio::sync::Mutex<Domain>>,
-    effect: Option<(String, Option<(String, u64)>)>,
-    completion: Option<(Lease, StoredResponse)>,
-}
-
-#[async_trait]
-impl Transaction for Ledger {
-    async fn complete(
-        &mut self,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.completion = Some((lease.clone(), response.clone()));
-        Ok(())
-    }
-
-    async fn checkpoint(&mut self, _: &Lease, _: &Checkpoint) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn commit(self) -> Result<(), StoreError> {
-        let mut domain = self.domain.lock().await;
-        if let Some((lease, response)) = &self.completion {
-            self.store.complete(lease, response).await?;
-        }
-        if let Some((effect, version)) = self.effect {
-            domain.effects.push(effect);
-            if let Some((aggregate, version)) = version {
-                domain.versions.insert(aggregate, version);
-            }
-        }
-        Ok(())
+impl MemoryBooks {
+    fn domain(&self) -> std::sync::MutexGuard<'_, Domain> {
+        self.domain.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 #[async_trait]
 impl Books for MemoryBooks {
-    type Tx = Ledger;
+    type Tx = MemoryTransaction;
 
-    async fn begin(&self) -> Result<Ledger, StoreError> {
-        Ok(Ledger {
-            store: self.store.clone(),
-            domain: self.domain.clone(),
-            effect: None,
-            completion: None,
-        })
+    async fn begin(&self) -> Result<MemoryTransaction, StoreError> {
+        Ok(self.store.begin())
     }
 
     async fn apply(
         &self,
-        tx: &mut Ledger,
+        tx: &mut MemoryTransaction,
         effect: &str,
         version: Option<(&str, u64)>,
     ) -> Result<VersionCheck, HandlerError> {
         if let Some((aggregate, event)) = version {
-            let domain = self.domain.lock().await;
-            let current = domain.versions.get(aggregate).copied().unwrap_or(0);
+            let current = self.domain().versions.get(aggregate).copied().unwrap_or(0);
             let check = VersionCheck::of(event, current);
             if check != VersionCheck::Apply {
                 return Ok(check);
             }
         }
+        let (books, effect) = (self.clone(), effect.to_string());
         let version = version.map(|(aggregate, event)| (aggregate.to_string(), event));
-        tx.effect = Some((effect.to_string(), version));
+        tx.on_commit(move || {
+            let mut domain = books.domain();
+            domain.effects.push(effect);
+            if let Some((aggregate, version)) = version {
+                domain.versions.insert(aggregate, version);
+            }
+        });
         Ok(VersionCheck::Apply)
     }
 
     async fn effects(&self) -> Vec<String> {
-        self.domain.lock().await.effects.clone()
+        self.domain().effects.clone()
     }
 }
 
@@ -174,6 +142,8 @@ pub struct Shop<B = MemoryBooks> {
     gaps: Arc<AtomicU64>,
     /// How long each message stays in the handler, marked as handled.
     dwell: Arc<Mutex<Duration>>,
+    /// How many transactions it opened.
+    begun: Arc<AtomicU64>,
 }
 
 impl Shop {
@@ -198,7 +168,14 @@ impl<B: Books> Shop<B> {
             overlaps: Arc::default(),
             gaps: Arc::default(),
             dwell: Arc::default(),
+            begun: Arc::default(),
         }
+    }
+
+    /// How many transactions it opened: one per batch that committed at
+    /// once, one more per message handled on its own.
+    pub fn begun(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
     }
 
     /// Keeps each message `dwell` in the handler from now on (every clone
@@ -254,6 +231,7 @@ impl<B: Books> Handler for Shop<B> {
     type Tx = B::Tx;
 
     async fn begin(&self) -> Result<B::Tx, StoreError> {
+        self.begun.fetch_add(1, Ordering::SeqCst);
         self.books.begin().await
     }
 

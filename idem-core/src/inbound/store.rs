@@ -250,6 +250,18 @@ pub trait Transaction: Send + 'static {
         false
     }
 
+    /// Whether a savepoint costs nothing but memory (kept in process, as
+    /// DynamoDB's and the memory store's are), so a consumer takes one
+    /// around every message of a batch. `false` unless the backend says
+    /// so: a savepoint is then taken to cost a round trip and a
+    /// subtransaction held to the commit (Postgres), and a consumer
+    /// handles a batch without any, beginning it again with one per
+    /// message only when a message must be undone alone (a version gap, a
+    /// refused completion, a transaction grown too large).
+    fn free_savepoints(&self) -> bool {
+        false
+    }
+
     /// Whether everything written so far can commit as one transaction.
     /// A consumer handling a batch checks it after each message: a message
     /// that made the transaction too large is rolled back to its savepoint,

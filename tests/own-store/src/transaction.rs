@@ -176,6 +176,10 @@ impl Transaction for OwnTransaction {
         true
     }
 
+    fn free_savepoints(&self) -> bool {
+        true
+    }
+
     async fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = SystemClock.now();
         let defect = self.defect;
