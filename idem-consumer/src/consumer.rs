@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, IdempotencyStore, InboundMessage, NewParked, ParkedMessage,
+    ClaimOutcome, ClaimRequest, IdempotencyStore, InboundMessage, Lease, NewParked, ParkedMessage,
     ParkedQuery, ParkingStore, Resolution, Transaction, VersionCheck,
 };
 use idem_core::{
@@ -41,6 +41,21 @@ struct Flight<D> {
 
 /// Why a message's claim was refused for good.
 const MISMATCH: &str = "its message id was consumed before with another payload";
+
+/// Whether a message is in the batch twice.
+fn repeats(messages: &[&InboundMessage]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(messages.len());
+    !messages.iter().all(|message| seen.insert(message.id()))
+}
+
+/// A store that answered another count of outcomes than it was asked for.
+fn miscounted(operation: &'static str) -> StoreError {
+    StoreError::backend(
+        "transaction",
+        idem_core::Operation::Claim,
+        format!("{operation} answered another count of outcomes than of requests"),
+    )
+}
 
 fn gap(current: u64, message: &InboundMessage) -> String {
     format!(
@@ -88,8 +103,6 @@ enum Step<Tx> {
     /// The message's writes made the transaction too large
     /// ([`Transaction::fits`]); they were rolled back to its savepoint.
     Full(Tx),
-    /// The message must be undone alone, and no savepoint was taken.
-    Undo,
 }
 
 /// How many received deliveries may wait behind their aggregates per slot
@@ -177,6 +190,62 @@ pub trait Handler: Send + Sync + 'static {
         message: &InboundMessage,
         tx: Self::Tx,
     ) -> Result<(Self::Tx, Handled), HandlerError>;
+
+    /// Writes the effects of a batch's messages through `tx` and answers
+    /// what each was, in their order, as [`handle`](Self::handle) would
+    /// one after another: override it to write them at once (one
+    /// multi-row statement). The messages are of distinct aggregates, in
+    /// delivery order. The default handles them one by one.
+    ///
+    /// The consumer calls it where savepoints cost a round trip
+    /// ([`Transaction::free_savepoints`] is false) and nothing has to be
+    /// undone yet. An error, or a [`Handled::Gap`], drops the whole
+    /// transaction; the batch then begins again with each message through
+    /// [`handle`](Self::handle) under a savepoint of its own, so a failure
+    /// stays its message's and a gap may have written what it likes.
+    ///
+    /// ```
+    /// use idem_consumer::{Handled, Handler};
+    /// use idem_core::store::InboundMessage;
+    /// use idem_core::{HandlerError, StoreError, async_trait};
+    ///
+    /// /// Sums what each batch carries in one write.
+    /// struct Totals;
+    ///
+    /// #[async_trait]
+    /// impl Handler for Totals {
+    ///     type Tx = idem_core::NoTransaction;
+    ///     async fn begin(&self) -> Result<Self::Tx, StoreError> {
+    ///         Err(StoreError::backend("example", idem_core::Operation::Transaction, "no database"))
+    ///     }
+    ///     async fn handle(&self, message: &InboundMessage, tx: Self::Tx) -> Result<(Self::Tx, Handled), HandlerError> {
+    ///         self.handle_batch(&[message], tx).await.map(|(tx, mut each)| (tx, each.remove(0)))
+    ///     }
+    ///     async fn handle_batch(&self, messages: &[&InboundMessage], tx: Self::Tx) -> Result<(Self::Tx, Vec<Handled>), HandlerError> {
+    ///         let mut total = 0u64;
+    ///         for message in messages {
+    ///             total += std::str::from_utf8(message.payload())?.parse::<u64>()?;
+    ///         }
+    ///         // One statement adding `total` through `tx` here.
+    ///         let _ = total;
+    ///         Ok((tx, vec![Handled::Applied; messages.len()]))
+    ///     }
+    /// }
+    /// # let _ = Totals;
+    /// ```
+    async fn handle_batch(
+        &self,
+        messages: &[&InboundMessage],
+        mut tx: Self::Tx,
+    ) -> Result<(Self::Tx, Vec<Handled>), HandlerError> {
+        let mut handled = Vec::with_capacity(messages.len());
+        for message in messages {
+            let (next, each) = self.handle(message, tx).await?;
+            tx = next;
+            handled.push(each);
+        }
+        Ok((tx, handled))
+    }
 }
 
 /// What became of one delivery.
@@ -778,8 +847,13 @@ impl<H: Handler> Consumer<H> {
     /// then the transaction commits once and the deliveries are
     /// acknowledged together ([`Delivery::ack_all`]). Where a savepoint
     /// costs a round trip ([`Transaction::free_savepoints`] is false:
-    /// Postgres) the batch first runs without any, and begins again with
-    /// them only if a message must be undone alone.
+    /// Postgres) the batch first goes at once, with no savepoint: one
+    /// claim of its messages ([`Transaction::claim_all`]), one call of
+    /// [`Handler::handle_batch`], one completion of them all
+    /// ([`Transaction::complete_all`]), one commit; only if a message must
+    /// be undone alone (a handler error, a gap, a refused completion) does
+    /// it begin again one message at a time, as below. A message twice in
+    /// the batch sends it one at a time from the start.
     ///
     /// - A message whose handler returns a gap, whose claim finds it
     ///   applied, held or consumed with another payload, or whose
@@ -835,9 +909,10 @@ impl<H: Handler> Consumer<H> {
     async fn attempt_batch(&self, messages: &[&InboundMessage]) -> Option<Vec<Attempt>> {
         let mut settled: Vec<Option<Attempt>> = messages.iter().map(|_| None).collect();
         let mut commits = 0u64;
-        // Savepoints only once a message needed one (or where they are
-        // free): most batches undo nothing.
-        let mut careful = false;
+        // At once until a message has to be undone alone; one by one from
+        // the start if a message is in the batch twice (its second claim
+        // must find the first completed).
+        let mut careful = repeats(messages);
         // Each pass settles at least one message (a handler error settles
         // its message; a commit at least the first it took), but for the
         // one pass that turns careful, so at most as many passes as the
@@ -876,27 +951,42 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// One pass of the batch's messages not yet settled through one
-    /// transaction, each under a savepoint of its own if `careful`.
+    /// transaction: one by one under savepoints if `careful` or where
+    /// savepoints are free ([`Transaction::free_savepoints`]), else at
+    /// once.
     async fn batch_round(
         &self,
         messages: &[&InboundMessage],
         settled: &mut [Option<Attempt>],
         careful: bool,
     ) -> Round {
-        let mut tx = match self.parts.handler.begin().await {
+        let tx = match self.parts.handler.begin().await {
             Ok(tx) => tx,
             Err(error) => return Round::Refused(error),
         };
         if !tx.batches() {
             return Round::Unbatched;
         }
-        let careful = careful || tx.free_savepoints();
+        if careful || tx.free_savepoints() {
+            self.one_by_one(messages, settled, tx).await
+        } else {
+            self.at_once(messages, settled, tx).await
+        }
+    }
+
+    /// The messages not yet settled, each under a savepoint of its own.
+    async fn one_by_one(
+        &self,
+        messages: &[&InboundMessage],
+        settled: &mut [Option<Attempt>],
+        mut tx: H::Tx,
+    ) -> Round {
         let mut done: Vec<(usize, Attempt)> = Vec::new();
         for (at, message) in messages.iter().enumerate() {
             if settled[at].is_some() {
                 continue;
             }
-            match self.batch_step(message, tx, careful).await {
+            match self.batch_step(message, tx).await {
                 Step::Kept(kept, attempt) => {
                     tx = kept;
                     done.push((at, attempt));
@@ -911,9 +1001,93 @@ impl<H: Handler> Consumer<H> {
                     return Round::HandlerFailed;
                 }
                 Step::Refused(error) => return Round::Refused(error),
-                Step::Undo => return Round::Undo,
             }
         }
+        Self::commit_round(tx, done, settled).await
+    }
+
+    /// The messages not yet settled at once, with no savepoint: one claim
+    /// of them all ([`Transaction::claim_all`]), one call of the handler
+    /// ([`Handler::handle_batch`]), one completion of them all
+    /// ([`Transaction::complete_all`]), one commit. A message that has to
+    /// be undone alone (a handler error, a gap, a refused completion, a
+    /// transaction grown too large) drops it all: [`Round::Undo`].
+    async fn at_once(
+        &self,
+        messages: &[&InboundMessage],
+        settled: &mut [Option<Attempt>],
+        mut tx: H::Tx,
+    ) -> Round {
+        let open: Vec<usize> = (0..messages.len())
+            .filter(|at| settled[*at].is_none())
+            .collect();
+        let mut requests = Vec::with_capacity(open.len());
+        for at in &open {
+            match self.claim_request(messages[*at]) {
+                Ok(request) => requests.push(request),
+                Err(error) => return Round::Refused(error),
+            }
+        }
+        let outcomes = match tx.claim_all(&requests).await {
+            Ok(outcomes) if outcomes.len() == requests.len() => outcomes,
+            Ok(_) => return Round::Refused(miscounted("claim_all")),
+            Err(error) => return Round::Refused(error),
+        };
+        let mut done: Vec<(usize, Attempt)> = Vec::new();
+        let mut claimed: Vec<(usize, Lease)> = Vec::new();
+        for (at, outcome) in open.into_iter().zip(outcomes) {
+            match outcome {
+                ClaimOutcome::Claimed { lease, .. } => claimed.push((at, lease)),
+                // The claim wrote nothing to keep.
+                other => done.push((at, self.unclaimed(other))),
+            }
+        }
+        if !claimed.is_empty() {
+            let batch: Vec<&InboundMessage> = claimed.iter().map(|(at, _)| messages[*at]).collect();
+            let handled = match self.parts.handler.handle_batch(&batch, tx).await {
+                Ok((next, handled)) if handled.len() == batch.len() => {
+                    tx = next;
+                    handled
+                }
+                // Which message failed is found one by one.
+                _ => return Round::Undo,
+            };
+            if handled.iter().any(|h| matches!(h, Handled::Gap { .. })) {
+                return Round::Undo;
+            }
+            let completions: Vec<(Lease, StoredResponse)> = claimed
+                .iter()
+                .zip(&handled)
+                .map(|((_, lease), handled)| (lease.clone(), handled.to_stored().into_owned()))
+                .collect();
+            match tx.complete_all(&completions).await {
+                Ok(()) if tx.fits() => {}
+                Ok(())
+                | Err(
+                    StoreError::LostLease
+                    | StoreError::Rejected { .. }
+                    | StoreError::TooLarge { .. }
+                    | StoreError::InvalidInput(_),
+                ) => return Round::Undo,
+                Err(error) => return Round::Refused(error),
+            }
+            for ((at, _), handled) in claimed.into_iter().zip(handled) {
+                let consumed = match handled {
+                    Handled::Applied => Consumed::Applied,
+                    _ => Consumed::Stale,
+                };
+                done.push((at, Attempt::Done(consumed)));
+            }
+        }
+        Self::commit_round(tx, done, settled).await
+    }
+
+    /// Commits a round's transaction, then settles what it took.
+    async fn commit_round(
+        tx: H::Tx,
+        done: Vec<(usize, Attempt)>,
+        settled: &mut [Option<Attempt>],
+    ) -> Round {
         match tx.commit().await {
             Ok(()) => {
                 for (at, attempt) in done {
@@ -925,38 +1099,40 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// One message of a batch, under its own savepoint if `careful`: its
-    /// claim, its handler, its completion.
-    async fn batch_step(
-        &self,
-        message: &InboundMessage,
-        mut tx: H::Tx,
-        careful: bool,
-    ) -> Step<H::Tx> {
-        if careful && let Err(error) = tx.savepoint().await {
+    /// A message's inbox claim.
+    fn claim_request(&self, message: &InboundMessage) -> Result<ClaimRequest, StoreError> {
+        let scope = Scope::new(self.parts.name.clone(), message.id().clone());
+        ClaimRequest::new(scope, Fingerprint::of_bytes(message.payload()))
+            .with_lease(self.parts.options.lease)
+            .and_then(|request| request.with_retention(self.parts.options.retention))
+            .map_err(StoreError::from)
+    }
+
+    /// What a claim that did not claim makes of its message.
+    fn unclaimed(&self, outcome: ClaimOutcome) -> Attempt {
+        match outcome {
+            ClaimOutcome::Completed(_) => Attempt::Done(Consumed::Duplicate),
+            ClaimOutcome::InProgress { retry_after } => Attempt::Busy(retry_after),
+            ClaimOutcome::Mismatch => Attempt::Poison(MISMATCH.to_string()),
+            _ => Attempt::Busy(self.parts.options.first_backoff),
+        }
+    }
+
+    /// One message of a batch under its own savepoint: its claim, its
+    /// handler, its completion.
+    async fn batch_step(&self, message: &InboundMessage, mut tx: H::Tx) -> Step<H::Tx> {
+        if let Err(error) = tx.savepoint().await {
             return Step::Refused(error);
         }
-        let scope = Scope::new(self.parts.name.clone(), message.id().clone());
-        let request = ClaimRequest::new(scope, Fingerprint::of_bytes(message.payload()))
-            .with_lease(self.parts.options.lease)
-            .and_then(|request| request.with_retention(self.parts.options.retention));
-        let request = match request {
+        let request = match self.claim_request(message) {
             Ok(request) => request,
-            Err(error) => return Step::Refused(error.into()),
+            Err(error) => return Step::Refused(error),
         };
         let lease = match tx.claim(&request).await {
             Ok(ClaimOutcome::Claimed { lease, .. }) => lease,
             Ok(other) => {
-                let attempt = match other {
-                    ClaimOutcome::Completed(_) => Attempt::Done(Consumed::Duplicate),
-                    ClaimOutcome::InProgress { retry_after } => Attempt::Busy(retry_after),
-                    ClaimOutcome::Mismatch => Attempt::Poison(MISMATCH.to_string()),
-                    _ => Attempt::Busy(self.parts.options.first_backoff),
-                };
+                let attempt = self.unclaimed(other);
                 // The claim wrote nothing to keep.
-                if !careful {
-                    return Step::Kept(tx, attempt);
-                }
                 return match tx.release_savepoint().await {
                     Ok(()) => Step::Kept(tx, attempt),
                     Err(error) => Step::Refused(error),
@@ -986,12 +1162,6 @@ impl<H: Handler> Consumer<H> {
         // Whatever the message came to (a version check that found its
         // aggregate written already in this transaction answers a gap),
         // a transaction it made too large goes on without it.
-        if !careful {
-            return match attempt {
-                Ok(attempt) if tx.fits() => Step::Kept(tx, attempt),
-                _ => Step::Undo,
-            };
-        }
         if !tx.fits() {
             return match tx.rollback_to_savepoint().await {
                 Ok(()) => Step::Full(tx),

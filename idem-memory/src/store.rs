@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Clock, ExpireAfter, IdempotencyStore, Layered, Lease,
-    Record, RecordState, Timestamp, check_response_size, decide, forward_store, validate_lease,
+    Record, RecordState, Timestamp, TransactionSharing, check_response_size, decide, forward_store,
+    validate_lease,
 };
 use idem_core::{
     Checkpoint, InvalidInput, Operation, Scope, StoreError, StoredResponse, async_trait,
@@ -19,7 +20,6 @@ use moka::sync::Cache;
 
 use crate::options::MemoryOptions;
 use crate::part::{STORE, capabilities, layered};
-use crate::transaction::MemoryTransaction;
 
 /// The in-process store. Cloning is cheap and shares the records.
 ///
@@ -174,11 +174,9 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
-    /// Opens a transaction on the store ([`MemoryTransaction`]): claims,
-    /// completions, checkpoints and the caller's own writes that commit
-    /// together, as a consumer's batch needs.
-    pub fn begin(&self) -> MemoryTransaction {
-        MemoryTransaction::new(self.records.get_ref().clone())
+    /// The records, for a transaction on them.
+    pub(crate) fn records(&self) -> &Records {
+        self.records.get_ref()
     }
 }
 
@@ -417,7 +415,10 @@ impl IdempotencyStore for Records {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities(self.max_response_bytes)
+        let mut capabilities = capabilities(self.max_response_bytes);
+        // Its records commit with the caller's writes (MemoryStore::begin).
+        capabilities.transactions = TransactionSharing::InProcess;
+        capabilities
     }
 }
 
@@ -426,7 +427,7 @@ mod tests {
     use super::*;
     use idem_core::Fingerprint;
     use idem_core::ManualClock;
-    use idem_core::store::{ClockSource, Durability};
+    use idem_core::store::{ClockSource, Durability, TransactionSharing};
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -503,5 +504,9 @@ mod tests {
         assert_eq!(store.capabilities().max_response_bytes, 10);
         assert_eq!(store.capabilities().clock, ClockSource::Caller);
         assert_eq!(store.capabilities().durability, Durability::Volatile);
+        assert_eq!(
+            store.capabilities().transactions,
+            TransactionSharing::InProcess
+        );
     }
 }

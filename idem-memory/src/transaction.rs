@@ -14,7 +14,7 @@ use idem_core::store::{
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 
 use crate::part::STORE;
-use crate::store::Records;
+use crate::store::{MemoryStore, Records};
 
 /// A write of one record, made at the commit.
 #[derive(Clone)]
@@ -98,17 +98,22 @@ impl fmt::Debug for MemoryTransaction {
     }
 }
 
-impl MemoryTransaction {
-    pub(crate) fn new(records: Records) -> Self {
-        Self {
-            records,
+impl MemoryStore {
+    /// Opens a transaction on the store ([`MemoryTransaction`]): claims,
+    /// completions, checkpoints and the caller's own writes that commit
+    /// together, as a consumer's batch needs.
+    pub fn begin(&self) -> MemoryTransaction {
+        MemoryTransaction {
+            records: self.records().clone(),
             writes: Vec::new(),
             undo: Vec::new(),
             effects: Vec::new(),
             savepoints: Vec::new(),
         }
     }
+}
 
+impl MemoryTransaction {
     /// Runs `write` at the commit, after every check has passed and before
     /// the records are written, while no other operation of the store
     /// writes: the caller's writes (a map of its own) and the records

@@ -29,3 +29,49 @@ pub(crate) async fn claim<'e>(
         .map_err(|e| classify(Operation::Claim, e))?;
     claim_outcome(&row, request, owner)
 }
+
+/// Runs the claim function on each request at once, in their order, on
+/// `executor` (the caller's transaction): one statement for them all.
+pub(crate) async fn claim_all<'e>(
+    sql: &std::sync::Arc<str>,
+    executor: impl PgExecutor<'e>,
+    requests: &[ClaimRequest],
+) -> Result<Vec<ClaimOutcome>, StoreError> {
+    let tenants: Vec<&str> = requests
+        .iter()
+        .map(|r| r.scope().tenant().as_str())
+        .collect();
+    let keys: Vec<&str> = requests.iter().map(|r| r.scope().key().as_str()).collect();
+    let fingerprints: Vec<Vec<u8>> = requests
+        .iter()
+        .map(|r| r.fingerprint().as_bytes().to_vec())
+        .collect();
+    let owners: Vec<_> = requests.iter().map(|r| r.owner().as_uuid()).collect();
+    let leases: Vec<i64> = requests.iter().map(|r| millis(r.lease())).collect();
+    let retentions: Vec<i64> = requests.iter().map(|r| millis(r.retention())).collect();
+    let rows = sqlx::query(AssertSqlSafe(sql.clone()))
+        .bind(tenants)
+        .bind(keys)
+        .bind(fingerprints)
+        .bind(owners)
+        .bind(leases)
+        .bind(retentions)
+        .fetch_all(executor)
+        .await
+        .map_err(|e| classify(Operation::Claim, e))?;
+    if rows.len() != requests.len() {
+        return Err(StoreError::backend(
+            crate::error::STORE,
+            Operation::Claim,
+            format!(
+                "the claim function answered {} rows for {} claims",
+                rows.len(),
+                requests.len()
+            ),
+        ));
+    }
+    rows.iter()
+        .zip(requests)
+        .map(|(row, request)| claim_outcome(row, request, request.owner()))
+        .collect()
+}

@@ -8,7 +8,9 @@ use crate::options::TableName;
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
+    pub(crate) claim_all: Arc<str>,
     pub(crate) complete: Arc<str>,
+    pub(crate) complete_all: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) checkpoint: Arc<str>,
@@ -31,6 +33,32 @@ impl Statements {
         let claim_fn = table.derived("_claim");
         Self {
             claim: format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)").into(),
+            // The claim function on each row of the arrays, in their order
+            // (a key twice: the second call sees the first's row).
+            claim_all: format!(
+                "SELECT c.* FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], \
+                   $5::int8[], $6::int8[]) WITH ORDINALITY \
+                   AS q(tenant, key, fingerprint, owner, lease_ms, retention_ms, n) \
+                 CROSS JOIN LATERAL {claim_fn}(q.tenant, q.key, q.fingerprint, q.owner, \
+                   q.lease_ms, q.retention_ms) AS c \
+                 ORDER BY q.n"
+            )
+            .into(),
+            // How many of the records, each live, in flight and its
+            // lease's owner's, it completed (responses without headers).
+            complete_all: format!(
+                "WITH done AS (\
+                   UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, \
+                   expires_at = c.now + q.retention_ms {MS}, response_status = q.status, \
+                   response_header_names = '{{}}', response_header_values = '{{}}', \
+                   response_body = q.body, checkpoint_name = NULL, checkpoint_data = NULL \
+                   FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int8[], $5::int4[], \
+                     $6::bytea[]) AS q(tenant, key, owner, retention_ms, status, body), {NOW} \
+                   WHERE r.tenant = q.tenant AND r.key = q.key AND r.owner = q.owner \
+                   AND r.status = 'in_flight' AND r.expires_at > c.now RETURNING 1\
+                 ) SELECT count(*) FROM done"
+            )
+            .into(),
             // True if this statement completed the record, or if it was
             // completed already by this owner with this response (a second
             // delivery); the outer SELECT sees the row as it was before.

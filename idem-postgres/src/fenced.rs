@@ -79,6 +79,39 @@ impl Fenced {
         held(done)
     }
 
+    /// Completes every lease's record at once on `executor` (the caller's
+    /// transaction), each response without headers: `LostLease` unless
+    /// every record was live, in flight and its lease's owner's. The
+    /// caller's layer bounds it.
+    pub(crate) async fn complete_all_on<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        completions: &[(Lease, StoredResponse)],
+    ) -> Result<(), StoreError> {
+        let mut columns = CompletionColumns::default();
+        for (lease, response) in completions {
+            check_response_size(response, self.max_response_bytes)?;
+            columns.tenants.push(lease.scope().tenant().as_str());
+            columns.keys.push(lease.scope().key().as_str());
+            columns.owners.push(lease.owner().as_uuid());
+            columns.retentions.push(millis(lease.retention()));
+            columns.statuses.push(i32::from(response.status()));
+            columns.bodies.push(response.body());
+        }
+        let completed: i64 = sqlx::query(AssertSqlSafe(self.sql.complete_all.clone()))
+            .bind(columns.tenants)
+            .bind(columns.keys)
+            .bind(columns.owners)
+            .bind(columns.retentions)
+            .bind(columns.statuses)
+            .bind(columns.bodies)
+            .fetch_one(executor)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| classify(Operation::Complete, e))?;
+        held(usize::try_from(completed).is_ok_and(|n| n == completions.len()))
+    }
+
     /// Writes a checkpoint on the lease's record on `executor`; the caller's
     /// layer bounds it.
     pub(crate) async fn checkpoint_on<'e>(
@@ -95,4 +128,15 @@ impl Fenced {
             .map_err(|e| classify(Operation::Checkpoint, e))?;
         held(done.rows_affected() == 1)
     }
+}
+
+/// The columns of a completion of many records, one array each.
+#[derive(Default)]
+struct CompletionColumns<'a> {
+    tenants: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    owners: Vec<uuid::Uuid>,
+    retentions: Vec<i64>,
+    statuses: Vec<i32>,
+    bodies: Vec<&'a [u8]>,
 }

@@ -152,6 +152,35 @@ impl Transaction for PgTransaction {
         self.fenced.layer.claim(request, claim).await
     }
 
+    async fn claim_all(
+        &mut self,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claims = crate::claim::claim_all(&self.fenced.sql.claim_all, &mut *self.tx, requests);
+        self.fenced.layer.call(Operation::Claim, None, claims).await
+    }
+
+    async fn complete_all(
+        &mut self,
+        completions: &[(Lease, StoredResponse)],
+    ) -> Result<(), StoreError> {
+        // Headers are arrays of their own per record: those go one by one.
+        if completions.is_empty() || completions.iter().any(|(_, r)| !r.headers().is_empty()) {
+            for (lease, response) in completions {
+                self.complete(lease, response).await?;
+            }
+            return Ok(());
+        }
+        let done = self.fenced.complete_all_on(&mut *self.tx, completions);
+        self.fenced
+            .layer
+            .call(Operation::Complete, None, done)
+            .await
+    }
+
     async fn savepoint(&mut self) -> Result<(), StoreError> {
         self.savepoint_statement(SAVEPOINT).await
     }

@@ -206,3 +206,71 @@ async fn every_journal_operation_and_outcome_is_one_statement_round_trip() {
         assert_eq!(*n, 1, "{what} took {n} statement round trips: {report:?}");
     }
 }
+
+/// A batch's claims and its completions are one statement each, whatever
+/// their number and outcomes, counted on the wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_all_and_complete_all_in_a_transaction_are_one_round_trip_each_on_the_wire() {
+    let (proxy, store) = proxied_store().await;
+    let mut tx = store.begin().await.unwrap();
+    let wire = |before: u64| proxy.ready() - before;
+    let claimed = |outcomes: Vec<ClaimOutcome>| -> Vec<idem_core::store::Lease> {
+        outcomes
+            .into_iter()
+            .filter_map(|outcome| match outcome {
+                ClaimOutcome::Claimed { lease, .. } => Some(lease),
+                _ => None,
+            })
+            .collect()
+    };
+    let done = |leases: &[idem_core::store::Lease]| -> Vec<_> {
+        leases
+            .iter()
+            .map(|lease| (lease.clone(), StoredResponse::new(200, "done")))
+            .collect()
+    };
+
+    // Warm up: prepare both statements on this connection.
+    let warm = claimed(tx.claim_all(&[long(&fresh_scope(), "a")]).await.unwrap());
+    tx.complete_all(&done(&warm)).await.unwrap();
+
+    let (completed, held) = (fresh_scope(), fresh_scope());
+    let first = claimed(
+        tx.claim_all(&[long(&completed, "a"), long(&held, "a")])
+            .await
+            .unwrap(),
+    );
+    tx.complete_all(&done(&first[..1])).await.unwrap();
+    let mut requests: Vec<_> = (0..8).map(|_| long(&fresh_scope(), "a")).collect();
+    requests.push(long(&completed, "a"));
+    requests.push(long(&held, "a"));
+    let mut report = Vec::new();
+    let before = proxy.ready();
+    let outcomes = tx.claim_all(&requests).await.unwrap();
+    report.push((
+        "claim_all: 8 claimed, 1 replay, 1 in progress",
+        wire(before),
+    ));
+    assert!(matches!(outcomes[8], ClaimOutcome::Completed(_)));
+    assert!(matches!(outcomes[9], ClaimOutcome::InProgress { .. }));
+    let leases = claimed(outcomes);
+    assert_eq!(leases.len(), 8);
+    let before = proxy.ready();
+    tx.complete_all(&done(&leases)).await.unwrap();
+    report.push(("complete_all: 8 completed", wire(before)));
+    let before = proxy.ready();
+    assert!(matches!(
+        tx.complete_all(&done(&leases)).await,
+        Err(StoreError::LostLease)
+    ));
+    report.push((
+        "complete_all: completed already, a lost lease",
+        wire(before),
+    ));
+
+    // The last response's ReadyForQuery may still be in flight to the proxy.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!("{report:#?}");
+    let total: u64 = report.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, report.len() as u64, "{report:?}");
+}

@@ -321,3 +321,90 @@ pub async fn a_released_savepoint_keeps_what_was_written_since<S: BatchingStore>
         Some(&b"kept"[..])
     );
 }
+
+/// Claiming many at once answers as claiming each in turn would, in their
+/// order: a completed record its response, another owner's live lease in
+/// progress, no record a claim.
+pub async fn claiming_all_at_once_answers_as_claiming_each_in_turn<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    let (first, done, held, last) = (fresh_scope(), fresh_scope(), fresh_scope(), fresh_scope());
+    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&done, b"x")).await else {
+        panic!("the store claims a fresh scope");
+    };
+    store
+        .complete(&lease, &StoredResponse::new(201, "done"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.claim(&request(&held, b"x")).await,
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+    let mut tx = begin(&*batching).await;
+    let requests = [&first, &done, &held, &last].map(|scope| request(scope, b"x"));
+    let outcomes = tx.claim_all(&requests).await.expect("claim_all");
+    assert_eq!(outcomes.len(), 4, "{outcomes:?}");
+    assert!(
+        matches!(&outcomes[0], ClaimOutcome::Claimed { lease, .. } if lease.scope() == &first),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(&outcomes[1], ClaimOutcome::Completed(response) if response.body() == b"done"),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(&outcomes[2], ClaimOutcome::InProgress { .. }),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(&outcomes[3], ClaimOutcome::Claimed { lease, .. } if lease.scope() == &last),
+        "{outcomes:?}"
+    );
+}
+
+/// Completing many at once completes each with its own response when the
+/// transaction commits; a lease that no longer holds among them is a lost
+/// lease (at once, or at the commit).
+pub async fn completing_all_at_once_completes_each_when_the_transaction_commits<
+    S: BatchingStore,
+>(
+    batching: Arc<S>,
+) {
+    let scopes = [fresh_scope(), fresh_scope(), fresh_scope()];
+    let mut tx = begin(&*batching).await;
+    let mut completions = Vec::new();
+    for (at, scope) in scopes.iter().enumerate() {
+        let lease = claimed(&mut tx, scope).await;
+        completions.push((lease, StoredResponse::new(200, format!("body {at}"))));
+    }
+    tx.complete_all(&completions).await.expect("complete_all");
+    tx.commit().await.expect("commit");
+    let store = batching.store();
+    for (at, scope) in scopes.iter().enumerate() {
+        assert_eq!(
+            completed_body(store, scope).await,
+            Some(format!("body {at}").into_bytes())
+        );
+    }
+    // A lease released before its completion.
+    let gone = fresh_scope();
+    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&gone, b"x")).await else {
+        panic!("the store claims a fresh scope");
+    };
+    store.release(&lease).await.unwrap();
+    let mut tx = begin(&*batching).await;
+    let fresh = claimed(&mut tx, &fresh_scope()).await;
+    let both = [
+        (fresh, StoredResponse::new(200, "fresh")),
+        (lease, StoredResponse::new(200, "gone")),
+    ];
+    let answered = match tx.complete_all(&both).await {
+        Ok(()) => tx.commit().await,
+        Err(error) => Err(error),
+    };
+    assert!(
+        matches!(answered, Err(StoreError::LostLease)),
+        "a lost lease among them: {answered:?}"
+    );
+}

@@ -598,6 +598,8 @@ macro_rules! __batch_cases {
             a_rollback_to_a_savepoint_undoes_only_what_was_written_since,
             savepoints_nest_and_each_operation_names_the_latest_open,
             a_released_savepoint_keeps_what_was_written_since,
+            claiming_all_at_once_answers_as_claiming_each_in_turn,
+            completing_all_at_once_completes_each_when_the_transaction_commits,
         ]}
     };
 }

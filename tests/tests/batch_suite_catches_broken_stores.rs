@@ -45,7 +45,7 @@ fn correct_own_transactions_pass_every_case() {
 
 #[test]
 fn each_defect_fails_exactly_the_cases_of_its_sentence() {
-    let expected: [(BatchDefect, &[&str]); 7] = [
+    let expected: [(BatchDefect, &[&str]); 9] = [
         (
             // A claim written at once is there before the commit, and
             // after a rollback (of the transaction or to a savepoint).
@@ -87,6 +87,14 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
                 "a_released_savepoint_keeps_what_was_written_since",
                 "savepoints_nest_and_each_operation_names_the_latest_open",
             ],
+        ),
+        (
+            BatchDefect::ClaimAllAnswersReversed,
+            &["claiming_all_at_once_answers_as_claiming_each_in_turn"],
+        ),
+        (
+            BatchDefect::CompleteAllOnlyTheFirst,
+            &["completing_all_at_once_completes_each_when_the_transaction_commits"],
         ),
     ];
     for (defect, cases) in expected {

@@ -299,6 +299,46 @@ pub trait Transaction: Send + 'static {
         Err(unbatched(Operation::Claim))
     }
 
+    /// Claims each of `requests` inside this transaction, as
+    /// [`claim`](Self::claim) would one after another, and answers each's
+    /// outcome in their order; a store that can sends them in one round
+    /// trip (Postgres: one statement). The default claims them one by one.
+    ///
+    /// # Errors
+    ///
+    /// As [`claim`](Self::claim), for the first that failed: the
+    /// transaction is then to be rolled back.
+    async fn claim_all(
+        &mut self,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for request in requests {
+            outcomes.push(self.claim(request).await?);
+        }
+        Ok(outcomes)
+    }
+
+    /// Completes the record under each lease with its response as part of
+    /// this transaction, as [`complete`](Self::complete) would one after
+    /// another; a store that can sends them in one round trip. The default
+    /// completes them one by one.
+    ///
+    /// # Errors
+    ///
+    /// As [`complete`](Self::complete), for the first that failed (a store
+    /// that sends them at once answers [`StoreError::LostLease`] if any
+    /// lease no longer holds): the transaction is then to be rolled back.
+    async fn complete_all(
+        &mut self,
+        completions: &[(Lease, StoredResponse)],
+    ) -> Result<(), StoreError> {
+        for (lease, response) in completions {
+            self.complete(lease, response).await?;
+        }
+        Ok(())
+    }
+
     /// Marks the point [`rollback_to_savepoint`](Self::rollback_to_savepoint)
     /// returns to. Savepoints nest: the rollback and the release name the
     /// latest one still open.

@@ -11,6 +11,10 @@ pub enum TransactionSharing {
     SameDatabase,
     /// Completion can be one item of the caller's multi-item transaction.
     TransactItems,
+    /// Completion can join a transaction kept in this process, which the
+    /// caller's own in-process writes join as closures run at its commit
+    /// (`idem_memory::MemoryTransaction::on_commit`).
+    InProcess,
 }
 
 /// Whether a completed record survives a restart of the store.

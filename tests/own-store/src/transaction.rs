@@ -35,6 +35,10 @@ pub enum BatchDefect {
     RollbackKeepsWrites,
     /// Undoes what was written since the savepoint it releases.
     ReleaseUndoesWrites,
+    /// Claims many at once, answering their outcomes in reverse order.
+    ClaimAllAnswersReversed,
+    /// Completes many at once, but only the first.
+    CompleteAllOnlyTheFirst,
 }
 
 /// A record the transaction writes at its commit.
@@ -223,6 +227,34 @@ impl Transaction for OwnTransaction {
             });
         }
         Ok(decision.outcome)
+    }
+
+    async fn claim_all(
+        &mut self,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for request in requests {
+            outcomes.push(self.claim(request).await?);
+        }
+        if self.defect == BatchDefect::ClaimAllAnswersReversed {
+            outcomes.reverse();
+        }
+        Ok(outcomes)
+    }
+
+    async fn complete_all(
+        &mut self,
+        completions: &[(Lease, StoredResponse)],
+    ) -> Result<(), StoreError> {
+        let take = match self.defect {
+            BatchDefect::CompleteAllOnlyTheFirst => 1,
+            _ => completions.len(),
+        };
+        for (lease, response) in completions.iter().take(take) {
+            self.complete(lease, response).await?;
+        }
+        Ok(())
     }
 
     async fn savepoint(&mut self) -> Result<(), StoreError> {
