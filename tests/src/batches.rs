@@ -127,14 +127,10 @@ async fn completed_body<S: IdempotencyStore>(store: &S, scope: &Scope) -> Option
     }
 }
 
-/// A transaction's claim is decided as the store's claim decides it: a
-/// completed record answers its response, another fingerprint a mismatch,
-/// another owner's live lease in progress, and no record a claim.
-pub async fn a_claim_in_a_transaction_is_decided_as_the_stores_claim<S: BatchingStore>(
-    batching: Arc<S>,
-) {
-    let store = batching.store();
-    let (done, held, free) = (fresh_scope(), fresh_scope(), fresh_scope());
+/// Two scopes claimed through the store: the first completed with
+/// `201 done`, the second held by its live lease.
+async fn completed_and_held<S: IdempotencyStore>(store: &S) -> (Scope, Scope) {
+    let (done, held) = (fresh_scope(), fresh_scope());
     let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&done, b"x")).await else {
         panic!("the store claims a fresh scope");
     };
@@ -146,6 +142,17 @@ pub async fn a_claim_in_a_transaction_is_decided_as_the_stores_claim<S: Batching
         store.claim(&request(&held, b"x")).await,
         Ok(ClaimOutcome::Claimed { .. })
     ));
+    (done, held)
+}
+
+/// A transaction's claim is decided as the store's claim decides it: a
+/// completed record answers its response, another fingerprint a mismatch,
+/// another owner's live lease in progress, and no record a claim.
+pub async fn a_claim_in_a_transaction_is_decided_as_the_stores_claim<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let (done, held) = completed_and_held(batching.store()).await;
+    let free = fresh_scope();
     let mut tx = begin(&*batching).await;
     match tx.claim(&request(&done, b"x")).await {
         Ok(ClaimOutcome::Completed(response)) => assert_eq!(response.body(), b"done"),
@@ -328,19 +335,8 @@ pub async fn a_released_savepoint_keeps_what_was_written_since<S: BatchingStore>
 pub async fn claiming_all_at_once_answers_as_claiming_each_in_turn<S: BatchingStore>(
     batching: Arc<S>,
 ) {
-    let store = batching.store();
-    let (first, done, held, last) = (fresh_scope(), fresh_scope(), fresh_scope(), fresh_scope());
-    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&done, b"x")).await else {
-        panic!("the store claims a fresh scope");
-    };
-    store
-        .complete(&lease, &StoredResponse::new(201, "done"))
-        .await
-        .unwrap();
-    assert!(matches!(
-        store.claim(&request(&held, b"x")).await,
-        Ok(ClaimOutcome::Claimed { .. })
-    ));
+    let (done, held) = completed_and_held(batching.store()).await;
+    let (first, last) = (fresh_scope(), fresh_scope());
     let mut tx = begin(&*batching).await;
     let requests = [&first, &done, &held, &last].map(|scope| request(scope, b"x"));
     let outcomes = tx.claim_all(&requests).await.expect("claim_all");

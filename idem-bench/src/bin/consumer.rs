@@ -13,7 +13,8 @@
 //! - **bare**: each delivery acked, one at a time, nothing else;
 //! - **floor**: the least any consumer with an inbox does, per batch of
 //!   100 deliveries: one transaction inserting their inbox rows and their
-//!   domain rows, committed, then the acks (what one commit per batch
+//!   domain rows, committed, then the acks together
+//!   (`Delivery::ack_all`, as the consumer acks: what one commit per batch
 //!   could reach);
 //! - **inbox**: every delivery through `idem_consumer::Consumer::run` with
 //!   each `--concurrency` (batches handled at once, never two deliveries
@@ -29,7 +30,9 @@
 //! largest figures hold at once: 16 batches of 100).
 //!
 //! Prints a markdown table: messages a second, the ratio to the bare
-//! consumer, and with `--count-commits` Postgres transactions per message
+//! consumer and to the floor, CPU per message split by process (this
+//! one, the broker's server, Postgres's server and backends; read from
+//! `/proc`, so other work on those processes counts too), and with `--count-commits` Postgres transactions per message
 //! (the database's `xact_commit` over the run: each batch's commit, and
 //! the pool's release check of each connection, a read-only transaction
 //! of its own) and WAL flushes to disk per message
@@ -44,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use clap::{Parser, ValueEnum};
+use idem_bench::cpu::{self, CpuPerUnit, CpuSample};
 use idem_consumer::{Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait};
 use idem_core::store::{
     InboundMessage, LogPosition, MessageParts, MessageState, NewMessage, OutboxMessage, Timestamp,
@@ -161,6 +165,14 @@ impl Orders {
     }
 }
 
+/// CPU per message as `consumer / broker / Postgres`.
+fn split(cpu: &CpuPerUnit) -> String {
+    format!(
+        "{:.0} / {:.0} / {:.0}",
+        cpu.own_us, cpu.broker_us, cpu.postgres_us
+    )
+}
+
 /// `count` messages as the outbox would publish them.
 fn messages(count: usize) -> Result<Vec<OutboxMessage>, Fail> {
     let mut batch = Vec::with_capacity(count);
@@ -259,9 +271,8 @@ async fn drain_floor<S: Source>(
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        for delivery in &batch {
-            delivery.ack().await?;
-        }
+        let acked: Vec<&S::Delivery> = batch.iter().collect();
+        Delivery::ack_all(&acked).await?;
         done += batch.len();
     }
     Ok(count as f64 / started.elapsed().as_secs_f64())
@@ -288,6 +299,8 @@ fn runs(levels: &[usize], batches: &[usize]) -> Vec<Run> {
 /// What one run with the inbox measured.
 struct Measured {
     rate: f64,
+    /// CPU per message, by process.
+    cpu: CpuPerUnit,
     /// Transactions committed, and WAL flushes to disk, per message.
     per_message: Option<(f64, f64)>,
 }
@@ -301,11 +314,13 @@ async fn drain_inbox<S: Source>(
     consumer: &Consumer<Orders>,
     done: &Notify,
     count_commits: bool,
+    processes: &[&str],
 ) -> Result<Measured, Fail> {
     let before = match count_commits {
         true => Some(commits(pool).await?),
         false => None,
     };
+    let cpu_before = CpuSample::now(processes);
     let started = Instant::now();
     tokio::time::timeout(
         Duration::from_secs(300),
@@ -313,6 +328,7 @@ async fn drain_inbox<S: Source>(
     )
     .await??;
     let rate = count as f64 / started.elapsed().as_secs_f64();
+    let cpu = CpuSample::now(processes).per_unit_since(&cpu_before, count);
     let mut per_message = None;
     if let Some((commits_before, syncs_before)) = before {
         // An idle session publishes its counts within 10 s.
@@ -324,7 +340,11 @@ async fn drain_inbox<S: Source>(
             per(syncs_after - syncs_before),
         ));
     }
-    Ok(Measured { rate, per_message })
+    Ok(Measured {
+        rate,
+        cpu,
+        per_message,
+    })
 }
 
 /// The database's committed transactions (read-only ones and the pool's
@@ -390,18 +410,23 @@ const BATCH_WAIT: Duration = Duration::from_millis(5);
 /// One broker's figures.
 struct Row {
     broker: &'static str,
+    /// The broker server's command names, for its CPU.
+    processes: &'static [&'static str],
     bare: f64,
     floor: f64,
+    floor_cpu: CpuPerUnit,
     /// By concurrency and batch size.
     inbox: Vec<((usize, usize), Measured)>,
 }
 
 impl Row {
-    fn new(broker: &'static str) -> Self {
+    fn new(broker: &'static str, processes: &'static [&'static str]) -> Self {
         Self {
             broker,
+            processes,
             bare: 0.0,
             floor: 0.0,
+            floor_cpu: CpuPerUnit::default(),
             inbox: Vec::new(),
         }
     }
@@ -419,12 +444,24 @@ impl Row {
     ) -> Result<(), Fail> {
         match kind {
             Run::Bare => self.bare = drain_bare(source, count).await?,
-            Run::Floor => self.floor = drain_floor(pool, source, count, run).await?,
+            Run::Floor => {
+                let before = CpuSample::now(self.processes);
+                self.floor = drain_floor(pool, source, count, run).await?;
+                self.floor_cpu = CpuSample::now(self.processes).per_unit_since(&before, count);
+            }
             Run::Inbox(level, batch) => {
                 let figures = (level, batch);
                 let (consumer, done) = inbox_consumer(pool, run, count, figures).await?;
-                let measured =
-                    drain_inbox(pool, source, count, &consumer, &done, count_commits).await?;
+                let measured = drain_inbox(
+                    pool,
+                    source,
+                    count,
+                    &consumer,
+                    &done,
+                    count_commits,
+                    self.processes,
+                )
+                .await?;
                 self.inbox.push((figures, measured));
             }
         }
@@ -449,7 +486,7 @@ async fn nats(
     count_commits: bool,
 ) -> Result<Row, Fail> {
     let context = jetstream::new(async_nats::connect(url).await?);
-    let mut row = Row::new("nats");
+    let mut row = Row::new("nats", cpu::NATS);
     for kind in figures.iter().copied() {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let stream = format!("BENCH_CONSUMER_{run}");
@@ -483,7 +520,7 @@ async fn rabbitmq(
 ) -> Result<Row, Fail> {
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    let mut row = Row::new("rabbitmq");
+    let mut row = Row::new("rabbitmq", cpu::RABBITMQ);
     for kind in figures.iter().copied() {
         let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let (exchange, queue) = (
@@ -533,9 +570,9 @@ async fn main() -> Result<(), Fail> {
         .connect(&pg_url)
         .await?;
     println!(
-        "| broker | bare consumer (acks only), msg/s | concurrency | batch | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | Postgres transactions per message | WAL flushes per message |"
+        "| broker | bare consumer (acks only), msg/s | concurrency | batch | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | inbox CPU µs/msg: consumer / broker / Postgres | floor CPU µs/msg: consumer / broker / Postgres | Postgres transactions per message | WAL flushes per message |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let brokers: &[Broker] = match args.broker {
         Broker::Both => &[Broker::Rabbitmq, Broker::Nats],
         one => std::slice::from_ref(match one {
@@ -572,13 +609,15 @@ async fn main() -> Result<(), Fail> {
                 |(commits, syncs)| format!("{commits:.2} | {syncs:.2}"),
             );
             println!(
-                "| {} | {:.0} | {level} | {batch} | {:.0} | {:.2} | {:.0} | {:.2} | {commits} |",
+                "| {} | {:.0} | {level} | {batch} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {} | {commits} |",
                 row.broker,
                 row.bare,
                 measured.rate,
                 measured.rate / row.bare,
                 row.floor,
                 measured.rate / row.floor,
+                split(&measured.cpu),
+                split(&row.floor_cpu),
             );
         }
     }
