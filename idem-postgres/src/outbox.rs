@@ -145,6 +145,7 @@ struct Statements {
     acquire: Arc<str>,
     read: Arc<str>,
     advance: Arc<str>,
+    advance_cursor: Arc<str>,
     due: Arc<str>,
     release: Arc<str>,
     parked: Arc<str>,
@@ -168,6 +169,19 @@ impl Statements {
         // Whether a message in the log is at or before its cursor.
         let passed =
             "(r.state IS NULL AND (r.okey, r.pos) <= (p.cursor_key, p.cursor_pos)) AS passed";
+        // The partition's row, fenced by the lease: renewed, its cursor
+        // moved forward only.
+        let moved = format!(
+            "UPDATE {p} AS p SET lease_until = c.now + $3, \
+               cursor_key = CASE WHEN $4::bigint IS NOT NULL \
+                 AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
+                 THEN $4::bigint ELSE p.cursor_key END, \
+               cursor_pos = CASE WHEN $4::bigint IS NOT NULL \
+                 AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
+                 THEN $5::bigint ELSE p.cursor_pos END \
+               FROM c WHERE p.part = $1 AND p.owner = $2 AND p.lease_until > c.now \
+               RETURNING p.part, p.lease_until, p.cursor_key, p.cursor_pos"
+        );
         Self {
             partitions: options.partitions,
             enqueue: format!(
@@ -188,15 +202,19 @@ impl Statements {
             .into(),
             // Walks the log's index from the position given, up to the
             // oldest transaction still running (both bounds of the index
-            // scan), and tests each message's aggregate for a message in
-            // the lane with one probe of the lane's index.
+            // scan), and, only if the partition's lane holds anything (one
+            // probe of the lane's index for the statement), tests each
+            // message's aggregate for a message in the lane with one probe
+            // more: an empty lane, the usual case, costs no probe a row.
             read: format!(
                 "WITH x AS MATERIALIZED (SELECT {xmin}() AS xmin), \
-                 p AS MATERIALIZED (SELECT cursor_key, cursor_pos FROM {p} WHERE part = $1) \
-                 SELECT {row}, {passed}, EXISTS (SELECT 1 FROM {t} AS l \
+                 p AS MATERIALIZED (SELECT cursor_key, cursor_pos FROM {p} WHERE part = $1), \
+                 lane AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM {t} AS l \
+                   WHERE l.part = $1 AND l.state IN ('waiting', 'parked')) AS busy) \
+                 SELECT {row}, {passed}, CASE WHEN lane.busy THEN EXISTS (SELECT 1 FROM {t} AS l \
                    WHERE l.part = r.part AND l.aggregate = r.aggregate \
-                     AND l.state IN ('waiting', 'parked')) AS blocked \
-                 FROM {t} AS r CROSS JOIN x LEFT JOIN p ON true \
+                     AND l.state IN ('waiting', 'parked')) ELSE false END AS blocked \
+                 FROM {t} AS r CROSS JOIN x CROSS JOIN lane LEFT JOIN p ON true \
                  WHERE r.part = $1 AND r.state IS NULL AND (r.part, r.okey, r.pos) > ($1, $2, $3) \
                    AND r.okey < x.xmin \
                  ORDER BY r.okey, r.pos LIMIT $4"
@@ -208,15 +226,7 @@ impl Statements {
             // that row and in the state it was read in. The back-off
             // saturates at the largest time a bigint holds.
             advance: format!(
-                "{clock}, p AS (UPDATE {p} AS p SET lease_until = c.now + $3, \
-                   cursor_key = CASE WHEN $4::bigint IS NOT NULL \
-                     AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
-                     THEN $4::bigint ELSE p.cursor_key END, \
-                   cursor_pos = CASE WHEN $4::bigint IS NOT NULL \
-                     AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
-                     THEN $5::bigint ELSE p.cursor_pos END \
-                   FROM c WHERE p.part = $1 AND p.owner = $2 AND p.lease_until > c.now \
-                   RETURNING p.part, p.lease_until, p.cursor_key, p.cursor_pos), \
+                "{clock}, p AS ({moved}), \
                  f AS (UPDATE {t} AS r SET attempts = least(r.attempts + 1, 4294967295), \
                    last_error = e.error, \
                    available_at = c.now + least(e.retry, 9223372036854775807 - c.now), \
@@ -233,6 +243,11 @@ impl Statements {
                  SELECT p.lease_until, p.cursor_key, p.cursor_pos FROM p"
             )
             .into(),
+            // The advance of a batch that failed, held and sent nothing
+            // from the lane (most batches): the partition's row alone, a
+            // statement Postgres plans once for the session where the
+            // whole advance is planned again at every call.
+            advance_cursor: format!("{clock} {moved}").into(),
             // Each aggregate's first message in the lane (the lane's index
             // in order), then those waiting and due, oldest first.
             due: format!(
@@ -738,37 +753,48 @@ impl OutboxStore for Messages {
         let part = self.partition(lease.partition())?;
         let to = advance.to.map(position_columns);
         let failed = &advance.failed;
-        let row = sqlx::query(AssertSqlSafe(self.sql.advance.clone()))
-            .bind(part)
-            .bind(lease.owner().as_uuid())
-            .bind(millis(lease.lease()))
-            .bind(to.map(|(key, _)| key))
-            .bind(to.map(|(_, pos)| pos))
-            .bind(failed.iter().map(|f| f.id.as_uuid()).collect::<Vec<_>>())
-            .bind(
-                failed
-                    .iter()
-                    .map(|f| i64::from(f.attempts))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(failed.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
-            .bind(
-                failed
-                    .iter()
-                    .map(|f| millis(f.retry_after))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                failed
-                    .iter()
-                    .map(|f| i64::from(f.max_attempts))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(uuids(&advance.held))
-            .bind(uuids(&advance.sent))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| classify(OP, e))?;
+        let row = if failed.is_empty() && advance.held.is_empty() && advance.sent.is_empty() {
+            sqlx::query(AssertSqlSafe(self.sql.advance_cursor.clone()))
+                .bind(part)
+                .bind(lease.owner().as_uuid())
+                .bind(millis(lease.lease()))
+                .bind(to.map(|(key, _)| key))
+                .bind(to.map(|(_, pos)| pos))
+                .fetch_optional(&self.pool)
+                .await
+        } else {
+            sqlx::query(AssertSqlSafe(self.sql.advance.clone()))
+                .bind(part)
+                .bind(lease.owner().as_uuid())
+                .bind(millis(lease.lease()))
+                .bind(to.map(|(key, _)| key))
+                .bind(to.map(|(_, pos)| pos))
+                .bind(failed.iter().map(|f| f.id.as_uuid()).collect::<Vec<_>>())
+                .bind(
+                    failed
+                        .iter()
+                        .map(|f| i64::from(f.attempts))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(failed.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
+                .bind(
+                    failed
+                        .iter()
+                        .map(|f| millis(f.retry_after))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    failed
+                        .iter()
+                        .map(|f| i64::from(f.max_attempts))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(uuids(&advance.held))
+                .bind(uuids(&advance.sent))
+                .fetch_optional(&self.pool)
+                .await
+        }
+        .map_err(|e| classify(OP, e))?;
         let Some(row) = row else {
             return Err(StoreError::LostLease);
         };
