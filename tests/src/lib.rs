@@ -566,7 +566,8 @@ where
 }
 
 /// Expands to one `#[test]` per case of a record store's transactions
-/// that batch ([`batches`]: a claim inside a transaction, savepoints), each
+/// that batch ([`batches`]: a claim inside a transaction, many claims and
+/// completions at once, savepoints), each
 /// building its [`BatchingStore`] with the given `async` expression; every
 /// case works in scopes of its own.
 ///
