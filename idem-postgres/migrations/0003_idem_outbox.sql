@@ -124,6 +124,121 @@ AS $$
     SELECT (pg_snapshot_xmin(pg_current_snapshot())::text)::bigint
 $$;
 
+-- Up to p_limit messages of partition p_part's log after (p_key, p_pos),
+-- in log order, below the oldest transaction still running (the snapshot's
+-- xmin, so no late commit is ever passed), each with whether its
+-- partition's cursor passed it and whether its aggregate has a message in
+-- the retry lane (blocked): PostgresOutbox's read.
+--
+-- Both bounds of the walk are row comparisons naming the partition: beside
+-- an equality on part, Postgres starts the scan at the partition's first
+-- entry and walks every sent message still stored before the position.
+-- Only if the lane holds anything (one probe for the call) is each
+-- message's aggregate looked up in it. A function, so that its plan is made
+-- once per session, whatever the position: as a statement, Postgres planned
+-- it again at every batch, which cost as much as running it. No JIT: the
+-- planner's guess for a large log would turn it on, and compiling costs
+-- far more than the read.
+CREATE OR REPLACE FUNCTION idem_outbox_read(
+    p_part  integer,
+    p_key   bigint,
+    p_pos   bigint,
+    p_limit bigint
+)
+RETURNS TABLE (
+    o_id            uuid,
+    o_aggregate     text,
+    o_sequence      bigint,
+    o_part          integer,
+    o_okey          bigint,
+    o_pos           bigint,
+    o_kind          text,
+    o_header_names  text[],
+    o_header_values text[],
+    o_payload       bytea,
+    o_state         text,
+    o_attempts      bigint,
+    o_last_error    text,
+    o_enqueued_at   bigint,
+    o_available_at  bigint,
+    o_sent_at       bigint,
+    o_passed        boolean,
+    o_blocked       boolean
+)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH x AS MATERIALIZED (SELECT idem_outbox_xmin() AS xmin),
+    c AS MATERIALIZED (
+        SELECT q.cursor_key, q.cursor_pos FROM idem_outbox_partitions AS q WHERE q.part = p_part
+    ),
+    lane AS MATERIALIZED (
+        SELECT EXISTS (SELECT 1 FROM idem_outbox AS l
+                       WHERE l.part = p_part AND l.state IN ('waiting', 'parked')) AS busy
+    )
+    SELECT r.id, r.aggregate, r.sequence, r.part, r.okey, r.pos, r.kind, r.header_names,
+           r.header_values, r.payload, r.state, r.attempts, r.last_error, r.enqueued_at,
+           r.available_at, r.sent_at,
+           (r.state IS NULL AND (r.okey, r.pos) <= (c.cursor_key, c.cursor_pos)),
+           CASE WHEN lane.busy THEN EXISTS (
+               SELECT 1 FROM idem_outbox AS l
+               WHERE l.part = r.part AND l.aggregate = r.aggregate
+                 AND l.state IN ('waiting', 'parked')
+           ) ELSE false END
+    FROM idem_outbox AS r CROSS JOIN lane LEFT JOIN c ON true
+    WHERE r.state IS NULL AND (r.part, r.okey, r.pos) > (p_part, p_key, p_pos)
+      AND (r.part, r.okey) < (p_part, (SELECT x.xmin FROM x))
+    ORDER BY r.part, r.okey, r.pos
+    LIMIT p_limit;
+END
+$$;
+
+-- Each partition's holder, cursor, pending log (walked from the cursor,
+-- bounded as a read is), retry lane and the oldest of each, by the server's
+-- clock: PostgresOutbox's stats. A function only to turn JIT off: the
+-- planner's guess of the pending log grows with the table, and past a
+-- threshold it compiles the statement, which costs a large table hundreds
+-- of milliseconds at every call.
+CREATE OR REPLACE FUNCTION idem_outbox_stats()
+RETURNS TABLE (
+    o_part           integer,
+    o_owner          uuid,
+    o_lease_until    bigint,
+    o_cursor_key     bigint,
+    o_cursor_pos     bigint,
+    o_now            bigint,
+    o_logged         bigint,
+    o_logged_oldest  bigint,
+    o_waiting        bigint,
+    o_waiting_oldest bigint,
+    o_parked         bigint
+)
+LANGUAGE sql VOLATILE
+SET jit = off
+AS $$
+    WITH c AS MATERIALIZED (SELECT idem_outbox_now() AS now)
+    SELECT p.part, p.owner, p.lease_until, p.cursor_key, p.cursor_pos, c.now,
+           l.pending, l.oldest, w.waiting, w.oldest, w.parked
+    FROM idem_outbox_partitions AS p CROSS JOIN c
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(r.enqueued_at) AS oldest
+        FROM idem_outbox AS r
+        WHERE r.state IS NULL AND r.part <= p.part
+          AND (r.part, r.okey, r.pos) > (p.part, p.cursor_key, p.cursor_pos)
+    ) AS l
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE r.state = 'waiting') AS waiting,
+               min(r.enqueued_at) FILTER (WHERE r.state = 'waiting') AS oldest,
+               count(*) FILTER (WHERE r.state = 'parked') AS parked
+        FROM idem_outbox AS r
+        WHERE r.part = p.part AND r.state IN ('waiting', 'parked')
+    ) AS w
+    ORDER BY p.part
+$$;
+
 -- Sets the partition count: rows 0 to p_count - 1. A count can change only
 -- while nothing waits to be published (an aggregate would move partitions
 -- with messages of it unsent, and lose its order).

@@ -556,7 +556,7 @@ mod tests {
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events ("));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events_aggregates ("));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events_partitions ("));
-        for function in ["now", "xmin", "enqueue", "set_partitions"] {
+        for function in ["now", "xmin", "enqueue", "set_partitions", "read", "stats"] {
             assert!(
                 sql.contains(&format!("FUNCTION app.events_{function}(")),
                 "{function}"

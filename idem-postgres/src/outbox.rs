@@ -161,7 +161,6 @@ impl Statements {
         let t = table.derived("");
         let p = table.derived("_partitions");
         let now = table.derived("_now");
-        let xmin = table.derived("_xmin");
         let row = aliased(&COLUMNS, "r.");
         // Each statement reads the clock once, in a materialized CTE (a
         // scalar subquery per use would read it once per use).
@@ -200,24 +199,13 @@ impl Statements {
                  RETURNING p.part, p.lease_until, p.cursor_key, p.cursor_pos"
             )
             .into(),
-            // Walks the log's index from the position given, up to the
-            // oldest transaction still running (both bounds of the index
-            // scan), and, only if the partition's lane holds anything (one
-            // probe of the lane's index for the statement), tests each
-            // message's aggregate for a message in the lane with one probe
-            // more: an empty lane, the usual case, costs no probe a row.
+            // The read is a function of the migration, planned once per
+            // session (see there); its columns renamed as every statement
+            // reads them.
             read: format!(
-                "WITH x AS MATERIALIZED (SELECT {xmin}() AS xmin), \
-                 p AS MATERIALIZED (SELECT cursor_key, cursor_pos FROM {p} WHERE part = $1), \
-                 lane AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM {t} AS l \
-                   WHERE l.part = $1 AND l.state IN ('waiting', 'parked')) AS busy) \
-                 SELECT {row}, {passed}, CASE WHEN lane.busy THEN EXISTS (SELECT 1 FROM {t} AS l \
-                   WHERE l.part = r.part AND l.aggregate = r.aggregate \
-                     AND l.state IN ('waiting', 'parked')) ELSE false END AS blocked \
-                 FROM {t} AS r CROSS JOIN x CROSS JOIN lane LEFT JOIN p ON true \
-                 WHERE r.part = $1 AND r.state IS NULL AND (r.part, r.okey, r.pos) > ($1, $2, $3) \
-                   AND r.okey < x.xmin \
-                 ORDER BY r.okey, r.pos LIMIT $4"
+                "SELECT * FROM {}($1, $2, $3, $4) AS r({}, passed, blocked)",
+                table.derived("_read"),
+                COLUMNS.join(", ")
             )
             .into(),
             // One statement: the partition's row (fenced by the lease,
@@ -305,20 +293,11 @@ impl Statements {
                    LIMIT $2)"
             )
             .into(),
+            // A function of the migration, without JIT (see there).
             stats: format!(
-                "{clock} SELECT p.part, p.owner, p.lease_until, p.cursor_key, p.cursor_pos, c.now, \
-                   l.pending AS logged, l.oldest AS logged_oldest, \
-                   w.waiting, w.oldest AS waiting_oldest, w.parked \
-                 FROM {p} AS p CROSS JOIN c \
-                 CROSS JOIN LATERAL (SELECT count(*) AS pending, min(r.enqueued_at) AS oldest \
-                   FROM {t} AS r WHERE r.part = p.part AND r.state IS NULL \
-                     AND (r.part, r.okey, r.pos) > (p.part, p.cursor_key, p.cursor_pos)) AS l \
-                 CROSS JOIN LATERAL (SELECT \
-                     count(*) FILTER (WHERE r.state = 'waiting') AS waiting, \
-                     min(r.enqueued_at) FILTER (WHERE r.state = 'waiting') AS oldest, \
-                     count(*) FILTER (WHERE r.state = 'parked') AS parked \
-                   FROM {t} AS r WHERE r.part = p.part AND r.state IN ('waiting', 'parked')) AS w \
-                 ORDER BY p.part"
+                "SELECT * FROM {}() AS s(part, owner, lease_until, cursor_key, cursor_pos, now, \
+                 logged, logged_oldest, waiting, waiting_oldest, parked)",
+                table.derived("_stats")
             )
             .into(),
         }

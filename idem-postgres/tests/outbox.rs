@@ -1154,19 +1154,6 @@ async fn an_event_enqueued_inside_run_in_commits_with_the_record_and_only_once()
     );
 }
 
-/// Rows of `table` read in the current transaction of `tx`: by scans and
-/// through indexes, dead versions included.
-async fn rows_read(tx: &mut sqlx::PgConnection, table: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT (seq_tup_read + coalesce(idx_tup_fetch, 0))::bigint \
-         FROM pg_stat_xact_user_tables WHERE relid = $1::regclass",
-    )
-    .bind(table)
-    .fetch_one(tx)
-    .await
-    .unwrap()
-}
-
 /// The partition count is the options', set by `migrate`: messages land in
 /// their aggregates' partitions; it grows or shrinks only while nothing is
 /// unsent, and a migrate that would move unsent messages is refused.
@@ -1258,13 +1245,45 @@ async fn an_earlier_versions_table_is_replaced_only_when_nothing_is_unsent() {
     assert_eq!(log(&outbox, 1).await.messages[0].id(), placed.id());
 }
 
-/// A read of 100 from a log of 5,000 whose first 2,500 were sent reads
-/// about its batch, never the log: on a new table with no statistics, and
-/// on one whose statistics were taken when it was empty. Read in a
-/// transaction rolled back after, where the table's read counts are its
-/// own.
+/// Index blocks of `index` that `statement` reads, run alone on `tx`'s
+/// connection: the server's counts, flushed as the statement ends and read
+/// on `pool` before and after.
+async fn index_blocks_read(
+    pool: &PgPool,
+    tx: &mut sqlx::PgConnection,
+    index: &str,
+    statement: &str,
+) -> i64 {
+    let blocks = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT (idx_blks_hit + idx_blks_read)::bigint FROM pg_statio_user_indexes \
+             WHERE indexrelid = $1::regclass",
+        )
+        .bind(index)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let before = blocks().await;
+    // One simple query: the backend flushes its counts once both ran, as
+    // it goes idle, before it answers.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT pg_stat_force_next_flush(); {statement}"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    blocks().await - before
+}
+
+/// A read of 100 from the end of a log of 20,000 already sent, and the
+/// stats' count of the 100 past the cursor, walk the log's index from the
+/// position: a few blocks, not the 80 or so of the whole log (an equality
+/// on the partition beside the row comparison made Postgres start at the
+/// partition's first entry). On a new table with no statistics, and on one
+/// whose statistics were taken when it was empty.
 #[tokio::test]
-async fn a_read_reads_its_batch_not_the_log_whatever_the_statistics() {
+async fn a_read_and_the_stats_walk_the_log_from_the_position_not_from_its_start() {
     let pool = common::pool().await;
     let fill = |table: String| {
         let pool = pool.clone();
@@ -1273,7 +1292,7 @@ async fn a_read_reads_its_batch_not_the_log_whatever_the_statistics() {
                 "INSERT INTO {table} (okey, part, id, aggregate, sequence, kind, header_names, \
                  header_values, payload, enqueued_at, available_at) \
                  SELECT 1, 0, gen_random_uuid(), 'order-' || (i % 100), 1 + i / 100, 'order.placed', \
-                 '{{}}', '{{}}', '\\x00', i, i FROM generate_series(0, 4999) i"
+                 '{{}}', '{{}}', '\\x00', i, i FROM generate_series(0, 19999) i"
             )))
             .execute(&pool)
             .await
@@ -1291,27 +1310,84 @@ async fn a_read_reads_its_batch_not_the_log_whatever_the_statistics() {
         .unwrap();
     fill(stale.clone()).await;
 
-    for (table, outbox) in [(no_statistics, fresh), (stale, analyzed)] {
-        let middle = log(&outbox, 1000).await.messages[999].parts().position;
-        let mut tx = pool.begin().await.unwrap();
-        let read: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM (SELECT r.id FROM {table} AS r \
-             WHERE r.part = 0 AND r.state IS NULL AND (r.part, r.okey, r.pos) > (0, $1, $2) \
-               AND r.okey < {table}_xmin() ORDER BY r.okey, r.pos LIMIT 100) AS b"
-        )))
-        .bind(i64::try_from(middle.major()).unwrap())
-        .bind(i64::try_from(middle.minor()).unwrap())
-        .fetch_one(&mut *tx)
+    let mut alone = common::pool_for(&common::url(), 1)
+        .await
+        .acquire()
         .await
         .unwrap();
-        let rows = rows_read(&mut tx, &table).await;
-        tx.rollback().await.unwrap();
-        assert_eq!(read, 100, "{table}");
-        assert!(rows < 500, "{table}: {rows} rows read for a batch of 100");
-        // The store's own read, the lane's probes included, reads the
-        // same batch.
-        let batch = outbox.read(0, middle, 100).await.unwrap();
+    for (table, outbox) in [(no_statistics, fresh), (stale, analyzed)] {
+        let (key, pos): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT okey, pos FROM {table} ORDER BY okey, pos OFFSET 19899 LIMIT 1"
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let index = format!("{table}_log_idx");
+        let read = index_blocks_read(
+            &pool,
+            &mut alone,
+            &index,
+            &format!("SELECT count(*) FROM {table}_read(0, {key}, {pos}, 100)"),
+        )
+        .await;
+        assert!(
+            read <= 10,
+            "{table}: a read of 100 read {read} index blocks"
+        );
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {table}_partitions SET cursor_key = {key}, cursor_pos = {pos} WHERE part = 0"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let counted = index_blocks_read(
+            &pool,
+            &mut alone,
+            &index,
+            &format!("SELECT * FROM {table}_stats()"),
+        )
+        .await;
+        assert!(
+            counted <= 10,
+            "{table}: the stats read {counted} index blocks"
+        );
+        // The store's own read and stats answer the same batch.
+        let position = LogPosition::new(u64::try_from(key).unwrap(), u64::try_from(pos).unwrap());
+        let batch = outbox.read(0, position, 1000).await.unwrap();
         assert_eq!(batch.messages.len(), 100);
         assert!(batch.blocked.is_empty());
+        assert_eq!(stats(&outbox).await.pending, 100);
+    }
+}
+
+/// The read and the stats are functions that Postgres plans once per
+/// session and never compiles: planning the read anew cost as much as
+/// running it, and JIT, which the planner's guess for a large log turns on,
+/// hundreds of milliseconds a call.
+#[tokio::test]
+async fn the_read_is_planned_once_per_session_and_neither_is_compiled() {
+    let pool = common::pool().await;
+    let table = fresh_table();
+    outbox_on(pool.clone(), &table).await;
+    for (function, settings) in [
+        (
+            "read",
+            vec!["jit=off", "plan_cache_mode=force_generic_plan"],
+        ),
+        ("stats", vec!["jit=off"]),
+    ] {
+        let config: Vec<String> = sqlx::query_scalar(
+            "SELECT coalesce(proconfig, '{}') FROM pg_proc WHERE oid = $1::regproc",
+        )
+        .bind(format!("{table}_{function}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        for setting in settings {
+            assert!(
+                config.iter().any(|c| c == setting),
+                "{function}: {config:?}"
+            );
+        }
     }
 }

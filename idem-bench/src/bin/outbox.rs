@@ -4,13 +4,13 @@
 //! async-nats).
 //!
 //! ```text
-//! cargo run --release -p idem-bench --bin idem-bench-outbox -- --broker both --messages 5000 --duration 5 --in-flight 4
+//! cargo run --release -p idem-bench --bin idem-bench-outbox -- --broker both --messages 20000 --duration 5 --in-flight 4
 //! ```
 //!
 //! For each broker:
 //!
 //! 1. **Throughput.** A Postgres outbox of 1 or 2 partitions on a fresh
-//!    table, pre-filled with `--messages` over `--aggregates`, drained by
+//!    table, pre-filled with `--messages` (`--batch-one-messages` at batch 1) over `--aggregates`, drained by
 //!    one relay holding every partition (one publisher, one broker
 //!    connection: a first batch of each partition by `Relay::relay_once`,
 //!    then `Relay::drain` until every message is published) at batch 1 and
@@ -210,9 +210,15 @@ struct Args {
     /// request at a time, far slower than DynamoDB.
     #[arg(long, default_value_t = 1000)]
     dynamo_messages: usize,
-    /// Messages per throughput measurement (relay and raw alike).
-    #[arg(long, default_value_t = 5000)]
+    /// Messages per throughput measurement (relay and raw alike) at batch
+    /// 100: enough that what a drain pays once (its first pass, each
+    /// connection preparing its statements) is not what it measures.
+    #[arg(long, default_value_t = 20000)]
     messages: usize,
+    /// Messages per throughput measurement at batch 1, where each costs a
+    /// round trip to the broker and two to Postgres.
+    #[arg(long, default_value_t = 5000)]
+    batch_one_messages: usize,
     /// Aggregates the messages are spread over (a relay batch holds at most
     /// one message of each).
     #[arg(long, default_value_t = 100)]
@@ -475,13 +481,23 @@ impl Pg {
 }
 
 /// A pool of `max` connections that does not ping before each use, so one
-/// store operation is one round trip.
+/// store operation is one round trip, with every connection open: as a
+/// running service's pool is, so no measurement counts connecting (tens of
+/// milliseconds of both processes' CPU each).
 async fn pool(options: PgConnectOptions, max: u32) -> Result<PgPool, BenchError> {
-    Ok(idem_postgres::guarded(PgPoolOptions::new())
+    let pool = idem_postgres::guarded(PgPoolOptions::new())
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
-        .await?)
+        .await?;
+    let mut open = Vec::new();
+    for _ in 0..max {
+        open.push(pool.acquire());
+    }
+    for connection in futures_util::future::join_all(open).await {
+        connection?;
+    }
+    Ok(pool)
 }
 
 /// The value of an environment variable that scripts/services.sh sets.
@@ -1372,7 +1388,11 @@ async fn throughput(
     aggregates: usize,
     args: &Args,
 ) -> Result<Vec<Throughput>, BenchError> {
-    let messages = args.messages;
+    let messages = if batch == 1 {
+        args.batch_one_messages
+    } else {
+        args.messages
+    };
     let processes = broker.processes();
     broker.purge().await?;
     let floor_name = format!("floor_{}_b{batch}_a{aggregates}", broker.name());
@@ -1861,7 +1881,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
     let _ = writeln!(
         md,
         "## Outbox relay against the raw broker client\n\n\
-         {} messages per measurement, over {} aggregates (and over {} at batch {} in the last \
+         {} messages per measurement ({} at batch 1), over {} aggregates (and over {} at batch {} in the last \
          rows), message i to aggregate i mod aggregates, pre-filled in a fresh Postgres outbox \
          of 1 or 2 partitions and drained by one relay holding them all (one publisher, one \
          broker connection) with 1 or {} batches in flight per partition \
@@ -1883,6 +1903,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          prepares the statements, in parentheses; sqlx's pings of connections returning to the \
          pool apart.\n",
         args.messages,
+        args.batch_one_messages,
         args.aggregates,
         args.wide_aggregates,
         WIDE_BATCH,
@@ -2076,8 +2097,10 @@ fn markdown(lines: &[Line], args: &Args) -> String {
 /// Every broker asked for, each removed after its measurements whatever
 /// they gave; the schema last.
 async fn run(args: &Args) -> Result<Vec<Line>, BenchError> {
-    if args.messages == 0 || args.aggregates == 0 {
-        return Err("--messages and --aggregates must be more than zero".into());
+    if args.messages == 0 || args.batch_one_messages == 0 || args.aggregates == 0 {
+        return Err(
+            "--messages, --batch-one-messages and --aggregates must be more than zero".into(),
+        );
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
     let pg = Pg::connect(&id).await?;
