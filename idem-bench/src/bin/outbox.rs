@@ -162,9 +162,6 @@ const LATENCY_BATCH: usize = 100;
 /// Enqueueing tasks that pre-fill an outbox, each with aggregates of its own.
 const FILL_TASKS: usize = 4;
 
-/// Messages per pre-filling transaction.
-const FILL_CHUNK: usize = 100;
-
 /// How long a drain, a raw run or the wait for the last arrival may take
 /// before the run gives up (a stuck broker, not a slow one).
 const PATIENCE: Duration = Duration::from_secs(300);
@@ -219,8 +216,9 @@ struct Args {
     /// round trip to the broker and two to Postgres.
     #[arg(long, default_value_t = 5000)]
     batch_one_messages: usize,
-    /// Aggregates the messages are spread over (a relay batch holds at most
-    /// one message of each).
+    /// Aggregates the messages are spread over (pre-filled in rounds of one
+    /// message of each: a relay batch holds at most one message of each
+    /// while its partition holds a batch's worth of aggregates).
     #[arg(long, default_value_t = 100)]
     aggregates: usize,
     /// Aggregates of a last throughput measurement at batch 100 (skipped
@@ -277,6 +275,9 @@ struct Throughput {
     /// added up over batches. With batches in flight the three parts
     /// overlap, so they add up to more than `relay_seconds`.
     relay_publish_seconds: f64,
+    /// The publisher's calls per batch: the waves a batch went out in
+    /// (never two messages of one aggregate at the broker at once).
+    relay_waves_per_batch: f64,
     /// The time spent in the store's reads, added up.
     relay_read_seconds: f64,
     /// The time spent in the store's advances, added up.
@@ -508,43 +509,57 @@ fn env(name: &str) -> Result<String, BenchError> {
 }
 
 /// Enqueues `messages` over `aggregates`, message `i` to aggregate
-/// `i % aggregates`, from [`FILL_TASKS`] tasks with aggregates of their
-/// own, [`FILL_CHUNK`] messages a transaction.
+/// `i % aggregates`, in rounds of one message of each aggregate: the
+/// [`FILL_TASKS`] tasks each enqueue a round's messages of their own
+/// aggregates in one transaction, and a round starts once the last one
+/// committed. So each log holds the messages in the raw publish's order,
+/// by rounds, and a relay batch holds at most one message of each
+/// aggregate, as the raw publish's batches do, while its partition holds a
+/// batch's worth of aggregates (100 aggregates over 2 partitions put two
+/// messages of some in each batch of 100).
 async fn fill(
     outbox: &PostgresOutbox,
     messages: usize,
     aggregates: usize,
 ) -> Result<(), BenchError> {
-    let tasks: Vec<JoinHandle<Result<(), BenchError>>> = (0..FILL_TASKS)
-        .map(|task| {
-            let outbox = outbox.clone();
-            tokio::spawn(async move {
-                let mine: Vec<usize> = (0..messages)
+    for first in (0..messages).step_by(aggregates) {
+        let round = first..(first + aggregates).min(messages);
+        let tasks: Vec<JoinHandle<Result<(), BenchError>>> = (0..FILL_TASKS)
+            .map(|task| {
+                let outbox = outbox.clone();
+                let mine: Vec<usize> = round
+                    .clone()
                     .filter(|i| (i % aggregates) % FILL_TASKS == task)
                     .collect();
-                for chunk in mine.chunks(FILL_CHUNK) {
+                tokio::spawn(async move {
+                    if mine.is_empty() {
+                        return Ok(());
+                    }
                     let mut tx = outbox.pool().begin().await?;
-                    for &i in chunk {
+                    for i in mine {
                         let message = NewMessage::new(&aggregate(i, aggregates), KIND, payload(i))?;
                         outbox.enqueue_in(&mut tx, &message).await?;
                     }
                     tx.commit().await?;
-                }
-                Ok(())
+                    Ok(())
+                })
             })
-        })
-        .collect();
-    for task in tasks {
-        task.await??;
+            .collect();
+        for task in tasks {
+            task.await??;
+        }
     }
     Ok(())
 }
 
 /// A publisher that adds up the time its batches take, so a relay pass
-/// splits into publishing and the rest (the store's round trips).
+/// splits into publishing and the rest (the store's round trips), and
+/// counts them: a relay batch holding several messages of one aggregate
+/// goes to the broker in as many waves, each awaiting the last's confirms.
 struct Timed {
     inner: Arc<dyn Publisher>,
     nanos: AtomicU64,
+    calls: AtomicU64,
 }
 
 #[async_trait]
@@ -553,6 +568,7 @@ impl Publisher for Timed {
         let started = Instant::now();
         let results = self.inner.publish(batch).await;
         add_elapsed(&self.nanos, started);
+        self.calls.fetch_add(1, Ordering::SeqCst);
         results
     }
 }
@@ -672,6 +688,8 @@ struct Drain {
     elapsed: Duration,
     /// Of which in the publisher, to the broker's last confirm.
     publishing: Duration,
+    /// The publisher's calls: waves sent to the broker.
+    publishes: u64,
     /// Of which in the store's reads (logs and retry lanes).
     reading: Duration,
     /// Of which in the store's advances (cursor moves and failures).
@@ -804,6 +822,7 @@ async fn relay_drain(
     let timed = Arc::new(Timed {
         inner: publisher,
         nanos: AtomicU64::new(0),
+        calls: AtomicU64::new(0),
     });
     let store = Arc::new(TimedStore {
         inner: outbox,
@@ -832,6 +851,7 @@ async fn relay_drain(
     let mut drain = Drain {
         elapsed: Duration::ZERO,
         publishing: Duration::ZERO,
+        publishes: 0,
         reading: Duration::ZERO,
         advancing: Duration::ZERO,
         writes: 0,
@@ -858,6 +878,7 @@ async fn relay_drain(
     drain.elapsed = started.elapsed();
     drain.cpu = CpuSample::now(broker).per_unit_since(&cpu_before, messages);
     drain.publishing = Duration::from_nanos(timed.nanos.load(Ordering::SeqCst));
+    drain.publishes = timed.calls.load(Ordering::SeqCst);
     drain.reading = Duration::from_nanos(store.reading.load(Ordering::SeqCst));
     drain.advancing = Duration::from_nanos(store.advancing.load(Ordering::SeqCst));
     drain.writes = store.advances.load(Ordering::SeqCst);
@@ -1500,6 +1521,7 @@ async fn throughput(
             ratio: relay_msgs_per_s / raw_msgs_per_s,
             relay_seconds: drain.elapsed.as_secs_f64(),
             relay_publish_seconds: drain.publishing.as_secs_f64(),
+            relay_waves_per_batch: drain.publishes as f64 / drain.batches.max(1) as f64,
             relay_read_seconds: drain.reading.as_secs_f64(),
             relay_advance_seconds: drain.advancing.as_secs_f64(),
             pg_writes_per_batch: drain.writes as f64 / drain.batches.max(1) as f64,
@@ -1892,7 +1914,10 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          messages of the same shape to the same broker in batches of the same size, awaiting \
          every confirm (RabbitMQ) or PubAck (JetStream) of a batch before the next. relay/raw is \
          relay msg/s over raw msg/s, each from its first message to its last confirm (relay: \
-         to its last advance). The read, publish and advance columns are each stage's time added \
+         to its last advance). Broker waves per batch are the publisher's calls: a batch holding \
+         several messages of one aggregate goes out in as many waves, each sent once the one \
+         before it is confirmed, so a failure stops its aggregate there (the raw publish and the \
+         floor send each batch at once). The read, publish and advance columns are each stage's time added \
          up over the drain and divided by its batches; with batches in flight they overlap, so \
          they add up to more than the time a batch takes. PG writes per batch are the store's \
          advances (each writes the partition's one row); dead rows are the message table's and \
@@ -1912,15 +1937,15 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         COUNTED_MESSAGES
     );
     md.push_str(
-        "| broker | batch | aggregates | partitions | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: read + publish + advance | PG writes / batch | PG round trips / batch | sqlx pings / batch | dead rows: messages, partitions | batches | failed relay/raw |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | partitions | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: read + publish + advance | broker waves / batch | PG writes / batch | PG round trips / batch | sqlx pings / batch | dead rows: messages, partitions | batches | failed relay/raw |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line {
             let per_batch = |seconds: f64| seconds * 1000.0 / t.batches.max(1) as f64;
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} | {:.2} ({}) | {:.2} | {}, {} | {} | {}/{} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} | {:.2} | {:.2} ({}) | {:.2} | {}, {} | {} | {}/{} |",
                 t.broker,
                 t.batch,
                 t.aggregates,
@@ -1932,6 +1957,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 per_batch(t.relay_read_seconds),
                 per_batch(t.relay_publish_seconds),
                 per_batch(t.relay_advance_seconds),
+                t.relay_waves_per_batch,
                 t.pg_writes_per_batch,
                 t.pg_round_trips_per_batch,
                 t.pg_round_trips_first_batch,
