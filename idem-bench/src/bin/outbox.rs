@@ -696,9 +696,6 @@ struct Drain {
     advancing: Duration,
     /// The store's advances: its writes.
     writes: u64,
-    /// Dead rows of the message table and of its partition table once the
-    /// drain is over, by the server's statistics.
-    dead_rows: (i64, i64),
     batches: u64,
     first_batch: u64,
     /// Batches after the first, and their statement round trips.
@@ -855,7 +852,6 @@ async fn relay_drain(
         reading: Duration::ZERO,
         advancing: Duration::ZERO,
         writes: 0,
-        dead_rows: (0, 0),
         batches: 0,
         first_batch: 0,
         later_batches: 0,
@@ -882,7 +878,6 @@ async fn relay_drain(
     drain.reading = Duration::from_nanos(store.reading.load(Ordering::SeqCst));
     drain.advancing = Duration::from_nanos(store.advancing.load(Ordering::SeqCst));
     drain.writes = store.advances.load(Ordering::SeqCst);
-    drain.dead_rows = dead_rows(pg, name).await?;
     drain.pings = pings() - pings_before;
     // Every ReadyForQuery answers a statement or a ping.
     drain.round_trips = ready() - ready_before;
@@ -1462,6 +1457,9 @@ async fn throughput(
             processes,
         )
         .await?;
+        // Only this drain's dead rows are reported: each count waits for
+        // the server's statistics.
+        let dead_rows = dead_rows(pg, &name).await?;
         // The same drain with nothing to wait for but the store: the
         // relay's ceiling on this machine, whatever the broker.
         let alone = relay_drain(
@@ -1525,8 +1523,8 @@ async fn throughput(
             relay_read_seconds: drain.reading.as_secs_f64(),
             relay_advance_seconds: drain.advancing.as_secs_f64(),
             pg_writes_per_batch: drain.writes as f64 / drain.batches.max(1) as f64,
-            dead_rows_messages: drain.dead_rows.0,
-            dead_rows_partitions: drain.dead_rows.1,
+            dead_rows_messages: dead_rows.0,
+            dead_rows_partitions: dead_rows.1,
             raw_seconds: raw.elapsed.as_secs_f64(),
             batches: drain.batches,
             counted_messages,
