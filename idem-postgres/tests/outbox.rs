@@ -1245,15 +1245,12 @@ async fn an_earlier_versions_table_is_replaced_only_when_nothing_is_unsent() {
     assert_eq!(log(&outbox, 1).await.messages[0].id(), placed.id());
 }
 
-/// Index blocks of `index` that `statement` reads, run alone on `tx`'s
-/// connection: the server's counts, flushed as the statement ends and read
-/// on `pool` before and after.
-async fn index_blocks_read(
-    pool: &PgPool,
-    tx: &mut sqlx::PgConnection,
-    index: &str,
-    statement: &str,
-) -> i64 {
+/// Index blocks of `index` that `statement` reads, on `pool`, a pool of
+/// one connection that every statement on `index`'s table went through:
+/// the server's counts are flushed by that one backend, as it goes idle
+/// before it answers, once forced, so nothing it did earlier lands between
+/// the two counts.
+async fn index_blocks_read(pool: &PgPool, index: &str, statement: &str) -> i64 {
     let blocks = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT (idx_blks_hit + idx_blks_read)::bigint FROM pg_statio_user_indexes \
@@ -1264,13 +1261,16 @@ async fn index_blocks_read(
         .await
         .unwrap()
     };
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(pool)
+        .await
+        .unwrap();
     let before = blocks().await;
-    // One simple query: the backend flushes its counts once both ran, as
-    // it goes idle, before it answers.
+    // One simple query: the statement's counts are flushed once both ran.
     sqlx::raw_sql(AssertSqlSafe(format!(
         "SELECT pg_stat_force_next_flush(); {statement}"
     )))
-    .execute(&mut *tx)
+    .execute(pool)
     .await
     .unwrap();
     blocks().await - before
@@ -1284,7 +1284,8 @@ async fn index_blocks_read(
 /// whose statistics were taken when it was empty.
 #[tokio::test]
 async fn a_read_and_the_stats_walk_the_log_from_the_position_not_from_its_start() {
-    let pool = common::pool().await;
+    // One connection for every statement: see `index_blocks_read`.
+    let pool = common::pool_for(&common::url(), 1).await;
     let fill = |table: String| {
         let pool = pool.clone();
         async move {
@@ -1310,11 +1311,6 @@ async fn a_read_and_the_stats_walk_the_log_from_the_position_not_from_its_start(
         .unwrap();
     fill(stale.clone()).await;
 
-    let mut alone = common::pool_for(&common::url(), 1)
-        .await
-        .acquire()
-        .await
-        .unwrap();
     for (table, outbox) in [(no_statistics, fresh), (stale, analyzed)] {
         let (key, pos): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT okey, pos FROM {table} ORDER BY okey, pos OFFSET 19899 LIMIT 1"
@@ -1325,7 +1321,6 @@ async fn a_read_and_the_stats_walk_the_log_from_the_position_not_from_its_start(
         let index = format!("{table}_log_idx");
         let read = index_blocks_read(
             &pool,
-            &mut alone,
             &index,
             &format!("SELECT count(*) FROM {table}_read(0, {key}, {pos}, 100)"),
         )
@@ -1340,13 +1335,8 @@ async fn a_read_and_the_stats_walk_the_log_from_the_position_not_from_its_start(
         .execute(&pool)
         .await
         .unwrap();
-        let counted = index_blocks_read(
-            &pool,
-            &mut alone,
-            &index,
-            &format!("SELECT * FROM {table}_stats()"),
-        )
-        .await;
+        let counted =
+            index_blocks_read(&pool, &index, &format!("SELECT * FROM {table}_stats()")).await;
         assert!(
             counted <= 10,
             "{table}: the stats read {counted} index blocks"
