@@ -138,7 +138,8 @@ $$;
 -- once per session, whatever the position: as a statement, Postgres planned
 -- it again at every batch, which cost as much as running it. No JIT: the
 -- planner's guess for a large log would turn it on, and compiling costs
--- far more than the read.
+-- far more than the read. Its columns are PostgresOutbox's COLUMNS, in their
+-- order, then passed and blocked.
 CREATE OR REPLACE FUNCTION idem_outbox_read(
     p_part  integer,
     p_key   bigint,

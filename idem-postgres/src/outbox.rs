@@ -28,7 +28,9 @@ use crate::part::aliased;
 const MIGRATION_LOCK: i64 = 0x1de3_0003;
 
 /// The columns every statement reads back, one per part of a message; with
-/// `passed`, whether its partition's cursor passed it.
+/// `passed`, whether its partition's cursor passed it. The migration's read
+/// function returns them in this order (its columns are renamed to these by
+/// position).
 const COLUMNS: [&str; 16] = [
     "id",
     "aggregate",

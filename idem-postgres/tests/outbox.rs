@@ -1278,7 +1278,7 @@ async fn index_blocks_read(pool: &PgPool, index: &str, statement: &str) -> i64 {
 
 /// A read of 100 from the end of a log of 20,000 already sent, and the
 /// stats' count of the 100 past the cursor, walk the log's index from the
-/// position: a few blocks, not the 80 or so of the whole log (an equality
+/// position: a few blocks, not the 100 or so of the whole log (an equality
 /// on the partition beside the row comparison made Postgres start at the
 /// partition's first entry). On a new table with no statistics, and on one
 /// whose statistics were taken when it was empty.
