@@ -33,8 +33,8 @@ pub use crate::outbox::message::{
     partition_of,
 };
 pub use crate::outbox::store::{
-    Advance, LogBatch, OutboxStats, OutboxStore, PageAfter, PartitionLease, PartitionStats,
-    PublishFailure,
+    Advance, AdvancedRead, LogBatch, OutboxStats, OutboxStore, PageAfter, PartitionLease,
+    PartitionStats, PublishFailure,
 };
 pub use crate::parking::message::InboundMessage;
 pub use crate::parking::store::{

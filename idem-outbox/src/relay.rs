@@ -486,7 +486,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
     /// ones beside both; the broker sees one batch of a partition at a
     /// time, in log order, and a batch's settlement (its cursor move, and
     /// where its failed and held messages go) is one write, made only once
-    /// the broker confirmed the batch and every one before it.
+    /// the broker confirmed the batch and every one before it. Once the
+    /// window is full, the read that waits for room goes with the
+    /// settlement that makes it, in one round trip
+    /// ([`OutboxStore::advance_and_read`]): a batch costs the store one
+    /// statement.
     ///
     /// When the store fails, nothing more is read from that partition;
     /// what was read is still published and settled, and the first error
@@ -722,12 +726,14 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
         let mut waiting: VecDeque<LogBatch> = VecDeque::new();
         let mut publishing: Option<Step<'_, PublishedBatch>> = None;
         let mut answered: Option<Answered> = None;
-        let mut settling: Option<Step<'_, (Answered, Result<PartitionLease, StoreError>)>> = None;
+        let mut settling: Option<Step<'_, Settled>> = None;
+        // Whether the settlement in flight carries the next read.
+        let mut read_settling = false;
         // Aggregates whose messages wait in the lane, or failed in this
         // drain: their later messages are held, never published.
         let mut behind: BTreeSet<String> = BTreeSet::new();
         loop {
-            if more && reading.is_none() && in_flight < self.options.in_flight {
+            if more && reading.is_none() && !read_settling && in_flight < self.options.in_flight {
                 reading = Some(self.store.read(partition, after, self.options.batch));
                 in_flight += 1;
                 more = !once;
@@ -742,9 +748,27 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
             if settling.is_none()
                 && let (Some(ready), Some(current)) = (answered.take(), lease)
             {
+                // A read still wanted here waits for the window, which this
+                // settlement frees: it goes with it, one round trip for both.
+                read_settling = more && reading.is_none();
+                let next = read_settling.then_some(after);
+                if read_settling {
+                    in_flight += 1;
+                }
+                let batch = self.options.batch;
                 settling = Some(Box::pin(async move {
-                    let settled = self.store.advance(&current, &ready.settle).await;
-                    (ready, settled)
+                    let Some(after) = next else {
+                        let settled = self.store.advance(&current, &ready.settle).await;
+                        return (ready, settled, None);
+                    };
+                    match self
+                        .store
+                        .advance_and_read(&current, &ready.settle, after, batch)
+                        .await
+                    {
+                        Ok(answer) => (ready, Ok(answer.lease), Some(answer.batch)),
+                        Err(failed) => (ready, Err(failed), None),
+                    }
                 }));
             }
             if reading.is_none() && publishing.is_none() && settling.is_none() {
@@ -781,8 +805,15 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
                 }
                 settled = settle(&mut settling) => {
                     settling = None;
-                    let (done, result) = settled;
+                    let (done, result, read) = settled;
                     in_flight -= done.pass.batches.max(1);
+                    if std::mem::take(&mut read_settling) {
+                        // The read is taken as any other, at the next turn.
+                        match read {
+                            Some(read) => reading = Some(Box::pin(std::future::ready(read))),
+                            None => in_flight -= 1,
+                        }
+                    }
                     match result {
                         Ok(renewed) => {
                             lease = Some(renewed);
@@ -992,6 +1023,14 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
     #[cfg(not(feature = "metrics"))]
     async fn refresh_gauges(&self) {}
 }
+
+/// A settlement as it ended: what it settled, the lease it renewed, and
+/// the read that went with it, if one did.
+type Settled = (
+    Answered,
+    Result<PartitionLease, StoreError>,
+    Option<Result<LogBatch, StoreError>>,
+);
 
 /// A log batch published: its settlement, and the aggregates that stay
 /// behind for the next batch.

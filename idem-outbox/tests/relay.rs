@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::store::{
-    Advance, LogBatch, LogPosition, MessageId, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
-    OwnerToken, PageAfter, PartitionLease,
+    Advance, AdvancedRead, LogBatch, LogPosition, MessageId, NewMessage, OutboxMessage,
+    OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
 };
 use idem_memory::MemoryOutbox;
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
@@ -528,7 +528,20 @@ struct Staged {
     /// The reads (counted from 1) that fail as unavailable.
     fail_reads: Vec<usize>,
     read: std::sync::atomic::AtomicUsize,
+    /// Every advance, alone or with a read.
+    advanced: std::sync::atomic::AtomicUsize,
+    /// The advances that carried a read.
+    combined: std::sync::atomic::AtomicUsize,
     purged: std::sync::atomic::AtomicU64,
+}
+
+impl Staged {
+    /// The store's round trips for the log so far: each read and each
+    /// advance, an advance with its read counting once.
+    fn round_trips(&self) -> usize {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.read.load(SeqCst) + self.advanced.load(SeqCst) - self.combined.load(SeqCst)
+    }
 }
 
 impl std::fmt::Debug for Gate {
@@ -548,6 +561,8 @@ impl Default for Staged {
             advances: None,
             fail_reads: Vec::new(),
             read: Default::default(),
+            advanced: Default::default(),
+            combined: Default::default(),
             purged: Default::default(),
         }
     }
@@ -595,7 +610,22 @@ impl OutboxStore for Staged {
         {
             gate.pass(Vec::new()).await;
         }
+        self.advanced
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.advance(lease, advance).await
+    }
+    async fn advance_and_read(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<AdvancedRead, idem_core::StoreError> {
+        self.combined
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let renewed = self.advance(lease, advance).await?;
+        let batch = self.read(lease.partition(), after, limit).await;
+        Ok(AdvancedRead::new(renewed, batch))
     }
     async fn due(
         &self,
@@ -794,6 +824,39 @@ async fn batches_in_flight_are_read_ahead_published_one_at_a_time_and_settled_in
     for (aggregate, sequences) in published {
         assert_eq!(sequences, [1, 2], "{aggregate} out of order");
     }
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
+
+/// With one batch in flight, every read after a partition's first goes
+/// with the settlement of the batch before it: the store answers one round
+/// trip per batch, and one more per partition (its first read, or its last
+/// that finds nothing).
+#[tokio::test]
+async fn a_drain_reads_each_next_batch_with_the_last_ones_settlement() {
+    let outbox = Arc::new(Staged::default());
+    for n in 0..50 {
+        let message = NewMessage::new(&format!("order-{n}"), "placed", vec![]).unwrap();
+        outbox.enqueue(&message).await.unwrap();
+    }
+    let options = RelayOptions::default()
+        .with_batch(10)
+        .unwrap()
+        .with_in_flight(1)
+        .unwrap();
+    let publisher = Arc::new(Recording::default());
+    let relay = Relay::new(outbox.clone(), publisher.clone(), options);
+    let drained = relay.drain().await.unwrap();
+    assert_eq!(drained.published, 50, "{drained:?}");
+    assert_eq!(
+        outbox.round_trips(),
+        drained.batches + drained.partitions,
+        "{drained:?}"
+    );
+    assert_eq!(
+        outbox.combined.load(std::sync::atomic::Ordering::SeqCst),
+        drained.batches,
+        "a settlement went without the next read"
+    );
     assert_eq!(outbox.stats().await.unwrap().pending, 0);
 }
 

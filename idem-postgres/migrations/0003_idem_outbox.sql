@@ -14,8 +14,9 @@
 -- The design. Messages form one log per partition (an aggregate's partition
 -- is a stable hash of its name modulo the partition count), read by one
 -- relay at a time through the partition's cursor: a relay reads a batch
--- after its cursor (one statement), publishes it, and moves the cursor past
--- it once the broker confirmed it (one statement, one row written). A
+-- after its cursor, publishes it, and moves the cursor past it once the
+-- broker confirmed it (one row written), in the statement that reads its
+-- next batch (idem_outbox_advance_read): one statement per batch. A
 -- message in the log has no state (NULL): pending past its partition's
 -- cursor, sent at or before it. A message that fails leaves the log for its
 -- partition's retry lane (state 'waiting', then 'parked'), and so do the
@@ -194,6 +195,112 @@ BEGIN
       AND (r.part, r.okey) < (p_part, (SELECT x.xmin FROM x))
     ORDER BY r.part, r.okey, r.pos
     LIMIT p_limit;
+END
+$$;
+
+-- Settles a batch under p_owner's lease of partition p_part, then reads up
+-- to p_limit messages of its log after (p_key, p_pos) as idem_outbox_read
+-- does: PostgresOutbox's advance (a limit of 0 reads nothing) and its
+-- advance_and_read, one statement each. Unless p_owner holds the partition
+-- it writes and reads nothing and answers no row. Otherwise the lease is
+-- renewed for p_lease and the cursor moves to (p_to_key, p_to_pos), never
+-- back; each failed message (in the log, or waiting in the lane, with the
+-- attempts it was read with) counts one more attempt, keeps its error and is
+-- due again after its back-off (saturating at the largest time a bigint
+-- holds), parked at its max; each held log message moves to the lane, due
+-- at once; each sent lane message is marked sent. Each write applies only to
+-- a message in the state it was read in, so an advance delivered twice
+-- changes nothing more. The writes run in turn and the read after them, so
+-- it sees the log as they left it. The first three columns are the renewed
+-- lease and cursor, on every row; the others are the read's (all NULL on
+-- the one row answered when nothing was read). Planned once per session,
+-- without JIT, as the read is.
+CREATE OR REPLACE FUNCTION idem_outbox_advance_read(
+    p_part     integer,
+    p_owner    uuid,
+    p_lease    bigint,
+    p_to_key   bigint,
+    p_to_pos   bigint,
+    p_failed   uuid[],
+    p_attempts bigint[],
+    p_errors   text[],
+    p_retries  bigint[],
+    p_max      bigint[],
+    p_held     uuid[],
+    p_sent     uuid[],
+    p_key      bigint,
+    p_pos      bigint,
+    p_limit    bigint
+)
+RETURNS TABLE (
+    o_lease_until   bigint,
+    o_cursor_key    bigint,
+    o_cursor_pos    bigint,
+    o_id            uuid,
+    o_aggregate     text,
+    o_sequence      bigint,
+    o_part          integer,
+    o_okey          bigint,
+    o_pos           bigint,
+    o_kind          text,
+    o_header_names  text[],
+    o_header_values text[],
+    o_payload       bytea,
+    o_state         text,
+    o_attempts      bigint,
+    o_last_error    text,
+    o_enqueued_at   bigint,
+    o_available_at  bigint,
+    o_sent_at       bigint,
+    o_passed        boolean,
+    o_blocked       boolean
+)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_now   bigint := idem_outbox_now();
+    v_until bigint;
+    v_key   bigint;
+    v_pos   bigint;
+BEGIN
+    -- A NULL target compares as NULL: the cursor stays.
+    UPDATE idem_outbox_partitions AS p SET lease_until = v_now + p_lease,
+        cursor_key = CASE WHEN (p_to_key, p_to_pos) > (p.cursor_key, p.cursor_pos)
+                          THEN p_to_key ELSE p.cursor_key END,
+        cursor_pos = CASE WHEN (p_to_key, p_to_pos) > (p.cursor_key, p.cursor_pos)
+                          THEN p_to_pos ELSE p.cursor_pos END
+    WHERE p.part = p_part AND p.owner = p_owner AND p.lease_until > v_now
+    RETURNING p.lease_until, p.cursor_key, p.cursor_pos INTO v_until, v_key, v_pos;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF cardinality(p_failed) > 0 THEN
+        UPDATE idem_outbox AS r SET attempts = least(r.attempts + 1, 4294967295),
+            last_error = e.error,
+            available_at = v_now + least(e.retry, 9223372036854775807 - v_now),
+            state = CASE WHEN least(r.attempts + 1, 4294967295) >= e.max
+                         THEN 'parked' ELSE 'waiting' END
+        FROM unnest(p_failed, p_attempts, p_errors, p_retries, p_max)
+            AS e(id, attempts, error, retry, max)
+        WHERE r.id = e.id AND r.part = p_part AND r.attempts = e.attempts
+          AND (r.state IS NULL OR r.state = 'waiting');
+    END IF;
+    IF cardinality(p_held) > 0 THEN
+        UPDATE idem_outbox AS r SET state = 'waiting', available_at = v_now
+        WHERE r.id = ANY (p_held) AND r.part = p_part AND r.state IS NULL;
+    END IF;
+    IF cardinality(p_sent) > 0 THEN
+        UPDATE idem_outbox AS r SET state = 'sent', sent_at = v_now
+        WHERE r.id = ANY (p_sent) AND r.part = p_part AND r.state = 'waiting';
+    END IF;
+    RETURN QUERY
+    SELECT v_until, v_key, v_pos, r.*
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (
+        SELECT * FROM idem_outbox_read(p_part, p_key, p_pos, p_limit) WHERE p_limit > 0
+    ) AS r ON true;
 END
 $$;
 

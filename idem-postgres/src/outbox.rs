@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    Advance, Capabilities, Layered, LogBatch, LogPosition, MessageId, MessageParts, MessageState,
-    NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
-    PartitionStats, Timestamp, forward_outbox_store, millis, partition_hash, validate_lease,
-    validate_outbox_batch,
+    Advance, AdvancedRead, Capabilities, Layered, LogBatch, LogPosition, MessageId, MessageParts,
+    MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PageAfter,
+    PartitionLease, PartitionStats, PublishFailure, Timestamp, forward_outbox_store, millis,
+    partition_hash, validate_lease, validate_outbox_batch,
 };
 use idem_core::{InvalidInput, Operation, StoreError, async_trait};
 use sqlx::postgres::{PgListener, PgRow};
@@ -146,8 +146,7 @@ struct Statements {
     enqueue: Arc<str>,
     acquire: Arc<str>,
     read: Arc<str>,
-    advance: Arc<str>,
-    advance_cursor: Arc<str>,
+    advance_read: Arc<str>,
     due: Arc<str>,
     release: Arc<str>,
     parked: Arc<str>,
@@ -170,19 +169,6 @@ impl Statements {
         // Whether a message in the log is at or before its cursor.
         let passed =
             "(r.state IS NULL AND (r.okey, r.pos) <= (p.cursor_key, p.cursor_pos)) AS passed";
-        // The partition's row, fenced by the lease: renewed, its cursor
-        // moved forward only.
-        let moved = format!(
-            "UPDATE {p} AS p SET lease_until = c.now + $3, \
-               cursor_key = CASE WHEN $4::bigint IS NOT NULL \
-                 AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
-                 THEN $4::bigint ELSE p.cursor_key END, \
-               cursor_pos = CASE WHEN $4::bigint IS NOT NULL \
-                 AND ($4::bigint, $5::bigint) > (p.cursor_key, p.cursor_pos) \
-                 THEN $5::bigint ELSE p.cursor_pos END \
-               FROM c WHERE p.part = $1 AND p.owner = $2 AND p.lease_until > c.now \
-               RETURNING p.part, p.lease_until, p.cursor_key, p.cursor_pos"
-        );
         Self {
             partitions: options.partitions,
             enqueue: format!(
@@ -210,34 +196,17 @@ impl Statements {
                 COLUMNS.join(", ")
             )
             .into(),
-            // One statement: the partition's row (fenced by the lease,
-            // renewed, its cursor moved forward only), and the messages the
-            // batch failed, held or sent from the lane, each only under
-            // that row and in the state it was read in. The back-off
-            // saturates at the largest time a bigint holds.
-            advance: format!(
-                "{clock}, p AS ({moved}), \
-                 f AS (UPDATE {t} AS r SET attempts = least(r.attempts + 1, 4294967295), \
-                   last_error = e.error, \
-                   available_at = c.now + least(e.retry, 9223372036854775807 - c.now), \
-                   state = CASE WHEN least(r.attempts + 1, 4294967295) >= e.max \
-                                THEN 'parked' ELSE 'waiting' END \
-                   FROM p, c, unnest($6::uuid[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[]) \
-                     AS e(id, attempts, error, retry, max) \
-                   WHERE r.id = e.id AND r.part = p.part AND r.attempts = e.attempts \
-                     AND (r.state IS NULL OR r.state = 'waiting') RETURNING r.id), \
-                 h AS (UPDATE {t} AS r SET state = 'waiting', available_at = c.now FROM p, c \
-                   WHERE r.id = ANY($11) AND r.part = p.part AND r.state IS NULL RETURNING r.id), \
-                 s AS (UPDATE {t} AS r SET state = 'sent', sent_at = c.now FROM p, c \
-                   WHERE r.id = ANY($12) AND r.part = p.part AND r.state = 'waiting' RETURNING r.id) \
-                 SELECT p.lease_until, p.cursor_key, p.cursor_pos FROM p"
+            // A function of the migration, as the read is: the advance
+            // (with no read when the limit is 0), then the read; its first
+            // columns the renewed lease, then the read's, renamed as the
+            // read's are.
+            advance_read: format!(
+                "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                 AS r(lease_until, cursor_key, cursor_pos, {}, passed, blocked)",
+                table.derived("_advance_read"),
+                COLUMNS.join(", ")
             )
             .into(),
-            // The advance of a batch that failed, held and sent nothing
-            // from the lane (most batches): the partition's row alone, a
-            // statement Postgres plans once for the session where the
-            // whole advance is planned again at every call.
-            advance_cursor: format!("{clock} {moved}").into(),
             // Each aggregate's first message in the lane (the lane's index
             // in order), then those waiting and due, oldest first.
             due: format!(
@@ -604,6 +573,49 @@ impl Messages {
         ))
     }
 
+    /// The call of the advance-and-read function: `advance` under `lease`,
+    /// then up to `limit` messages after `after` (none for 0).
+    fn advance_read<'q>(
+        &self,
+        lease: &PartitionLease,
+        advance: &'q Advance,
+        after: LogPosition,
+        limit: i64,
+    ) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError>
+    {
+        let part = self.partition(lease.partition())?;
+        let to = advance.to.map(position_columns);
+        let (key, pos) = position_columns(after);
+        let failed = &advance.failed;
+        let column = |f: fn(&PublishFailure) -> i64| failed.iter().map(f).collect::<Vec<_>>();
+        Ok(sqlx::query(AssertSqlSafe(self.sql.advance_read.clone()))
+            .bind(part)
+            .bind(lease.owner().as_uuid())
+            .bind(millis(lease.lease()))
+            .bind(to.map(|(key, _)| key))
+            .bind(to.map(|(_, pos)| pos))
+            .bind(failed.iter().map(|f| f.id.as_uuid()).collect::<Vec<_>>())
+            .bind(column(|f| i64::from(f.attempts)))
+            .bind(failed.iter().map(|f| f.error.as_str()).collect::<Vec<_>>())
+            .bind(column(|f| millis(f.retry_after)))
+            .bind(column(|f| i64::from(f.max_attempts)))
+            .bind(uuids(&advance.held))
+            .bind(uuids(&advance.sent))
+            .bind(key)
+            .bind(pos)
+            .bind(limit))
+    }
+
+    /// `lease` as the advance in `row` renewed it.
+    fn renewed(
+        row: &PgRow,
+        lease: &PartitionLease,
+        op: Operation,
+    ) -> Result<PartitionLease, StoreError> {
+        let renewed = Self::lease(row, lease.partition(), lease.owner(), lease.lease(), op)?;
+        Ok(lease.renewed(renewed.until(), renewed.cursor()))
+    }
+
     /// `partition` as the bigint the tables keep.
     fn partition(&self, partition: u32) -> Result<i32, StoreError> {
         if partition >= self.sql.partitions {
@@ -664,6 +676,24 @@ fn stored(row: &PgRow, op: Operation) -> Result<OutboxMessage, StoreError> {
     Ok(OutboxMessage::new(message, parts))
 }
 
+/// The batch a read answered in `rows`, each a message with `blocked`; a
+/// row with no message (an advance's that read nothing) is skipped.
+fn batch(rows: &[PgRow], op: Operation) -> Result<LogBatch, StoreError> {
+    let mut blocked = BTreeSet::new();
+    let mut messages = Vec::with_capacity(rows.len());
+    for row in rows {
+        if column::<Option<uuid::Uuid>>(row, "id", op)?.is_none() {
+            continue;
+        }
+        let message = stored(row, op)?;
+        if column::<bool>(row, "blocked", op)? {
+            blocked.insert(message.message().aggregate().to_string());
+        }
+        messages.push(message);
+    }
+    Ok(LogBatch::new(messages, blocked))
+}
+
 fn uuids(ids: &[MessageId]) -> Vec<uuid::Uuid> {
     ids.iter().map(MessageId::as_uuid).collect()
 }
@@ -713,16 +743,7 @@ impl OutboxStore for Messages {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| classify(OP, e))?;
-        let mut blocked = BTreeSet::new();
-        let mut messages = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let message = stored(row, OP)?;
-            if column::<bool>(row, "blocked", OP)? {
-                blocked.insert(message.message().aggregate().to_string());
-            }
-            messages.push(message);
-        }
-        Ok(LogBatch::new(messages, blocked))
+        batch(&rows, OP)
     }
 
     async fn advance(
@@ -731,56 +752,36 @@ impl OutboxStore for Messages {
         advance: &Advance,
     ) -> Result<PartitionLease, StoreError> {
         const OP: Operation = Operation::Advance;
-        let part = self.partition(lease.partition())?;
-        let to = advance.to.map(position_columns);
-        let failed = &advance.failed;
-        let row = if failed.is_empty() && advance.held.is_empty() && advance.sent.is_empty() {
-            sqlx::query(AssertSqlSafe(self.sql.advance_cursor.clone()))
-                .bind(part)
-                .bind(lease.owner().as_uuid())
-                .bind(millis(lease.lease()))
-                .bind(to.map(|(key, _)| key))
-                .bind(to.map(|(_, pos)| pos))
-                .fetch_optional(&self.pool)
-                .await
-        } else {
-            sqlx::query(AssertSqlSafe(self.sql.advance.clone()))
-                .bind(part)
-                .bind(lease.owner().as_uuid())
-                .bind(millis(lease.lease()))
-                .bind(to.map(|(key, _)| key))
-                .bind(to.map(|(_, pos)| pos))
-                .bind(failed.iter().map(|f| f.id.as_uuid()).collect::<Vec<_>>())
-                .bind(
-                    failed
-                        .iter()
-                        .map(|f| i64::from(f.attempts))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(failed.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
-                .bind(
-                    failed
-                        .iter()
-                        .map(|f| millis(f.retry_after))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    failed
-                        .iter()
-                        .map(|f| i64::from(f.max_attempts))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(uuids(&advance.held))
-                .bind(uuids(&advance.sent))
-                .fetch_optional(&self.pool)
-                .await
-        }
-        .map_err(|e| classify(OP, e))?;
+        let row = self
+            .advance_read(lease, advance, LogPosition::START, 0)?
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
         let Some(row) = row else {
             return Err(StoreError::LostLease);
         };
-        let renewed = Self::lease(&row, lease.partition(), lease.owner(), lease.lease(), OP)?;
-        Ok(lease.renewed(renewed.until(), renewed.cursor()))
+        Self::renewed(&row, lease, OP)
+    }
+
+    async fn advance_and_read(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<AdvancedRead, StoreError> {
+        const OP: Operation = Operation::Advance;
+        let limit = validate_outbox_batch(limit)?;
+        let rows = self
+            .advance_read(lease, advance, after, bigint(limit))?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify(OP, e))?;
+        let Some(first) = rows.first() else {
+            return Err(StoreError::LostLease);
+        };
+        let renewed = Self::renewed(first, lease, OP)?;
+        Ok(AdvancedRead::new(renewed, batch(&rows, OP)))
     }
 
     async fn due(&self, partition: u32, limit: usize) -> Result<Vec<OutboxMessage>, StoreError> {

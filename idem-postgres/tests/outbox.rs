@@ -815,6 +815,61 @@ async fn every_outbox_operation_and_outcome_is_one_statement_round_trip() {
                 Err(StoreError::LostLease)
             ))
         );
+        cost!(
+            "advance_and_read: lost lease",
+            assert!(matches!(
+                outbox
+                    .advance_and_read(&forged, &Advance::default(), LogPosition::START, 10)
+                    .await,
+                Err(StoreError::LostLease)
+            ))
+        );
+        let answer = cost!(
+            "advance_and_read",
+            outbox
+                .advance_and_read(
+                    &lease,
+                    &Advance::to(stored.parts().position),
+                    LogPosition::START,
+                    10
+                )
+                .await
+                .unwrap()
+        );
+        let read: Vec<MessageId> = answer
+            .batch
+            .unwrap()
+            .messages
+            .iter()
+            .map(|m| m.id())
+            .collect();
+        assert_eq!(read, [stored.id()]);
+        // The settlement of the lane above, delivered again: it changes
+        // nothing, and costs what any advance does.
+        let answer = cost!(
+            "advance_and_read: sent and failed",
+            outbox
+                .advance_and_read(
+                    &lease,
+                    &Advance::default()
+                        .sent(b.id())
+                        .failed(PublishFailure::new(c.id(), 0, "x").max_attempts(1)),
+                    LogPosition::START,
+                    10
+                )
+                .await
+                .unwrap()
+        );
+        assert_eq!(answer.batch.unwrap().messages.len(), 1);
+        let answer = cost!(
+            "advance_and_read: nothing read",
+            outbox
+                .advance_and_read(&lease, &Advance::default(), stored.parts().position, 10)
+                .await
+                .unwrap()
+        );
+        assert!(answer.batch.unwrap().messages.is_empty());
+        let lease = answer.lease;
         cost!("parked", outbox.parked(None, 10).await.unwrap());
         cost!("retry", assert!(outbox.retry(c.id()).await.unwrap()));
         cost!("retry: not parked", outbox.retry(c.id()).await.unwrap());

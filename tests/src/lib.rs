@@ -452,6 +452,8 @@ macro_rules! __outbox_cases {
             the_last_failure_parks_the_message_and_its_aggregate_only,
             held_messages_follow_their_aggregates_first,
             an_advance_delivered_twice_changes_nothing_more,
+            an_advance_and_read_reads_the_log_as_the_advance_left_it,
+            a_lost_lease_advances_and_reads_nothing,
             due_takes_each_aggregates_first_oldest_first,
             a_retried_message_waits_again_with_no_attempts,
             a_retried_message_keeps_its_place_in_its_aggregate,

@@ -620,6 +620,73 @@ pub async fn an_advance_delivered_twice_changes_nothing_more<S: OutboxStore + ?S
     assert_eq!(state(&*store, &second).await.state(), MessageState::Waiting);
 }
 
+// ---- Advance and read ------------------------------------------------------
+
+/// Advance and read: the read sees the log as the advance left it: a
+/// message the advance took out of the log is not read, its aggregate is
+/// blocked, and the lease answered is the renewed one.
+pub async fn an_advance_and_read_reads_the_log_as_the_advance_left_it<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (a, b) = same_partition(partitions(&*store).await);
+    let first = enqueued(&*store, &a, "placed").await;
+    let other = enqueued(&*store, &b, "placed").await;
+    let second = enqueued(&*store, &a, "paid").await;
+    let partition = first.parts().partition;
+    read(&*store, partition, LogPosition::START, 3).await;
+    let lease = holding(&*store, &first).await;
+    let answer = store
+        .advance_and_read(
+            &lease,
+            &Advance::to(first.parts().position).failed(failure(&first, false)),
+            LogPosition::START,
+            MAX_OUTBOX_BATCH,
+        )
+        .await
+        .expect("advance and read");
+    assert_eq!(answer.lease.cursor(), first.parts().position);
+    assert_eq!(answer.lease.owner(), lease.owner());
+    let batch = answer.batch.expect("the read");
+    assert_eq!(
+        ids(&batch.messages),
+        ids(&[other, second]),
+        "the read came before the advance"
+    );
+    assert!(
+        batch.blocked.contains(&a),
+        "the failed message's aggregate is not blocked: {:?}",
+        batch.blocked
+    );
+    assert_eq!(state(&*store, &first).await.state(), MessageState::Waiting);
+}
+
+/// Advance and read: under a lease its owner lost, nothing is settled and
+/// nothing read.
+pub async fn a_lost_lease_advances_and_reads_nothing<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let partition = placed.parts().partition;
+    read(&*store, partition, LogPosition::START, 1).await;
+    let stale = lease_of(&*store, OwnerToken::generate(), partition, SHORT_LEASE).await;
+    outlive(SHORT_LEASE).await;
+    let fresh = lease_of(&*store, OwnerToken::generate(), partition, LONG_LEASE).await;
+    assert_lost(
+        "a taken-over advance and read",
+        store
+            .advance_and_read(
+                &stale,
+                &Advance::to(placed.parts().position).failed(failure(&placed, false)),
+                LogPosition::START,
+                MAX_OUTBOX_BATCH,
+            )
+            .await,
+    );
+    assert_eq!(state(&*store, &placed).await.state(), MessageState::Pending);
+    assert_eq!(
+        store.stats().await.unwrap().partitions[partition as usize].cursor,
+        fresh.cursor()
+    );
+}
+
 // ---- Lane ------------------------------------------------------------------
 
 /// Lane: each aggregate's first waiting message, the oldest enqueued first,

@@ -46,7 +46,10 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
     ),
     (
         OutboxDefect::ReadByAggregate,
-        &["a_read_answers_the_log_after_a_position_in_order"],
+        &[
+            "a_read_answers_the_log_after_a_position_in_order",
+            "an_advance_and_read_reads_the_log_as_the_advance_left_it",
+        ],
     ),
     (
         OutboxDefect::ReadIncludesAfter,
@@ -56,12 +59,16 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
         OutboxDefect::ReadsTheLane,
         &[
             "a_read_names_the_blocked_aggregates_and_skips_the_lane",
+            "an_advance_and_read_reads_the_log_as_the_advance_left_it",
             "the_last_failure_parks_the_message_and_its_aggregate_only",
         ],
     ),
     (
         OutboxDefect::NoBlocked,
-        &["a_read_names_the_blocked_aggregates_and_skips_the_lane"],
+        &[
+            "a_read_names_the_blocked_aggregates_and_skips_the_lane",
+            "an_advance_and_read_reads_the_log_as_the_advance_left_it",
+        ],
     ),
     (
         OutboxDefect::AcquireHeld,
@@ -75,6 +82,7 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
         OutboxDefect::NoTakeover,
         &[
             "a_lapsed_partition_is_acquired_again_at_its_cursor",
+            "a_lost_lease_advances_and_reads_nothing",
             "a_taken_over_relay_advances_nothing",
         ],
     ),
@@ -96,7 +104,10 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
     ),
     (
         OutboxDefect::AdvanceIgnoresOwner,
-        &["a_taken_over_relay_advances_nothing"],
+        &[
+            "a_taken_over_relay_advances_nothing",
+            "a_lost_lease_advances_and_reads_nothing",
+        ],
     ),
     (
         OutboxDefect::AdvanceAfterLapse,
@@ -107,6 +118,14 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
         &["an_advance_moves_the_cursor_never_back"],
     ),
     (OutboxDefect::NoRenewal, &["an_advance_renews_the_lease"]),
+    (
+        OutboxDefect::ReadsBeforeAdvance,
+        &["an_advance_and_read_reads_the_log_as_the_advance_left_it"],
+    ),
+    (
+        OutboxDefect::ReadsUnderLostLease,
+        &["a_lost_lease_advances_and_reads_nothing"],
+    ),
     (
         OutboxDefect::NoBackOff,
         &["a_failed_message_waits_its_back_off_in_the_lane"],
@@ -374,6 +393,16 @@ fn cursor_moves_back_fails_exactly_its_sentence() {
 #[test]
 fn no_renewal_fails_exactly_its_sentence() {
     assert_caught_exactly(OutboxDefect::NoRenewal);
+}
+
+#[test]
+fn reads_before_advance_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::ReadsBeforeAdvance);
+}
+
+#[test]
+fn reads_under_lost_lease_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::ReadsUnderLostLease);
 }
 
 #[test]

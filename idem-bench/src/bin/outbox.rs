@@ -96,8 +96,8 @@ use idem_bench::cpu::{self, CpuPerUnit, CpuSample};
 use idem_bench::percentile;
 use idem_core::StoreError;
 use idem_core::store::{
-    Advance, Capabilities, LogBatch, LogPosition, MessageId, NewMessage, OutboxMessage,
-    OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
+    Advance, AdvancedRead, Capabilities, LogBatch, LogPosition, MessageId, NewMessage,
+    OutboxMessage, OutboxStats, OutboxStore, OwnerToken, PageAfter, PartitionLease,
 };
 use idem_dynamo::aws_sdk_dynamodb;
 use idem_dynamo::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
@@ -591,8 +591,9 @@ fn add_elapsed(total: &AtomicU64, started: Instant) {
 }
 
 /// An outbox store that adds up the time of its reads (of the logs and the
-/// retry lanes) and of its advances, and counts its advances (the one
-/// write of a batch), so a relay pass splits into its parts.
+/// retry lanes) and of its advances (with the read an advance carries), and
+/// counts its advances (the one write of a batch), so a relay pass splits
+/// into its parts.
 #[derive(Debug)]
 struct TimedStore {
     inner: PostgresOutbox,
@@ -634,6 +635,23 @@ impl OutboxStore for TimedStore {
     ) -> Result<PartitionLease, StoreError> {
         let started = Instant::now();
         let advanced = self.inner.advance(lease, advance).await;
+        add_elapsed(&self.advancing, started);
+        self.advances.fetch_add(1, Ordering::SeqCst);
+        advanced
+    }
+
+    async fn advance_and_read(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<AdvancedRead, StoreError> {
+        let started = Instant::now();
+        let advanced = self
+            .inner
+            .advance_and_read(lease, advance, after, limit)
+            .await;
         add_elapsed(&self.advancing, started);
         self.advances.fetch_add(1, Ordering::SeqCst);
         advanced

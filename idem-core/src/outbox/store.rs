@@ -273,6 +273,37 @@ impl Advance {
     }
 }
 
+/// What [`OutboxStore::advance_and_read`] answers: the lease its advance
+/// renewed, and what the read after it found. The read can fail on its own
+/// once the advance landed; the renewed lease (its cursor moved) is kept
+/// either way.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::store::{AdvancedRead, LogBatch, LogPosition, OwnerToken, PartitionLease, Timestamp};
+///
+/// let until = Timestamp::from_unix_millis(30_000);
+/// let lease = PartitionLease::issued(0, OwnerToken::generate(), Duration::from_secs(30), until, LogPosition::START);
+/// let answered = AdvancedRead::new(lease, Ok(LogBatch::default()));
+/// assert_eq!(answered.lease, lease);
+/// assert!(answered.batch.is_ok_and(|batch| batch.messages.is_empty()));
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AdvancedRead {
+    /// The lease, renewed by the advance.
+    pub lease: PartitionLease,
+    /// The read after the advance.
+    pub batch: Result<LogBatch, StoreError>,
+}
+
+impl AdvancedRead {
+    /// The advance renewed `lease`, and the read after it found `batch`.
+    pub fn new(lease: PartitionLease, batch: Result<LogBatch, StoreError>) -> Self {
+        Self { lease, batch }
+    }
+}
+
 /// Where a listing of parked messages goes on: after this place in their
 /// order (first enqueued, then id), the last message of the page before.
 ///
@@ -426,6 +457,13 @@ impl OutboxStats {
 ///   failure counts only on the attempts it names, a hold only on a message
 ///   in the log, a send only on a waiting one: delivered twice, an advance
 ///   changes nothing more.
+/// - **Advance and read.** [`advance_and_read`](Self::advance_and_read)
+///   is an [`advance`](Self::advance) and then a [`read`](Self::read) of
+///   the lease's partition, in one round trip where the store can: the
+///   read sees the log as the advance left it (what it took out of the log
+///   is not read, and its aggregates are blocked), and answers with the
+///   renewed lease. Under a lease its owner no longer holds it writes and
+///   reads nothing ([`StoreError::LostLease`]).
 /// - **Lane.** [`due`](Self::due) answers, for each aggregate of a
 ///   partition with messages in its retry lane, its first (lowest
 ///   sequence) if it is waiting and due (`available_at` passed), the
@@ -492,6 +530,29 @@ pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
         lease: &PartitionLease,
         advance: &Advance,
     ) -> Result<PartitionLease, StoreError>;
+
+    /// Settles `advance` under `lease`, then reads up to `limit` messages
+    /// of its partition's log after `after`: a relay's settlement of one
+    /// batch and its read of the next, one round trip where the store can
+    /// (the default is [`advance`](Self::advance), then
+    /// [`read`](Self::read)).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostLease`] unless the lease's owner holds the
+    /// partition; a read that fails once the advance landed fails in
+    /// [`AdvancedRead::batch`].
+    async fn advance_and_read(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<AdvancedRead, StoreError> {
+        let renewed = self.advance(lease, advance).await?;
+        let batch = self.read(renewed.partition(), after, limit).await;
+        Ok(AdvancedRead::new(renewed, batch))
+    }
 
     /// The first message of each aggregate in `partition`'s retry lane that
     /// is waiting and due, oldest first, at most `limit`.
@@ -566,6 +627,21 @@ impl<S: OutboxStore> OutboxStore for Layered<S> {
         advance: &Advance,
     ) -> Result<PartitionLease, StoreError> {
         let advanced = self.get_ref().advance(lease, advance);
+        self.layer()
+            .traced(Operation::Advance, None, None, advanced)
+            .await
+    }
+
+    async fn advance_and_read(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<AdvancedRead, StoreError> {
+        let advanced = self
+            .get_ref()
+            .advance_and_read(lease, advance, after, limit);
         self.layer()
             .traced(Operation::Advance, None, None, advanced)
             .await
@@ -670,6 +746,17 @@ macro_rules! __forward_outbox_store {
                 advance: &$crate::store::Advance,
             ) -> ::core::result::Result<$crate::store::PartitionLease, $crate::StoreError> {
                 self.$field.advance(lease, advance).await
+            }
+            async fn advance_and_read(
+                &self,
+                lease: &$crate::store::PartitionLease,
+                advance: &$crate::store::Advance,
+                after: $crate::store::LogPosition,
+                limit: usize,
+            ) -> ::core::result::Result<$crate::store::AdvancedRead, $crate::StoreError> {
+                self.$field
+                    .advance_and_read(lease, advance, after, limit)
+                    .await
             }
             async fn due(
                 &self,

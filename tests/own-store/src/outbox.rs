@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    Advance, Capabilities, Clock, ClockSource, Durability, LogBatch, LogPosition, MessageId,
-    MessageParts, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore, OwnerToken,
-    PageAfter, PartitionLease, PartitionStats, SystemClock, Timestamp, TransactionSharing,
-    partition_of, validate_lease, validate_outbox_batch,
+    Advance, AdvancedRead, Capabilities, Clock, ClockSource, Durability, LogBatch, LogPosition,
+    MessageId, MessageParts, MessageState, NewMessage, OutboxMessage, OutboxStats, OutboxStore,
+    OwnerToken, PageAfter, PartitionLease, PartitionStats, SystemClock, Timestamp,
+    TransactionSharing, partition_of, validate_lease, validate_outbox_batch,
 };
 use idem_core::{InvalidInput, StoreError, async_trait};
 
@@ -62,6 +62,10 @@ pub enum OutboxDefect {
     CursorMovesBack,
     /// Answers an advance with a renewed lease but keeps the old one.
     NoRenewal,
+    /// Reads before it advances, in an advance and read.
+    ReadsBeforeAdvance,
+    /// Reads and answers in an advance and read whose lease was lost.
+    ReadsUnderLostLease,
     /// Makes a failed message due at once, whatever its back-off.
     NoBackOff,
     /// Lets the messages behind a parked one flow.
@@ -425,6 +429,29 @@ impl OutboxStore for OwnOutbox {
                 .collect()
         };
         Ok(LogBatch::new(log, blocked))
+    }
+
+    async fn advance_and_read(
+        &self,
+        lease: &PartitionLease,
+        advance: &Advance,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<AdvancedRead, StoreError> {
+        let partition = lease.partition();
+        if self.is(OutboxDefect::ReadsBeforeAdvance) {
+            let batch = self.read(partition, after, limit).await;
+            let renewed = self.advance(lease, advance).await?;
+            return Ok(AdvancedRead::new(renewed, batch));
+        }
+        let renewed = match self.advance(lease, advance).await {
+            Err(StoreError::LostLease) if self.is(OutboxDefect::ReadsUnderLostLease) => *lease,
+            settled => settled?,
+        };
+        Ok(AdvancedRead::new(
+            renewed,
+            self.read(partition, after, limit).await,
+        ))
     }
 
     async fn advance(
