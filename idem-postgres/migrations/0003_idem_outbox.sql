@@ -15,10 +15,10 @@
 -- is a stable hash of its name modulo the partition count), read by one
 -- relay at a time through the partition's cursor: a relay reads a batch
 -- after its cursor, publishes it, and moves the cursor past it once the
--- broker confirmed it (one row written), in the statement that reads its
--- next batch (idem_outbox_advance_read): one statement per batch. A
--- message in the log has no state (NULL): pending past its partition's
--- cursor, sent at or before it. A message that fails leaves the log for its
+-- broker confirmed it (one row written), in the statement that reads a
+-- later batch (idem_outbox_advance, then idem_outbox_read): one statement
+-- per batch. A message in the log has no state (NULL): pending past its
+-- partition's cursor, sent at or before it. A message that fails leaves the log for its
 -- partition's retry lane (state 'waiting', then 'parked'), and so do the
 -- later messages of its aggregate (held), until it is sent or dropped.
 --
@@ -198,24 +198,22 @@ BEGIN
 END
 $$;
 
--- Settles a batch under p_owner's lease of partition p_part, then reads up
--- to p_limit messages of its log after (p_key, p_pos) as idem_outbox_read
--- does: PostgresOutbox's advance (a limit of 0 reads nothing) and its
--- advance_and_read, one statement each. Unless p_owner holds the partition
--- it writes and reads nothing and answers no row. Otherwise the lease is
--- renewed for p_lease and the cursor moves to (p_to_key, p_to_pos), never
--- back; each failed message (in the log, or waiting in the lane, with the
--- attempts it was read with) counts one more attempt, keeps its error and is
--- due again after its back-off (saturating at the largest time a bigint
--- holds), parked at its max; each held log message moves to the lane, due
--- at once; each sent lane message is marked sent. Each write applies only to
--- a message in the state it was read in, so an advance delivered twice
--- changes nothing more. The writes run in turn and the read after them, so
--- it sees the log as they left it. The first three columns are the renewed
--- lease and cursor, on every row; the others are the read's (all NULL on
--- the one row answered when nothing was read). Planned once per session,
+-- Settles a batch under p_owner's lease of partition p_part: PostgresOutbox's
+-- advance, alone, or with a read after it as its advance_and_read (one
+-- statement: this function, and idem_outbox_read beside it in LATERAL on
+-- its row, which so runs after it and, being VOLATILE, sees its writes).
+-- Unless p_owner holds the partition it writes nothing and answers no row.
+-- Otherwise the lease is renewed for p_lease and the cursor moves to
+-- (p_to_key, p_to_pos), never back; each failed message (in the log, or
+-- waiting in the lane, with the attempts it was read with) counts one more
+-- attempt, keeps its error and is due again after its back-off (saturating
+-- at the largest time a bigint holds), parked at its max; each held log
+-- message moves to the lane, due at once; each sent lane message is marked
+-- sent. Each write applies only to a message in the state it was read in,
+-- so an advance delivered twice changes nothing more. It answers the
+-- partition, the renewed lease and the cursor. Planned once per session,
 -- without JIT, as the read is.
-CREATE OR REPLACE FUNCTION idem_outbox_advance_read(
+CREATE OR REPLACE FUNCTION idem_outbox_advance(
     p_part     integer,
     p_owner    uuid,
     p_lease    bigint,
@@ -227,33 +225,13 @@ CREATE OR REPLACE FUNCTION idem_outbox_advance_read(
     p_retries  bigint[],
     p_max      bigint[],
     p_held     uuid[],
-    p_sent     uuid[],
-    p_key      bigint,
-    p_pos      bigint,
-    p_limit    bigint
+    p_sent     uuid[]
 )
 RETURNS TABLE (
-    o_lease_until   bigint,
-    o_cursor_key    bigint,
-    o_cursor_pos    bigint,
-    o_id            uuid,
-    o_aggregate     text,
-    o_sequence      bigint,
-    o_part          integer,
-    o_okey          bigint,
-    o_pos           bigint,
-    o_kind          text,
-    o_header_names  text[],
-    o_header_values text[],
-    o_payload       bytea,
-    o_state         text,
-    o_attempts      bigint,
-    o_last_error    text,
-    o_enqueued_at   bigint,
-    o_available_at  bigint,
-    o_sent_at       bigint,
-    o_passed        boolean,
-    o_blocked       boolean
+    o_part        integer,
+    o_lease_until bigint,
+    o_cursor_key  bigint,
+    o_cursor_pos  bigint
 )
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -295,12 +273,7 @@ BEGIN
         UPDATE idem_outbox AS r SET state = 'sent', sent_at = v_now
         WHERE r.id = ANY (p_sent) AND r.part = p_part AND r.state = 'waiting';
     END IF;
-    RETURN QUERY
-    SELECT v_until, v_key, v_pos, r.*
-    FROM (SELECT 1) AS one
-    LEFT JOIN LATERAL (
-        SELECT * FROM idem_outbox_read(p_part, p_key, p_pos, p_limit) WHERE p_limit > 0
-    ) AS r ON true;
+    RETURN QUERY SELECT p_part, v_until, v_key, v_pos;
 END
 $$;
 

@@ -146,6 +146,7 @@ struct Statements {
     enqueue: Arc<str>,
     acquire: Arc<str>,
     read: Arc<str>,
+    advance: Arc<str>,
     advance_read: Arc<str>,
     due: Arc<str>,
     release: Arc<str>,
@@ -163,6 +164,11 @@ impl Statements {
         let p = table.derived("_partitions");
         let now = table.derived("_now");
         let row = aliased(&COLUMNS, "r.");
+        let advance = format!(
+            "{}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            table.derived("_advance")
+        );
+        let lease = "part, lease_until, cursor_key, cursor_pos";
         // Each statement reads the clock once, in a materialized CTE (a
         // scalar subquery per use would read it once per use).
         let clock = format!("WITH c AS MATERIALIZED (SELECT {now}() AS now)");
@@ -196,14 +202,14 @@ impl Statements {
                 COLUMNS.join(", ")
             )
             .into(),
-            // A function of the migration, as the read is: the advance
-            // (with no read when the limit is 0), then the read; its first
-            // columns the renewed lease, then the read's, renamed as the
-            // read's are.
+            // Functions of the migration, planned once per session: the
+            // advance, and the read in LATERAL on its row (so after it, and
+            // only under the lease), its columns renamed as the read's are.
+            advance: format!("SELECT * FROM {advance} AS a({lease})").into(),
             advance_read: format!(
-                "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
-                 AS r(lease_until, cursor_key, cursor_pos, {}, passed, blocked)",
-                table.derived("_advance_read"),
+                "SELECT a.lease_until, a.cursor_key, a.cursor_pos, r.* FROM {advance} AS a({lease}) \
+                 LEFT JOIN LATERAL {}(a.part, $13, $14, $15) AS r({}, passed, blocked) ON true",
+                table.derived("_read"),
                 COLUMNS.join(", ")
             )
             .into(),
@@ -573,22 +579,20 @@ impl Messages {
         ))
     }
 
-    /// The call of the advance-and-read function: `advance` under `lease`,
-    /// then up to `limit` messages after `after` (none for 0).
-    fn advance_read<'q>(
+    /// `sql` (the advance, alone or with a read after it) with the
+    /// advance's parameters: `advance` under `lease`.
+    fn advance_query<'q>(
         &self,
+        sql: &Arc<str>,
         lease: &PartitionLease,
         advance: &'q Advance,
-        after: LogPosition,
-        limit: i64,
     ) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError>
     {
         let part = self.partition(lease.partition())?;
         let to = advance.to.map(position_columns);
-        let (key, pos) = position_columns(after);
         let failed = &advance.failed;
         let column = |f: fn(&PublishFailure) -> i64| failed.iter().map(f).collect::<Vec<_>>();
-        Ok(sqlx::query(AssertSqlSafe(self.sql.advance_read.clone()))
+        Ok(sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(part)
             .bind(lease.owner().as_uuid())
             .bind(millis(lease.lease()))
@@ -600,10 +604,7 @@ impl Messages {
             .bind(column(|f| millis(f.retry_after)))
             .bind(column(|f| i64::from(f.max_attempts)))
             .bind(uuids(&advance.held))
-            .bind(uuids(&advance.sent))
-            .bind(key)
-            .bind(pos)
-            .bind(limit))
+            .bind(uuids(&advance.sent)))
     }
 
     /// `lease` as the advance in `row` renewed it.
@@ -753,7 +754,7 @@ impl OutboxStore for Messages {
     ) -> Result<PartitionLease, StoreError> {
         const OP: Operation = Operation::Advance;
         let row = self
-            .advance_read(lease, advance, LogPosition::START, 0)?
+            .advance_query(&self.sql.advance, lease, advance)?
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| classify(OP, e))?;
@@ -772,8 +773,12 @@ impl OutboxStore for Messages {
     ) -> Result<AdvancedRead, StoreError> {
         const OP: Operation = Operation::Advance;
         let limit = validate_outbox_batch(limit)?;
+        let (key, pos) = position_columns(after);
         let rows = self
-            .advance_read(lease, advance, after, bigint(limit))?
+            .advance_query(&self.sql.advance_read, lease, advance)?
+            .bind(key)
+            .bind(pos)
+            .bind(bigint(limit))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| classify(OP, e))?;

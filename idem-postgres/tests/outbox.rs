@@ -1405,18 +1405,22 @@ async fn a_read_and_the_stats_walk_the_log_from_the_position_not_from_its_start(
     }
 }
 
-/// The read and the stats are functions that Postgres plans once per
-/// session and never compiles: planning the read anew cost as much as
-/// running it, and JIT, which the planner's guess for a large log turns on,
-/// hundreds of milliseconds a call.
+/// The read, the advance and the stats are functions that Postgres plans
+/// once per session (the first two) and never compiles: planning the read
+/// anew cost as much as running it, and JIT, which the planner's guess for
+/// a large log turns on, hundreds of milliseconds a call.
 #[tokio::test]
-async fn the_read_is_planned_once_per_session_and_neither_is_compiled() {
+async fn the_read_and_the_advance_are_planned_once_per_session_and_none_is_compiled() {
     let pool = common::pool().await;
     let table = fresh_table();
     outbox_on(pool.clone(), &table).await;
     for (function, settings) in [
         (
             "read",
+            vec!["jit=off", "plan_cache_mode=force_generic_plan"],
+        ),
+        (
+            "advance",
             vec!["jit=off", "plan_cache_mode=force_generic_plan"],
         ),
         ("stats", vec!["jit=off"]),

@@ -41,16 +41,17 @@
 //!    and writing one row): floor/raw bounds relay/raw on this machine,
 //!    whatever the store's design. Raw and floor run 5 times each,
 //!    alternating, and each reports its median run.
-//! 2. **Postgres round trips per relay batch** (its read, its share of the
-//!    advances, the retry lane's reads, and the drain's last read that
-//!    finds nothing), counted on the wire by idem-postgres's counting proxy
+//! 2. **Postgres round trips per relay batch** (its read and its share of
+//!    the advances, one statement once the window is full, the retry lane's
+//!    reads, and the drain's last read that finds nothing), counted on the wire by idem-postgres's counting proxy
 //!    (`idem-postgres/tests/common/proxy.rs`, compiled in from there) in
 //!    front of the relay's pool (four connections), on a second drain of up
 //!    to 1,000 messages: the proxy leaves Nagle's algorithm on, so the timed
-//!    drain goes straight to the server. The first batch, run alone, also
-//!    prepares the statements and is reported apart. sqlx's pings of a
-//!    connection returning to the pool (a Sync alone, off the relay's path)
-//!    are counted apart too.
+//!    drain goes straight to the server. The first batch, run alone, is
+//!    reported apart. Round trips that only prepare a statement (sqlx's, at
+//!    its first use on each of the pool's connections) are not counted, and
+//!    sqlx's pings of a connection returning to the pool (a Sync alone, off
+//!    the relay's path) are counted apart.
 //! 3. **Commit-to-broker latency.** Messages enqueued, one committed
 //!    transaction each, at `--rate` for `--duration` seconds, relayed by
 //!    `Relay::run` (default options, batch 100) woken by
@@ -213,7 +214,7 @@ struct Args {
     #[arg(long, default_value_t = 20000)]
     messages: usize,
     /// Messages per throughput measurement at batch 1, where each costs a
-    /// round trip to the broker and two to Postgres.
+    /// round trip to the broker and one to Postgres (its settlement with the next read).
     #[arg(long, default_value_t = 5000)]
     batch_one_messages: usize,
     /// Aggregates the messages are spread over (pre-filled in rounds of one
@@ -296,7 +297,7 @@ struct Throughput {
     counted_messages: usize,
     /// Its reads that found something.
     counted_batches: u64,
-    /// Statement round trips of the first batch (it prepares the statements).
+    /// Statement round trips of the first batch.
     pg_round_trips_first_batch: u64,
     /// Mean statement round trips of every later batch: its read, its
     /// share of the advances (batches confirmed together are settled in
@@ -879,7 +880,7 @@ async fn relay_drain(
         failed: 0,
         cpu: CpuPerUnit::default(),
     };
-    // The first batch alone (it prepares the statements), then drains with
+    // The first batch alone, then drains with
     // the batches in flight asked for.
     let passes = relay_all(&relay, messages, started, || {
         drain.first_batch = statements()
@@ -1938,11 +1939,12 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          they add up to more than the time a batch takes. PG writes per batch are the store's \
          advances (each writes the partition's one row); dead rows are the message table's and \
          the partition table's after the drain. Postgres round trips per relay batch \
-         (its read, its share of the advances, the drain's last empty read) are \
-         counted on the wire, on a second drain of up to {} messages through a counting proxy \
-         (the timed drain goes straight to the server); the first batch, run alone, which also \
-         prepares the statements, in parentheses; sqlx's pings of connections returning to the \
-         pool apart.\n",
+         (its read and its share of the advances, one statement once the window is full; the \
+         retry lane's check and the drain's last empty read) are counted on the wire, on a \
+         second drain of up to {} messages through a counting proxy (the timed drain goes \
+         straight to the server); the first batch, run alone, in parentheses; round trips that \
+         only prepare a statement (at its first use on each connection) left out, and sqlx's \
+         pings of connections returning to the pool apart.\n",
         args.messages,
         args.batch_one_messages,
         args.aggregates,

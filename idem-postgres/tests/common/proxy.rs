@@ -4,8 +4,10 @@
 //! server, answering one Sync (extended protocol) or one Query (simple
 //! protocol) from the client. A Sync sent on its own, with no statement
 //! before it, is a ping: sqlx's pool pings each connection as it returns to
-//! the pool, in the background, after the caller has its answer. The proxy
-//! counts statements and pings apart. Started with a delay, it also holds
+//! the pool, in the background, after the caller has its answer. A Sync
+//! after a Parse and a Describe with no Execute prepares a statement (sqlx
+//! does at a statement's first use on each connection). The proxy counts
+//! statements, prepares and pings apart. Started with a delay, it also holds
 //! every byte that long each way, as a server that far away would.
 
 #![allow(unreachable_pub, clippy::expect_used)]
@@ -26,6 +28,9 @@ pub struct Counts {
     pub ready: AtomicU64,
     /// Round trips that carried a statement.
     pub statements: AtomicU64,
+    /// Round trips that prepared a statement without running one (sqlx's
+    /// Parse and Describe, at a statement's first use on a connection).
+    pub prepares: AtomicU64,
     /// Round trips that carried nothing but a Sync.
     pub pings: AtomicU64,
     /// Release checks of a guarded pool (`idem_postgres::guarded`): a
@@ -134,7 +139,9 @@ async fn forward(mut from: OwnedReadHalf, mut to: Sink, counts: Arc<Counts>, cli
     let mut buf = vec![0u8; 64 * 1024];
     // The client's startup message has no type byte: skip it.
     let mut startup = client;
-    let mut since_sync = false;
+    // What the client sent since its last Sync: nothing (None), or
+    // messages, with an Execute among them or not.
+    let mut since_sync: Option<bool> = None;
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -174,13 +181,12 @@ async fn forward(mut from: OwnedReadHalf, mut to: Sink, counts: Arc<Counts>, cli
                     counts.ready.fetch_add(1, Ordering::SeqCst);
                 }
                 (true, b'S') => {
-                    let counter = if since_sync {
-                        &counts.statements
-                    } else {
-                        &counts.pings
+                    let counter = match since_sync.take() {
+                        Some(true) => &counts.statements,
+                        Some(false) => &counts.prepares,
+                        None => &counts.pings,
                     };
                     counter.fetch_add(1, Ordering::SeqCst);
-                    since_sync = false;
                 }
                 (true, b'Q') if probe => {
                     counts.checks.fetch_add(1, Ordering::SeqCst);
@@ -188,7 +194,10 @@ async fn forward(mut from: OwnedReadHalf, mut to: Sink, counts: Arc<Counts>, cli
                 (true, b'Q') => {
                     counts.statements.fetch_add(1, Ordering::SeqCst);
                 }
-                (true, _) => since_sync = true,
+                (true, kind) => {
+                    let executed = since_sync.unwrap_or(false) || kind == b'E';
+                    since_sync = Some(executed);
+                }
                 (false, _) => {}
             }
         }
