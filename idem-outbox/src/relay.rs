@@ -732,6 +732,29 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
         // Aggregates whose messages wait in the lane, or failed in this
         // drain: their later messages are held, never published.
         let mut behind: BTreeSet<String> = BTreeSet::new();
+        // What a read answered: a batch to publish, or the end of what can
+        // be read now. A macro, as it moves the loop's own state.
+        macro_rules! took {
+            ($read:expr) => {
+                match $read {
+                    Ok(batch) if batch.messages.is_empty() => {
+                        in_flight -= 1;
+                        more = false;
+                    }
+                    Ok(batch) => {
+                        after = batch.end().unwrap_or(after);
+                        pass.read += batch.messages.len();
+                        pass.batches += 1;
+                        waiting.push_back(batch);
+                    }
+                    Err(failed) => {
+                        in_flight -= 1;
+                        more = false;
+                        error.get_or_insert(failed);
+                    }
+                }
+            };
+        }
         loop {
             if more && reading.is_none() && !read_settling && in_flight < self.options.in_flight {
                 reading = Some(self.store.read(partition, after, self.options.batch));
@@ -777,23 +800,7 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
             tokio::select! {
                 read = settle(&mut reading) => {
                     reading = None;
-                    match read {
-                        Ok(batch) if batch.messages.is_empty() => {
-                            in_flight -= 1;
-                            more = false;
-                        }
-                        Ok(batch) => {
-                            after = batch.end().unwrap_or(after);
-                            pass.read += batch.messages.len();
-                            pass.batches += 1;
-                            waiting.push_back(batch);
-                        }
-                        Err(failed) => {
-                            in_flight -= 1;
-                            more = false;
-                            error.get_or_insert(failed);
-                        }
-                    }
+                    took!(read);
                 }
                 published = settle(&mut publishing) => {
                     publishing = None;
@@ -807,10 +814,11 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
                     settling = None;
                     let (done, result, read) = settled;
                     in_flight -= done.pass.batches.max(1);
+                    // The read that went with it is taken at once, so the
+                    // next settlement can carry the next read.
                     if std::mem::take(&mut read_settling) {
-                        // The read is taken as any other, at the next turn.
                         match read {
-                            Some(read) => reading = Some(Box::pin(std::future::ready(read))),
+                            Some(read) => took!(read),
                             None => in_flight -= 1,
                         }
                     }

@@ -777,6 +777,44 @@ fn drain_in_pairs(
     (relay, draining)
 }
 
+/// A batch the broker confirmed while the settlement before it (with its
+/// read) was still out goes, once that settlement is back, with the next
+/// read too: the window stays one store round trip per batch.
+#[tokio::test]
+async fn a_batch_confirmed_during_a_settlement_settles_with_the_next_read() {
+    let (advances, mut advancing) = gate(false);
+    let (publishes, mut publishing) = gate(false);
+    let outbox = Arc::new(Staged {
+        advances: Some(advances),
+        ..Staged::default()
+    });
+    interleaved(&outbox, &["a", "b", "c", "d", "e", "f", "g", "h"], 1).await;
+    let publisher = Arc::new(Held::new(publishes));
+    let (_, draining) = drain_in_pairs(&outbox, &publisher, 2);
+    let combined = || outbox.combined.load(std::sync::atomic::Ordering::SeqCst);
+
+    // Two batches read fill the window; the first one's settlement carries
+    // the third read, and is held while the second batch is confirmed.
+    assert_eq!(publishing.next().await, named(&[("a", 1), ("b", 1)]));
+    publishing.release(1);
+    advancing.next().await;
+    assert_eq!(combined(), 1);
+    assert_eq!(publishing.next().await, named(&[("c", 1), ("d", 1)]));
+    publishing.release(1);
+    // On this single-threaded runtime the relay, woken, runs before the
+    // test goes on, until it waits again: the second batch's confirm is in
+    // before the first settlement goes on.
+    tokio::task::yield_now().await;
+    advancing.release(1);
+    advancing.next().await;
+    assert_eq!(combined(), 2, "the second settlement went without a read");
+    publishing.open();
+    advancing.open();
+    let drained = draining.await.unwrap().unwrap();
+    assert_eq!((drained.published, drained.batches), (8, 4), "{drained:?}");
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
+
 #[tokio::test]
 async fn batches_in_flight_are_read_ahead_published_one_at_a_time_and_settled_in_order() {
     let (reads, mut read) = gate(true);
