@@ -41,14 +41,17 @@
 //!    and writing one row): floor/raw bounds relay/raw on this machine,
 //!    whatever the store's design. Raw and floor run 5 times each,
 //!    alternating, and each reports its median run.
-//! 2. **Postgres round trips per relay batch** (its read and its share of
-//!    the advances, one statement once the window is full, the retry lane's
-//!    reads, and the drain's last read that finds nothing), counted on the wire by idem-postgres's counting proxy
+//! 2. **Postgres statements per relay batch**: the store's calls in the
+//!    timed drain (its reads of the log and the retry lane, and its
+//!    advances, each carrying the next read once the window is full), one
+//!    statement each on Postgres; and round trips per batch, counted on the
+//!    wire by idem-postgres's counting proxy
 //!    (`idem-postgres/tests/common/proxy.rs`, compiled in from there) in
 //!    front of the relay's pool (four connections), on a second drain of up
 //!    to 1,000 messages: the proxy leaves Nagle's algorithm on, so the timed
-//!    drain goes straight to the server. The first batch, run alone, is
-//!    reported apart. Round trips that only prepare a statement (sqlx's, at
+//!    drain goes straight to the server (through it, the relay waits on its
+//!    reads, its window is seldom full, and a read seldom goes with a
+//!    settlement). The first batch, run alone, is reported apart. Round trips that only prepare a statement (sqlx's, at
 //!    its first use on each of the pool's connections) are not counted, and
 //!    sqlx's pings of a connection returning to the pool (a Sync alone, off
 //!    the relay's path) are counted apart.
@@ -285,6 +288,10 @@ struct Throughput {
     relay_advance_seconds: f64,
     /// The store's writes (advances) per batch of the timed drain.
     pg_writes_per_batch: f64,
+    /// The store's calls (reads of the log and the lane, advances alone or
+    /// with a read) per batch of the timed drain: on Postgres, one
+    /// statement each.
+    pg_calls_per_batch: f64,
     /// Dead rows of the message table after the timed drain, and of its
     /// partition table (the one row an advance rewrites).
     dead_rows_messages: i64,
@@ -601,6 +608,9 @@ struct TimedStore {
     reading: AtomicU64,
     advancing: AtomicU64,
     advances: AtomicU64,
+    /// Reads of the logs and the lanes (a read an advance carried is not
+    /// one).
+    reads: AtomicU64,
 }
 
 #[async_trait]
@@ -626,6 +636,7 @@ impl OutboxStore for TimedStore {
         let started = Instant::now();
         let read = self.inner.read(partition, after, limit).await;
         add_elapsed(&self.reading, started);
+        self.reads.fetch_add(1, Ordering::SeqCst);
         read
     }
 
@@ -662,6 +673,7 @@ impl OutboxStore for TimedStore {
         let started = Instant::now();
         let due = self.inner.due(partition, limit).await;
         add_elapsed(&self.reading, started);
+        self.reads.fetch_add(1, Ordering::SeqCst);
         due
     }
 
@@ -715,6 +727,8 @@ struct Drain {
     advancing: Duration,
     /// The store's advances: its writes.
     writes: u64,
+    /// The store's calls: its reads and advances.
+    calls: u64,
     batches: u64,
     first_batch: u64,
     /// Batches after the first, and their statement round trips.
@@ -845,6 +859,7 @@ async fn relay_drain(
         reading: AtomicU64::new(0),
         advancing: AtomicU64::new(0),
         advances: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
     });
     let relay = Relay::new(
         Arc::clone(&store),
@@ -871,6 +886,7 @@ async fn relay_drain(
         reading: Duration::ZERO,
         advancing: Duration::ZERO,
         writes: 0,
+        calls: 0,
         batches: 0,
         first_batch: 0,
         later_batches: 0,
@@ -897,6 +913,7 @@ async fn relay_drain(
     drain.reading = Duration::from_nanos(store.reading.load(Ordering::SeqCst));
     drain.advancing = Duration::from_nanos(store.advancing.load(Ordering::SeqCst));
     drain.writes = store.advances.load(Ordering::SeqCst);
+    drain.calls = drain.writes + store.reads.load(Ordering::SeqCst);
     drain.pings = pings() - pings_before;
     // Every ReadyForQuery answers a statement or a ping.
     drain.round_trips = ready() - ready_before;
@@ -1542,6 +1559,7 @@ async fn throughput(
             relay_read_seconds: drain.reading.as_secs_f64(),
             relay_advance_seconds: drain.advancing.as_secs_f64(),
             pg_writes_per_batch: drain.writes as f64 / drain.batches.max(1) as f64,
+            pg_calls_per_batch: drain.calls as f64 / drain.batches.max(1) as f64,
             dead_rows_messages: dead_rows.0,
             dead_rows_partitions: dead_rows.1,
             raw_seconds: raw.elapsed.as_secs_f64(),
@@ -1937,10 +1955,13 @@ fn markdown(lines: &[Line], args: &Args) -> String {
          floor send each batch at once). The read, publish and advance columns are each stage's time added \
          up over the drain and divided by its batches; with batches in flight they overlap, so \
          they add up to more than the time a batch takes. PG writes per batch are the store's \
-         advances (each writes the partition's one row); dead rows are the message table's and \
+         advances (each writes the partition's one row); PG statements per batch are the store's \
+         calls in the timed drain (its reads, of the log and of the retry lane, and its \
+         advances, each carrying the next read once the window is full: one statement each); \
+         dead rows are the message table's and \
          the partition table's after the drain. Postgres round trips per relay batch \
-         (its read and its share of the advances, one statement once the window is full; the \
-         retry lane's check and the drain's last empty read) are counted on the wire, on a \
+         (its read and its share of the advances; the retry lane's check and the drain's last \
+         empty read) are counted on the wire, on a \
          second drain of up to {} messages through a counting proxy (the timed drain goes \
          straight to the server); the first batch, run alone, in parentheses; round trips that \
          only prepare a statement (at its first use on each connection) left out, and sqlx's \
@@ -1955,15 +1976,15 @@ fn markdown(lines: &[Line], args: &Args) -> String {
         COUNTED_MESSAGES
     );
     md.push_str(
-        "| broker | batch | aggregates | partitions | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: read + publish + advance | broker waves / batch | PG writes / batch | PG round trips / batch | sqlx pings / batch | dead rows: messages, partitions | batches | failed relay/raw |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | batch | aggregates | partitions | in flight | relay msg/s | raw msg/s | relay/raw | relay ms / batch: read + publish + advance | broker waves / batch | PG writes / batch | PG statements / batch | PG round trips / batch, counted | sqlx pings / batch | dead rows: messages, partitions | batches | failed relay/raw |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for line in lines {
         if let Line::Throughput(t) = line {
             let per_batch = |seconds: f64| seconds * 1000.0 / t.batches.max(1) as f64;
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} | {:.2} | {:.2} ({}) | {:.2} | {}, {} | {} | {}/{} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} + {:.2} + {:.2} | {:.2} | {:.2} | {:.2} | {:.2} ({}) | {:.2} | {}, {} | {} | {}/{} |",
                 t.broker,
                 t.batch,
                 t.aggregates,
@@ -1977,6 +1998,7 @@ fn markdown(lines: &[Line], args: &Args) -> String {
                 per_batch(t.relay_advance_seconds),
                 t.relay_waves_per_batch,
                 t.pg_writes_per_batch,
+                t.pg_calls_per_batch,
                 t.pg_round_trips_per_batch,
                 t.pg_round_trips_first_batch,
                 t.pg_pings as f64 / t.counted_batches.max(1) as f64,
