@@ -57,11 +57,21 @@ fn miscounted(operation: &'static str) -> StoreError {
     )
 }
 
+/// How a version gap's reason begins: the consumer writes it when it parks
+/// a gap, and reads it to tell a parked gap from a failure.
+const GAP: &str = "version gap: the aggregate is at ";
+
 fn gap(current: u64, message: &InboundMessage) -> String {
     format!(
-        "version gap: the aggregate is at {current}, the event at {}",
+        "{GAP}{current}, the event at {}",
         message.version().unwrap_or_default()
     )
+}
+
+/// The version a parked gap's aggregate was at, if `reason` is a gap's.
+pub(crate) fn gap_behind(reason: &str) -> Option<u64> {
+    let rest = reason.strip_prefix(GAP)?;
+    rest.split(',').next()?.parse().ok()
 }
 
 /// How one pass of a batch through its transaction ended.
@@ -326,11 +336,64 @@ fn log_handled(handled: Result<Result<(), ConsumerError>, tokio::task::JoinError
     }
 }
 
+/// An aggregate whose oldest parked version is a version gap
+/// ([`Consumer::stuck`]): it waits for a version that no parked message
+/// holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stuck {
+    /// The aggregate.
+    pub aggregate: String,
+    /// The version it was at when its oldest parked version was parked.
+    pub at: u64,
+    /// The version its parked messages wait for: the one after
+    /// [`at`](Self::at).
+    pub waiting_for: u64,
+    /// Its oldest parked version.
+    pub oldest_parked: u64,
+    /// How many of its messages are parked (up to the release batch).
+    pub parked: usize,
+    /// When its oldest parked version was (last) parked.
+    pub since: idem_core::store::Timestamp,
+}
+
+/// A task aborted when this guard drops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How a delivery was settled, short of its ack.
+struct Settlement {
+    consumed: Consumed,
+    /// Whether it is to be acknowledged.
+    ack: bool,
+    /// Whether its aggregate's parked later versions are to be replayed.
+    release: bool,
+}
+
+impl Settlement {
+    /// Asked of the broker again: not acknowledged, nothing released.
+    fn unacked(consumed: Consumed) -> Self {
+        Self {
+            consumed,
+            ack: false,
+            release: false,
+        }
+    }
+}
+
 /// How one attempt at a message ended, before the delivery is settled.
 enum Attempt {
     Done(Consumed),
-    /// The message's fault, or a gap: counts toward parking.
+    /// The message's fault: counts toward parking.
     Failed(String),
+    /// A version gap: counts toward parking; parked, its aggregate is
+    /// released, as its predecessor may have applied meanwhile.
+    Gap(String),
     /// Not the message's fault (the store): delivered again, never parked.
     Unavailable(StoreError),
     Busy(Duration),
@@ -348,21 +411,30 @@ enum Attempt {
 /// [`run`](Self::run) does the same for a batch of deliveries with one
 /// commit ([`consume_batch`](Self::consume_batch)).
 ///
+/// Only the consumer decides that a message is done: applied (or found
+/// stale), acknowledged as a duplicate, or parked with its reason. The
+/// broker never drops one ([`check`](Self::check) refuses a broker that
+/// limits its deliveries).
+///
 /// - A handler error, a failed commit or a version gap rolls the writes
 ///   back and asks the broker for the message again after a back-off
 ///   ([`ConsumerOptions::backoff`]); at its
-///   [`max_deliveries`](ConsumerOptions::max_deliveries)th delivery it is
-///   parked with the reason and acknowledged. A message whose id comes
-///   with another payload is parked at once.
+///   [`max_deliveries`](ConsumerOptions::max_deliveries)th failed attempt,
+///   by the consumer's own count (a delivery no consumer settled does not
+///   count), it is parked with the reason and acknowledged. A message
+///   whose id comes with another payload is parked at once.
 /// - A delivery whose inbox claim another delivery holds waits out that
 ///   claim's lease, without counting toward parking.
 /// - When the inbox or parking store fails, the delivery is left to the
 ///   broker, never parked for it.
-/// - After an event with a version is applied, the parked later versions
-///   of its aggregate are replayed in order (the gap it filled releases
-///   them). Operators list ([`parked`](Self::parked)), replay
-///   ([`replay`](Self::replay)) or drop ([`drop_parked`](Self::drop_parked))
-///   parked messages.
+/// - After an event with a version is applied (or found a duplicate), and
+///   after a gap is parked, the parked versions of its aggregate are
+///   replayed in order while they apply ([`release`](Self::release)), so
+///   a gap parked while its predecessor was being applied is never left
+///   behind; [`run`](Self::run) sweeps for aggregates still stuck behind a
+///   gap ([`stuck`](Self::stuck)). Operators list
+///   ([`parked`](Self::parked)), replay ([`replay`](Self::replay)) or drop
+///   ([`drop_parked`](Self::drop_parked)) parked messages.
 /// - [`check`](Self::check) refuses an inbox retention shorter than the
 ///   broker's redelivery horizon; [`run`](Self::run) checks before the
 ///   first delivery.
@@ -384,6 +456,7 @@ struct Parts<H> {
     parking: Arc<dyn ParkingStore>,
     handler: H,
     options: ConsumerOptions,
+    failures: crate::failures::Failures,
 }
 
 impl<H> Clone for Consumer<H> {
@@ -447,6 +520,7 @@ impl<H: Handler> Consumer<H> {
                 parking,
                 handler,
                 options,
+                failures: crate::failures::Failures::default(),
             }),
         })
     }
@@ -458,31 +532,32 @@ impl<H: Handler> Consumer<H> {
 
     /// The longest a broker with `horizon` may take, from a message's
     /// first delivery, to deliver it for the last time, given this
-    /// consumer's own delays.
+    /// consumer's own delays: the consumer parks a failing message at its
+    /// own count of failed attempts
+    /// ([`max_deliveries`](ConsumerOptions::max_deliveries)), and each
+    /// delivery in between may wait the broker's ack wait, the consumer's
+    /// delay or the broker's back-off, whichever is longest. A delivery
+    /// that no consumer settles (a consumer that died) adds an ack wait
+    /// more each time, without bound: the figure assumes consumers that
+    /// run.
     ///
     /// # Errors
     ///
-    /// [`ConsumerError::Misconfigured`] when the broker's deliveries are
-    /// unbounded, or fewer than the consumer's (it would stop before the
-    /// consumer parks).
+    /// [`ConsumerError::Misconfigured`] when the broker limits its
+    /// deliveries: it counts copies no consumer settled (one held past
+    /// the ack wait, one dropped with its consumer) and drops the message
+    /// at its limit, neither applied nor parked. Only the consumer decides
+    /// that a message is done.
     pub fn horizon(&self, horizon: &RedeliveryHorizon) -> Result<Duration, ConsumerError> {
         let parks_at = self.parts.options.max_deliveries;
-        let Some(max) = horizon.max_deliveries else {
+        if let Some(max) = horizon.max_deliveries {
             return Err(ConsumerError::Misconfigured {
                 figure: "max deliveries",
                 message: format!(
-                    "{} redelivers without limit, so no inbox retention outlasts it; \
-                     limit its deliveries to the consumer's {parks_at}",
-                    horizon.broker
-                ),
-            });
-        };
-        if max < parks_at {
-            return Err(ConsumerError::Misconfigured {
-                figure: "max deliveries",
-                message: format!(
-                    "{} stops after {max} deliveries, before the consumer parks at {parks_at}: \
-                     a failing message would be neither applied nor parked",
+                    "{} drops a message after {max} deliveries, counting copies no consumer \
+                     settled, so a message could end neither applied nor parked: let it \
+                     deliver without limit (the consumer parks a failing message after its \
+                     own {parks_at} failed attempts)",
                     horizon.broker
                 ),
             });
@@ -505,15 +580,15 @@ impl<H: Handler> Consumer<H> {
         };
         // Past the broker's listed delays and the consumer's doublings
         // (at most 32), every gap is the last one: summed at once, so a
-        // limit of billions of deliveries costs no more than one of forty.
+        // count of billions of attempts costs no more than one of forty.
         let listed = u32::try_from(horizon.backoff.len()).unwrap_or(u32::MAX);
-        let varying = max.min(listed.saturating_add(33));
+        let varying = parks_at.min(listed.saturating_add(33));
         let mut total = Duration::ZERO;
         for delivery in 1..varying {
             total = total.saturating_add(gap(delivery));
         }
-        if varying < max {
-            total = total.saturating_add(gap(varying).saturating_mul(max - varying));
+        if varying < parks_at {
+            total = total.saturating_add(gap(varying).saturating_mul(parks_at - varying));
         }
         Ok(total.saturating_add(horizon.ack_wait))
     }
@@ -533,10 +608,8 @@ impl<H: Handler> Consumer<H> {
                 figure: "inbox retention",
                 message: format!(
                     "{retention:?} is shorter than {}'s redelivery horizon of {longest:?} \
-                     ({} deliveries, ack wait {:?}): a late redelivery would be applied again",
-                    horizon.broker,
-                    horizon.max_deliveries.unwrap_or_default(),
-                    horizon.ack_wait
+                     ({} attempts, ack wait {:?}): a late redelivery would be applied again",
+                    horizon.broker, self.parts.options.max_deliveries, horizon.ack_wait
                 ),
             });
         }
@@ -594,6 +667,7 @@ impl<H: Handler> Consumer<H> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ConsumerError> {
         self.check(&source.horizon())?;
+        let _sweeper = self.sweeper();
         tokio::pin!(shutdown);
         let slots = self.parts.options.slots();
         let mut flight = Flight {
@@ -830,14 +904,18 @@ impl<H: Handler> Consumer<H> {
 
     async fn settle<D: Delivery + ?Sized>(&self, delivery: &D) -> Result<Consumed, ConsumerError> {
         let attempt = self.attempt(delivery.message()).await;
-        let (consumed, ack) = self.settle_attempt(delivery, attempt).await?;
-        if ack {
-            delivery.ack().await?;
-        }
-        if consumed == Consumed::Applied {
+        let settlement = self.settle_attempt(delivery, attempt).await?;
+        // Released whether or not the ack gets through: what committed (or
+        // parked) stands either way.
+        let acked = match settlement.ack {
+            true => delivery.ack().await,
+            false => Ok(()),
+        };
+        if settlement.release {
             self.release_behind(delivery.message()).await;
         }
-        Ok(consumed)
+        acked?;
+        Ok(settlement.consumed)
     }
 
     /// Consumes a batch of deliveries (of one source, in its order, no two
@@ -1146,7 +1224,7 @@ impl<H: Handler> Consumer<H> {
         };
         let attempt = match handled {
             // A gap writes nothing and leaves no claim behind.
-            Handled::Gap { current } => Err(Attempt::Failed(gap(current, message))),
+            Handled::Gap { current } => Err(Attempt::Gap(gap(current, message))),
             handled => match tx.complete(&lease, &handled.to_stored()).await {
                 Ok(()) if handled == Handled::Applied => Ok(Attempt::Done(Consumed::Applied)),
                 Ok(()) => Ok(Attempt::Done(Consumed::Stale)),
@@ -1187,16 +1265,22 @@ impl<H: Handler> Consumer<H> {
     ) -> Vec<Result<Consumed, ConsumerError>> {
         let mut settled = Vec::with_capacity(batch.len());
         let mut acks = Vec::new();
+        let mut releases = Vec::new();
         for (at, (delivery, attempt)) in batch.iter().zip(attempts).enumerate() {
             let span = self.delivery_span(delivery);
             let result = self
                 .settle_attempt(delivery, attempt)
                 .instrument(span.clone())
                 .await;
-            if let Ok((_, true)) = &result {
-                acks.push(at);
+            if let Ok(settlement) = &result {
+                if settlement.ack {
+                    acks.push(at);
+                }
+                if settlement.release {
+                    releases.push(at);
+                }
             }
-            settled.push((span, result.map(|(consumed, _)| consumed)));
+            settled.push((span, result.map(|settlement| settlement.consumed)));
         }
         let acked: Vec<&D> = acks.iter().map(|at| &batch[*at]).collect();
         let broker = D::ack_all(&acked).await.err();
@@ -1211,46 +1295,74 @@ impl<H: Handler> Consumer<H> {
             self.settled(&span, &batch[at], &result);
             results.push(result);
         }
-        for (delivery, result) in batch.iter().zip(&results) {
-            if matches!(result, Ok(Consumed::Applied)) {
-                self.release_behind(delivery.message()).await;
-            }
+        // Whether or not the acks got through: what committed or parked
+        // stands either way.
+        for at in releases {
+            self.release_behind(batch[at].message()).await;
         }
         results
     }
 
-    /// Settles one attempt short of its ack: what it was, and whether it
-    /// is to be acknowledged.
+    /// Settles one attempt short of its ack: what it was, whether it is to
+    /// be acknowledged, and whether its aggregate is to be released.
+    ///
+    /// A failure counts toward parking by the consumer's own count of
+    /// failed attempts at the message ([`Failures`](crate::failures::Failures)),
+    /// never by the broker's count of deliveries, which also counts copies
+    /// no consumer settled.
     async fn settle_attempt<D: Delivery + ?Sized>(
         &self,
         delivery: &D,
         attempt: Attempt,
-    ) -> Result<(Consumed, bool), ConsumerError> {
+    ) -> Result<Settlement, ConsumerError> {
         let message = delivery.message();
-        let deliveries = delivery.deliveries();
-        let consumed = match attempt {
-            Attempt::Done(consumed) => consumed,
+        let failures = &self.parts.failures;
+        let parks_at = self.parts.options.max_deliveries;
+        let (consumed, release) = match attempt {
+            Attempt::Done(consumed) => {
+                failures.forget(message.id());
+                // A duplicate too: the consumer that applied it may have
+                // died before it released what waits behind it.
+                let release = matches!(consumed, Consumed::Applied | Consumed::Duplicate);
+                (consumed, release)
+            }
             Attempt::Busy(after) => {
                 delivery.retry(after).await?;
-                return Ok((Consumed::InProgress { after }, false));
+                return Ok(Settlement::unacked(Consumed::InProgress { after }));
             }
             Attempt::Unavailable(error) => {
-                let after = self.parts.options.delay_after(deliveries);
+                // Not the message's fault: paced by the broker's count, as
+                // a store that stays away is, never parked for it.
+                let after = self.parts.options.delay_after(delivery.deliveries());
                 delivery.retry(after).await?;
                 let reason = error.to_string();
-                return Ok((Consumed::Retried { after, reason }, false));
+                return Ok(Settlement::unacked(Consumed::Retried { after, reason }));
             }
-            Attempt::Failed(reason) if deliveries < self.parts.options.max_deliveries => {
-                let after = self.parts.options.delay_after(deliveries);
+            Attempt::Failed(reason) | Attempt::Gap(reason)
+                if failures.count(message.id()).saturating_add(1) < parks_at =>
+            {
+                let after = self.parts.options.delay_after(failures.fail(message.id()));
                 delivery.retry(after).await?;
-                return Ok((Consumed::Retried { after, reason }, false));
+                return Ok(Settlement::unacked(Consumed::Retried { after, reason }));
+            }
+            Attempt::Gap(reason) => {
+                let tried = failures.count(message.id()).saturating_add(1);
+                self.park(message, &reason, tried).await?;
+                failures.forget(message.id());
+                (Consumed::Parked { reason }, true)
             }
             Attempt::Failed(reason) | Attempt::Poison(reason) => {
-                self.park(message, &reason, deliveries).await?;
-                Consumed::Parked { reason }
+                let tried = failures.count(message.id()).saturating_add(1);
+                self.park(message, &reason, tried).await?;
+                failures.forget(message.id());
+                (Consumed::Parked { reason }, false)
             }
         };
-        Ok((consumed, true))
+        Ok(Settlement {
+            consumed,
+            ack: true,
+            release,
+        })
     }
 
     /// A delivery's span, `idem.consume`.
@@ -1320,7 +1432,7 @@ impl<H: Handler> Consumer<H> {
             .await;
         match run {
             Ok(RunOutcome::Executed(Handled::Gap { current })) => {
-                Attempt::Failed(gap(current, message))
+                Attempt::Gap(gap(current, message))
             }
             Ok(RunOutcome::Executed(Handled::Stale { .. })) => Attempt::Done(Consumed::Stale),
             Ok(RunOutcome::Executed(_)) => Attempt::Done(Consumed::Applied),
@@ -1344,38 +1456,163 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// After `message` applied: replays the parked later versions of its
-    /// aggregate, in order, while they apply.
+    /// After `message` applied (or parked as a gap): releases its
+    /// aggregate ([`release`](Self::release)); a failure is logged, and
+    /// left to the next release of the aggregate or to the sweep
+    /// ([`ConsumerOptions::release_interval`]).
     async fn release_behind(&self, message: &InboundMessage) {
         let (Some(aggregate), Some(_)) = (message.aggregate(), message.version()) else {
             return;
         };
-        let waiting = self
-            .parts
-            .parking
-            .parked(
-                &ParkedQuery::new(self.parts.name.clone())
-                    .of_aggregate(aggregate)
-                    .limit(self.parts.options.release_batch),
-            )
-            .await;
-        let waiting = match waiting {
-            Ok(waiting) => waiting,
-            Err(error) => {
-                tracing::warn!(%error, "could not list what waits behind an applied event");
-                return;
-            }
-        };
-        for entry in waiting {
-            match self.replay_entry(&entry).await {
-                Ok(Some(Consumed::Applied | Consumed::Stale | Consumed::Duplicate)) => {}
-                Ok(_) => return,
-                Err(error) => {
-                    tracing::warn!(%error, "could not release a parked event");
-                    return;
+        if let Err(error) = self.release(aggregate).await {
+            tracing::warn!(%error, "could not release what waits behind an event");
+        }
+    }
+
+    /// Replays `aggregate`'s parked messages in version order while they
+    /// apply (or turn out stale or applied before), listing them again
+    /// until none is left or one does not apply (a gap still, or a
+    /// failure): what an applied event does for the later versions parked
+    /// behind it, and what a parked gap does for itself, so that a gap
+    /// parked while its predecessor was being applied and released is
+    /// never missed by both. A parked message that another delivery or
+    /// replay holds is waited for (it may have read the aggregate before
+    /// the version this release follows), up to twice the inbox lease.
+    /// Answers how many it replayed.
+    ///
+    /// Run by the consumer after each applied event and parked gap, and
+    /// for every aggregate whose oldest parked version is a gap by
+    /// [`run`](Self::run)'s sweep; call it to release an aggregate whose
+    /// missing version you applied by hand.
+    ///
+    /// # Errors
+    ///
+    /// The parking store's or the inbox's failure (what is left stays
+    /// parked, for the next release).
+    pub async fn release(&self, aggregate: &str) -> Result<usize, ConsumerError> {
+        let mut replayed = 0;
+        loop {
+            let query = ParkedQuery::new(self.parts.name.clone())
+                .of_aggregate(aggregate)
+                .limit(self.parts.options.release_batch);
+            let waiting = self.parts.parking.parked(&query).await?;
+            let before = replayed;
+            for entry in &waiting {
+                match self.replay_waiting(entry).await? {
+                    // Resolved meanwhile by another release: on to the next.
+                    None => {}
+                    Some(Consumed::Applied | Consumed::Stale | Consumed::Duplicate) => {
+                        replayed += 1;
+                    }
+                    Some(_) => return Ok(replayed),
                 }
             }
+            // Every one replayed: more may wait (past the listing's limit,
+            // or parked since). None (or none left): done.
+            if replayed == before {
+                return Ok(replayed);
+            }
         }
+    }
+
+    /// Replays a parked message, waiting out whoever holds its inbox
+    /// claim (with a doubling pause, up to twice the inbox lease).
+    async fn replay_waiting(
+        &self,
+        entry: &ParkedMessage,
+    ) -> Result<Option<Consumed>, ConsumerError> {
+        let patience = tokio::time::Instant::now() + self.parts.options.lease.saturating_mul(2);
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let consumed = self.replay_entry(entry).await?;
+            let Some(Consumed::InProgress { after }) = consumed else {
+                return Ok(consumed);
+            };
+            let now = tokio::time::Instant::now();
+            if now >= patience {
+                return Ok(Some(Consumed::InProgress { after }));
+            }
+            tokio::time::sleep(pause.min(after).min(patience - now)).await;
+            pause = pause.saturating_mul(2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// The aggregates whose oldest parked version is a version gap, found
+    /// among this consumer's `limit` oldest parked messages (one listing,
+    /// then one per aggregate found): each waits for a version that no
+    /// parked message holds. Most are released as soon as that version
+    /// applies; one still listed after a sweep
+    /// ([`ConsumerOptions::release_interval`]) waits for a message that
+    /// never came, or that a consumer could not apply. An operator applies
+    /// or publishes it again, then [`release`](Self::release)s the
+    /// aggregate, or drops ([`drop_parked`](Self::drop_parked)) what waits.
+    ///
+    /// # Errors
+    ///
+    /// The parking store's.
+    pub async fn stuck(&self, limit: usize) -> Result<Vec<Stuck>, StoreError> {
+        let oldest = self.parked(None, limit).await?;
+        let mut seen = std::collections::HashSet::new();
+        let mut stuck = Vec::new();
+        for entry in &oldest {
+            let message = &entry.parked.message;
+            let (Some(aggregate), Some(_)) = (message.aggregate(), message.version()) else {
+                continue;
+            };
+            if !seen.insert(aggregate) {
+                continue;
+            }
+            let own = self
+                .parked(Some(aggregate), self.parts.options.release_batch)
+                .await?;
+            let Some(first) = own.first() else { continue };
+            let (Some(current), Some(version)) = (
+                gap_behind(&first.parked.reason),
+                first.parked.message.version(),
+            ) else {
+                continue;
+            };
+            stuck.push(Stuck {
+                aggregate: aggregate.to_string(),
+                at: current,
+                waiting_for: current.saturating_add(1),
+                oldest_parked: version,
+                parked: own.len(),
+                since: first.parked_at,
+            });
+        }
+        Ok(stuck)
+    }
+
+    /// One sweep: releases every stuck aggregate, and records how many
+    /// stay stuck ([`STUCK`](crate::STUCK)).
+    async fn sweep(&self) -> Result<usize, ConsumerError> {
+        let limit = self.parts.options.release_batch;
+        for stuck in self.stuck(limit).await? {
+            self.release(&stuck.aggregate).await?;
+        }
+        let left = self.stuck(limit).await?.len();
+        crate::record_stuck(&self.parts.name, left);
+        Ok(left)
+    }
+
+    /// [`run`](Self::run)'s sweeps, in a task of their own, stopped when
+    /// the guard drops (a release cut off leaves its message parked, for
+    /// the next).
+    fn sweeper(&self) -> AbortOnDrop
+    where
+        H: Handler,
+    {
+        let consumer = self.clone();
+        let interval = self.parts.options.release_interval;
+        AbortOnDrop(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(error) = consumer.sweep().await {
+                    tracing::warn!(%error, "could not sweep the stuck aggregates");
+                }
+            }
+        }))
     }
 
     /// This consumer's parked messages, oldest first (of one aggregate by
@@ -1431,7 +1668,7 @@ impl<H: Handler> Consumer<H> {
             }
             Attempt::Busy(after) => Consumed::InProgress { after },
             Attempt::Unavailable(error) => return Err(error.into()),
-            Attempt::Failed(reason) | Attempt::Poison(reason) => {
+            Attempt::Failed(reason) | Attempt::Gap(reason) | Attempt::Poison(reason) => {
                 let deliveries = entry.parked.deliveries.saturating_add(1);
                 self.park(message, &reason, deliveries).await?;
                 Consumed::Parked { reason }

@@ -194,9 +194,8 @@ pub trait Source: Send {
 /// use idem_consumer::RedeliveryHorizon;
 ///
 /// let jetstream = RedeliveryHorizon::new("nats", Duration::from_secs(30))
-///     .with_max_deliveries(5)
 ///     .with_duplicate_window(Duration::from_secs(120));
-/// assert_eq!(jetstream.max_deliveries, Some(5));
+/// assert_eq!(jetstream.max_deliveries, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -208,7 +207,10 @@ pub struct RedeliveryHorizon {
     /// timeout, 30 minutes by default).
     pub ack_wait: Duration,
     /// The most deliveries of one message the broker makes (JetStream's
-    /// `max_deliver`); `None` for no limit.
+    /// `max_deliver`, a quorum queue's `x-delivery-limit`); `None` for no
+    /// limit, the only figure a consumer accepts
+    /// ([`Consumer::horizon`](crate::Consumer::horizon)): a broker counts
+    /// copies no consumer settled and drops the message at its limit.
     pub max_deliveries: Option<u32>,
     /// The broker's own delays between deliveries (JetStream's `backoff`),
     /// the last repeated.

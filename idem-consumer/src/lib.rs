@@ -18,8 +18,10 @@
 //!   under a savepoint of its own, one commit, then the acks together
 //!   ([`Delivery::ack_all`]); see [`Consumer::consume_batch`].
 //! - **Redelivery and parking.** A failure rolls the writes back and asks
-//!   the broker again after a back-off, a bounded number of times; then the
-//!   message is parked with its reason in an
+//!   the broker again after a back-off, a bounded number of times by the
+//!   consumer's own count (never the broker's: only the consumer decides
+//!   that a message is done, and a broker that limits its deliveries is
+//!   refused); then the message is parked with its reason in an
 //!   [`idem_core::store::ParkingStore`] (`idem_memory::MemoryParking`,
 //!   `idem_postgres::PostgresParking`, `idem_dynamo::DynamoParking`), where
 //!   operators list, replay or drop it.
@@ -29,7 +31,9 @@
 //!   `idem_postgres::VersionedTable` or `idem_dynamo::VersionedItems` over
 //!   your own table) and returns the check as [`Handled`]: a duplicate or
 //!   stale event is acknowledged with no effect, a gap is retried, then
-//!   parked, and later versions wait behind it until the gap fills.
+//!   parked, and later versions wait behind it until the gap fills; an
+//!   aggregate stuck behind a gap is listed ([`Consumer::stuck`], the
+//!   [`STUCK`] gauge) and swept.
 //! - **Retention against the broker.** [`Consumer::check`] refuses an
 //!   inbox retention shorter than the broker's redelivery horizon
 //!   ([`RedeliveryHorizon`]) with [`ConsumerError::Misconfigured`] naming
@@ -47,10 +51,11 @@
 
 mod consumer;
 mod delivery;
+mod failures;
 mod flight;
 mod options;
 
-pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler, WAITING_PER_SLOT};
+pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler, Stuck, WAITING_PER_SLOT};
 pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source, bounded};
 pub use options::ConsumerOptions;
 
@@ -66,6 +71,18 @@ pub const LAG: &str = "idem_consumer_lag_seconds";
 pub const BATCH_SIZE: &str = "idem_consumer_batch_size";
 /// Gauge: deliveries being handled in batches, by `consumer`.
 pub const IN_FLIGHT: &str = "idem_consumer_in_flight";
+/// Gauge: aggregates still stuck after a sweep ([`Consumer::stuck`]), by
+/// `consumer`.
+pub const STUCK: &str = "idem_consumer_stuck_aggregates";
+
+/// Records how many aggregates a sweep left stuck.
+#[cfg(feature = "metrics")]
+fn record_stuck(consumer: &idem_core::Tenant, stuck: usize) {
+    metrics::gauge!(STUCK, "consumer" => consumer.as_str().to_string()).set(stuck as f64);
+}
+
+#[cfg(not(feature = "metrics"))]
+fn record_stuck(_: &idem_core::Tenant, _: usize) {}
 
 /// A batch's deliveries counted in [`IN_FLIGHT`] until dropped; its size
 /// recorded in [`BATCH_SIZE`].

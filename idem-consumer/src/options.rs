@@ -29,6 +29,7 @@ pub struct ConsumerOptions {
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
     pub(crate) release_batch: usize,
+    pub(crate) release_interval: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) concurrency: usize,
     pub(crate) batch_size: usize,
@@ -44,6 +45,7 @@ impl Default for ConsumerOptions {
             lease: ClaimRequest::DEFAULT_LEASE,
             retention: Self::DEFAULT_RETENTION,
             release_batch: 100,
+            release_interval: Self::DEFAULT_RELEASE_INTERVAL,
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
             concurrency: 1,
             batch_size: Self::DEFAULT_BATCH_SIZE,
@@ -72,12 +74,22 @@ impl ConsumerOptions {
     /// The default longest wait for a batch to fill: 5 ms.
     pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(5);
 
+    /// The default pause between two sweeps of stuck aggregates: 60 s.
+    pub const DEFAULT_RELEASE_INTERVAL: Duration = Duration::from_secs(60);
+
     /// The default wait at shutdown for deliveries being handled: 30 s.
     pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-    /// The delivery at which a message that still fails is parked (default
+    /// The failed attempt at which a message that still fails (or is still
+    /// a version gap) is parked (default
     /// [`DEFAULT_MAX_DELIVERIES`](Self::DEFAULT_MAX_DELIVERIES), at least
-    /// 1): the broker's own limit must not be lower.
+    /// 1), counted by the consumer itself: a delivery no consumer settled
+    /// (one that died with it, one held past the broker's ack wait) does
+    /// not count, and the broker must not limit deliveries at all
+    /// ([`Consumer::check`](crate::Consumer::check) refuses one that does).
+    /// The count lives in the consumer (its clones share it), for up to
+    /// 65,536 failing messages at once: a restarted process counts again
+    /// from zero, so a failing message is then tried more, never less.
     #[must_use]
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.max_deliveries = max;
@@ -120,6 +132,21 @@ impl ConsumerOptions {
     #[must_use]
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
+        self
+    }
+
+    /// How often [`Consumer::run`](crate::Consumer::run) sweeps for stuck
+    /// aggregates (default
+    /// [`DEFAULT_RELEASE_INTERVAL`](Self::DEFAULT_RELEASE_INTERVAL)): every
+    /// aggregate whose oldest parked version is a gap
+    /// ([`Consumer::stuck`](crate::Consumer::stuck)) is released again
+    /// ([`Consumer::release`](crate::Consumer::release)), for a predecessor
+    /// applied by a consumer that died before it released what waited
+    /// behind it. Each sweep costs a listing of the parked messages and one
+    /// replay per stuck aggregate.
+    #[must_use]
+    pub fn release_interval(mut self, interval: Duration) -> Self {
+        self.release_interval = interval;
         self
     }
 
@@ -233,6 +260,12 @@ impl ConsumerOptions {
             return Err(InvalidInput::OutOfRange {
                 field: "batch size",
                 reason: "must be 1 to 1024",
+            });
+        }
+        if self.release_interval.is_zero() {
+            return Err(InvalidInput::OutOfRange {
+                field: "release interval",
+                reason: "must be more than zero",
             });
         }
         validate_lease(self.lease)?;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Broker, Interrupted, Settled, Shop, TestSource, event, plain};
-use idem_conformance::consumers::consumer_with;
+use idem_conformance::consumers::{self, Books, MemoryBackend, consumer_with};
 use idem_consumer::{
-    BrokerError, Consumed, Consumer, ConsumerError, ConsumerOptions, RedeliveryHorizon,
+    BrokerError, Consumed, Consumer, ConsumerError, ConsumerOptions, Delivery, RedeliveryHorizon,
 };
 use idem_core::IdempotencyKey;
 use idem_core::store::{ParkedState, ParkingStore};
@@ -253,7 +253,7 @@ async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
     );
 }
 
-/// A consumer that parks only after billions of deliveries: its horizon
+/// A consumer that parks only after billions of attempts: its horizon
 /// is summed at once (every gap past the doublings is the longest), not
 /// delivery by delivery, which held `run` for minutes before.
 #[test]
@@ -264,7 +264,6 @@ fn the_horizon_of_a_huge_delivery_limit_is_computed_at_once() {
             .backoff(Duration::from_secs(1), Duration::from_secs(60)),
     );
     let broker = RedeliveryHorizon::new("test", Duration::from_secs(30))
-        .with_max_deliveries(u32::MAX)
         .with_backoff(vec![Duration::from_secs(5)]);
     let started = std::time::Instant::now();
     let horizon = consumer.horizon(&broker).unwrap();
@@ -290,32 +289,33 @@ async fn retention_shorter_than_the_brokers_horizon_is_misconfigured() {
         Err(other) => panic!("{other}"),
     };
     let ack_wait = Duration::from_secs(30);
-    let unbounded = RedeliveryHorizon::new("nats", ack_wait);
-    assert_eq!(figure(&unbounded).unwrap().0, "max deliveries");
-    let fewer = RedeliveryHorizon::new("nats", ack_wait).with_max_deliveries(3);
-    assert!(figure(&fewer).unwrap().1.contains("stops after 3"));
-    let fine = RedeliveryHorizon::new("nats", ack_wait)
-        .with_max_deliveries(5)
-        .with_duplicate_window(Duration::from_secs(120));
+    // A broker limit is refused whatever it is: the broker counts copies
+    // no consumer settled, and drops the message at it.
+    for limit in [3, 5, 1_000] {
+        let limited = RedeliveryHorizon::new("nats", ack_wait).with_max_deliveries(limit);
+        let (name, message) = figure(&limited).unwrap();
+        assert_eq!(name, "max deliveries");
+        assert!(
+            message.contains(&format!("after {limit} deliveries")),
+            "{message}"
+        );
+    }
+    let fine =
+        RedeliveryHorizon::new("nats", ack_wait).with_duplicate_window(Duration::from_secs(120));
     assert_eq!(figure(&fine), None);
     // 4 gaps of at least the ack wait, the consumer's delays and the
     // broker's back-off, and the last ack wait.
     let backoff = vec![Duration::from_secs(60), Duration::from_secs(600)];
-    let slow = RedeliveryHorizon::new("nats", ack_wait)
-        .with_max_deliveries(5)
-        .with_backoff(backoff);
+    let slow = RedeliveryHorizon::new("nats", ack_wait).with_backoff(backoff);
     assert_eq!(
         consumer.horizon(&slow).unwrap(),
         Duration::from_secs(60 + 600 * 3 + 30)
     );
-    let long =
-        RedeliveryHorizon::new("rabbitmq", Duration::from_secs(7 * 3600)).with_max_deliveries(5);
+    let long = RedeliveryHorizon::new("rabbitmq", Duration::from_secs(7 * 3600));
     let (name, message) = figure(&long).unwrap();
     assert_eq!(name, "inbox retention");
     assert!(message.contains("redelivery horizon"), "{message}");
-    let window = RedeliveryHorizon::new("nats", ack_wait)
-        .with_max_deliveries(5)
-        .with_duplicate_window(day * 2);
+    let window = RedeliveryHorizon::new("nats", ack_wait).with_duplicate_window(day * 2);
     assert!(figure(&window).unwrap().1.contains("duplicate window"));
 }
 
@@ -327,7 +327,7 @@ async fn run_refuses_a_short_retention_before_any_delivery() {
     broker.publish(plain("m-1", "order 1 placed"));
     let mut source = TestSource {
         broker: broker.clone(),
-        horizon: RedeliveryHorizon::new("test", Duration::from_secs(30)).with_max_deliveries(5),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(30)),
     };
     let refused = consumer.run(&mut source, std::future::pending()).await;
     assert!(
@@ -351,7 +351,7 @@ async fn run_consumes_until_the_source_closes() {
     }
     let mut source = TestSource {
         broker: broker.clone(),
-        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(4),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)),
     };
     let closer = tokio::spawn({
         let (broker, shop) = (broker.clone(), shop.clone());
@@ -378,7 +378,7 @@ async fn run_asks_again_after_a_retryable_receive_error_and_stops_on_any_other()
     let broker = Broker::default();
     broker.publish(plain("m-1", "one"));
     broker.close();
-    let horizon = RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(4);
+    let horizon = RedeliveryHorizon::new("test", Duration::from_secs(1));
     let lost = || BrokerError::unavailable("test", "receive", "connection lost");
     let mut source = Interrupted {
         source: TestSource {
@@ -462,7 +462,7 @@ fn run_in_task(
 ) -> tokio::task::JoinHandle<Result<(), ConsumerError>> {
     let mut source = TestSource {
         broker: broker.clone(),
-        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(4),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)),
     };
     let consumer = consumer.clone();
     tokio::spawn(async move { consumer.run(&mut source, shutdown).await })
@@ -622,4 +622,95 @@ fn a_concurrency_of_none_or_past_the_most_is_refused() {
         );
         assert!(refused.is_err(), "{concurrency} was taken");
     }
+}
+
+#[tokio::test]
+async fn a_gap_parked_while_its_predecessor_is_released_is_released_too() {
+    consumers::a_gap_parked_while_its_predecessor_is_released_is_released_too(&MemoryBackend).await;
+}
+
+#[tokio::test]
+async fn a_stuck_aggregate_is_listed_and_released() {
+    consumers::a_stuck_aggregate_is_listed_and_released(&MemoryBackend).await;
+}
+
+/// A message whose copies the broker delivered and no consumer settled
+/// (dropped unsettled, as with a consumer that died) parks at the
+/// consumer's own count of failed attempts: the broker's count, which
+/// counts the dropped copies, would have parked it at its third delivery.
+#[tokio::test]
+async fn copies_no_consumer_settled_do_not_count_toward_parking() {
+    let (consumer, shop, parking) = consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(3)
+            .backoff(FIRST, Duration::from_secs(1)),
+    );
+    let broker = Broker::default();
+    broker.redeliver_unsettled();
+    shop.fail("m-1", 2);
+    broker.publish(plain("m-1", "order 1 placed"));
+    let first = broker.deliver().unwrap();
+    assert!(matches!(
+        consumer.consume(&first).await.unwrap(),
+        Consumed::Retried { .. }
+    ));
+    drop(first);
+    for _ in 0..3 {
+        drop(broker.deliver().unwrap());
+    }
+    let fifth = broker.deliver().unwrap();
+    assert_eq!(fifth.deliveries(), 5);
+    assert!(matches!(
+        consumer.consume(&fifth).await.unwrap(),
+        Consumed::Retried { .. }
+    ));
+    drop(fifth);
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Applied)]);
+    assert_eq!(shop.effects().await, ["order 1 placed"]);
+    assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
+}
+
+/// `run`'s sweep releases an aggregate whose missing version applied with
+/// no release (by hand here; a consumer that died between its commit and
+/// its release in life).
+#[tokio::test]
+async fn runs_sweep_releases_a_stuck_aggregate() {
+    let (consumer, shop, _) = consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(1)
+            .release_interval(Duration::from_millis(50)),
+    );
+    let broker = Broker::default();
+    broker.publish(event("e-2", "order-1", 2));
+    assert!(matches!(
+        drain(&consumer, &broker).await[..],
+        [Ok(Consumed::Parked { .. })]
+    ));
+    assert_eq!(consumer.stuck(10).await.unwrap().len(), 1);
+    let mut tx = shop.books.begin().await.unwrap();
+    shop.books
+        .apply(&mut tx, "order-1@1", Some(("order-1", 1)))
+        .await
+        .unwrap();
+    idem_core::store::Transaction::commit(tx).await.unwrap();
+    let mut source = TestSource {
+        broker: broker.clone(),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)),
+    };
+    let running = tokio::spawn({
+        let consumer = consumer.clone();
+        async move { consumer.run(&mut source, std::future::pending()).await }
+    });
+    idem_conformance::relays::wait_until("the sweep released order-1", || async {
+        shop.effects().await.len() == 2
+    })
+    .await;
+    running.abort();
+    assert_eq!(shop.effects().await, ["order-1@1", "order-1@2"]);
+    assert!(consumer.stuck(10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
+    consumers::a_gap_parked_after_its_predecessors_release_releases_itself(&MemoryBackend).await;
 }

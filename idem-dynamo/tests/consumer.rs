@@ -21,7 +21,7 @@ use idem_conformance::consumers::{
 };
 use idem_conformance::jetstream::JetStream;
 use idem_consumer::{Consumed, Consumer, ConsumerOptions, Delivery};
-use idem_core::store::{NewMessage, VersionCheck, VersionStore};
+use idem_core::store::{NewMessage, ParkingStore, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
 use idem_dynamo::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use idem_dynamo::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
@@ -218,7 +218,7 @@ impl ConsumerBackend for DynamoBackend {
             versions,
             after_check: Arc::default(),
         });
-        let parking = Arc::new(self.parking.clone());
+        let parking = consumers::GatedParking::new(Arc::new(self.parking.clone()));
         let consumer = Consumer::with_options(
             "scenario",
             Arc::new(self.inbox.clone()),
@@ -265,7 +265,7 @@ async fn a_poison_message_is_parked_and_replayed() {
 async fn the_inbox_claim_and_the_domain_write_commit_in_one_transact_write_items() {
     let (broker, backend) = (JetStream::new().await, DynamoBackend::new().await);
     let (consumer, shop, _) = backend.consumer(scenario_options(5)).await;
-    let mut source = broker.source(5).await;
+    let mut source = broker.source().await;
     let order = NewMessage::new("order-9", "order.placed", b"order 9".to_vec()).unwrap();
     publish(&*broker.publisher(), &[order]).await;
     let delivery = next(&mut source).await;
@@ -318,7 +318,7 @@ async fn racing_deliveries_of_one_version_apply_it_once_and_the_loser_is_retried
     let (broker, backend) = (JetStream::new().await, DynamoBackend::new().await);
     let (consumer, shop, parking) = backend.consumer(scenario_options(5)).await;
     let consumer = Arc::new(consumer);
-    let mut source = broker.source(5).await;
+    let mut source = broker.source().await;
     let event = || NewMessage::new("order-7", "order.placed", b"order 7".to_vec()).unwrap();
     // Two outboxes: each gives the event version 1, under an id of its own.
     let first_id = publish(&*broker.publisher(), &[event()]).await[0]
@@ -354,5 +354,26 @@ async fn racing_deliveries_of_one_version_apply_it_once_and_the_loser_is_retried
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
     broker.kill(source).await;
     broker.delete().await;
+    backend.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_parked_while_its_predecessor_is_released_is_released_too() {
+    let backend = DynamoBackend::new().await;
+    consumers::a_gap_parked_while_its_predecessor_is_released_is_released_too(&backend).await;
+    backend.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_aggregate_is_listed_and_released() {
+    let backend = DynamoBackend::new().await;
+    consumers::a_stuck_aggregate_is_listed_and_released(&backend).await;
+    backend.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
+    let backend = DynamoBackend::new().await;
+    consumers::a_gap_parked_after_its_predecessors_release_releases_itself(&backend).await;
     backend.delete().await;
 }

@@ -200,7 +200,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .max_deliveries(max_deliveries)
             .backoff(Duration::from_millis(200), Duration::from_secs(1)),
     )?;
-    let config = JetStreamSource::durable("shipping", max_deliveries, Duration::from_secs(2));
+    let config = JetStreamSource::durable("shipping", Duration::from_secs(2));
     let mut source = JetStreamSource::attach(&context, &stream, config).await?;
     consumer.check(&source.horizon())?;
     println!("inbox retention checked against the stream's redelivery horizon");

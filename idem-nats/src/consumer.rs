@@ -42,9 +42,15 @@ async fn call<T, E: std::fmt::Display>(
 ///   are [`AGGREGATE_HEADER`] and [`SEQUENCE_HEADER`]; the type is the
 ///   subject.
 /// - An ack is JetStream's `+ACK`, a retry a NAK with the delay; the
-///   delivery count is JetStream's own, so it survives restarts.
+///   delivery count is JetStream's own (it counts copies no consumer
+///   settled, so the consumer parks by its own count, never by this one).
 /// - The horizon is the consumer's `ack_wait`, `max_deliver` and
 ///   `backoff`, and the stream's `duplicate_window`, read from the server.
+///   The durable consumer must deliver without limit (`max_deliver` -1,
+///   as [`durable`](Self::durable) sets it): JetStream drops a message at
+///   its `max_deliver` counting deliveries no consumer settled (held past
+///   the ack wait, dropped with an aborted task), and
+///   `idem_consumer::Consumer::check` refuses a durable consumer with one.
 /// - A message that cannot be an inbound message (an id or subject over
 ///   255 bytes, a version that is not a number) is terminated (`+TERM`)
 ///   with a warning: no handler could apply it.
@@ -58,7 +64,7 @@ async fn call<T, E: std::fmt::Display>(
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let context = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
-/// let config = JetStreamSource::durable("billing", 5, Duration::from_secs(30));
+/// let config = JetStreamSource::durable("billing", Duration::from_secs(30));
 /// let source = JetStreamSource::attach(&context, "ORDERS", config).await?;
 /// println!("{:?}", idem_consumer::Source::horizon(&source));
 /// # Ok(()) }
@@ -84,20 +90,21 @@ fn broker(operation: &'static str) -> impl Fn(String) -> BrokerError {
 
 impl JetStreamSource {
     /// The configuration of a durable pull consumer named `name` with
-    /// explicit acks, `max_deliver` deliveries at most (the consumer's
-    /// `max_deliveries`) and `ack_wait`; set more fields (`filter_subject`,
-    /// `backoff`, `max_ack_pending`) on it as needed.
+    /// explicit acks, `ack_wait`, and no limit on deliveries (`max_deliver`
+    /// -1: only the consumer decides that a message is done); set more
+    /// fields (`filter_subject`, `backoff`, `max_ack_pending`) on it as
+    /// needed, never `max_deliver`.
     ///
     /// ```
-    /// let config = idem_nats::JetStreamSource::durable("billing", 5, std::time::Duration::from_secs(30));
-    /// assert_eq!(config.max_deliver, 5);
+    /// let config = idem_nats::JetStreamSource::durable("billing", std::time::Duration::from_secs(30));
+    /// assert_eq!(config.max_deliver, -1);
     /// ```
-    pub fn durable(name: &str, max_deliver: u32, ack_wait: Duration) -> pull::Config {
+    pub fn durable(name: &str, ack_wait: Duration) -> pull::Config {
         pull::Config {
             durable_name: Some(name.to_string()),
             ack_policy: AckPolicy::Explicit,
             ack_wait,
-            max_deliver: i64::from(max_deliver),
+            max_deliver: -1,
             ..Default::default()
         }
     }
@@ -148,7 +155,10 @@ impl JetStreamSource {
         let info = consumer.cached_info();
         let mut horizon = RedeliveryHorizon::new(BROKER, info.config.ack_wait)
             .with_backoff(info.config.backoff.clone());
-        if let Ok(max) = u32::try_from(info.config.max_deliver) {
+        // JetStream answers -1 (or 0) for no limit.
+        if let Ok(max) = u32::try_from(info.config.max_deliver)
+            && max > 0
+        {
             horizon = horizon.with_max_deliveries(max);
         }
         if !window.is_zero() {

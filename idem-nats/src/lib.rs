@@ -23,7 +23,9 @@
 //! The consuming side: a [`JetStreamSource`] is a durable pull consumer
 //! with explicit acks as an `idem_consumer::Source`, so an
 //! `idem_consumer::Consumer` applies each message once (its inbox), NAKs a
-//! failure with a delay and parks it at the consumer's `max_deliver`.
+//! failure with a delay and parks it at the consumer's own count of failed
+//! attempts (the durable consumer delivers without limit: only the
+//! consumer decides that a message is done).
 //!
 //! ```no_run
 //! use std::sync::Arc;

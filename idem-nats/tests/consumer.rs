@@ -49,20 +49,44 @@ async fn a_poison_message_is_parked_and_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_horizon_is_the_consumers_and_the_streams_figures() {
     let broker = JetStream::new().await;
-    let source = broker.source(4).await;
+    let source = broker.source().await;
     let horizon = source.horizon();
     assert_eq!(horizon.broker, "nats");
     assert_eq!(horizon.ack_wait, ACK_WAIT);
-    assert_eq!(horizon.max_deliveries, Some(4));
+    assert_eq!(horizon.max_deliveries, None, "only the consumer decides");
     assert_eq!(horizon.duplicate_window, Some(WINDOW));
     let (consumer, _, _) = consumers::consumer(4);
     consumer.check(&horizon).unwrap();
-    let (five, _, _) = consumers::consumer(5);
-    assert!(
-        five.check(&horizon).is_err(),
-        "the stream stops before the consumer parks"
-    );
     broker.delete().await;
+}
+
+/// A durable consumer with a delivery limit is refused at the start, at
+/// or above the consumer's own count alike: JetStream counts copies no
+/// consumer settled and drops the message at its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_consumer_with_a_delivery_limit_is_refused() {
+    let stream = common::TestStream::new().await;
+    let (consumer, _, _) = consumers::consumer(4);
+    for limit in [2, 4, 1_000] {
+        let mut config = JetStreamSource::durable(&format!("limited-{limit}"), ACK_WAIT);
+        config.max_deliver = limit;
+        let source = JetStreamSource::attach(&stream.context, &stream.name, config)
+            .await
+            .unwrap();
+        assert_eq!(source.horizon().max_deliveries, Some(limit as u32));
+        let refused = consumer.check(&source.horizon());
+        assert!(
+            matches!(
+                refused,
+                Err(idem_consumer::ConsumerError::Misconfigured {
+                    figure: "max deliveries",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    stream.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +106,7 @@ async fn settling_over_a_stalled_network_ends_in_a_retryable_error() {
         .connect(common::url_via(&proxy.address()))
         .await
         .unwrap();
-    let config = JetStreamSource::durable("stalled", 5, Duration::from_secs(30));
+    let config = JetStreamSource::durable("stalled", Duration::from_secs(30));
     let mut source = JetStreamSource::attach(&jetstream::new(client.clone()), &stream.name, config)
         .await
         .unwrap();
@@ -142,7 +166,7 @@ async fn attaching_over_a_stalled_network_ends_in_a_retryable_error() {
         .timeout(Duration::from_secs(100_000))
         .build(client);
     proxy.stall();
-    let config = JetStreamSource::durable("stalled", 5, Duration::from_secs(30));
+    let config = JetStreamSource::durable("stalled", Duration::from_secs(30));
     let attached = tokio::time::timeout(
         FOREVER,
         JetStreamSource::attach(&patient, &stream.name, config),
@@ -174,5 +198,16 @@ async fn a_slow_aggregate_holds_up_only_its_own() {
 async fn acking_a_batch_settles_exactly_its_deliveries() {
     let broker = JetStream::new().await;
     consumers::acking_a_batch_settles_exactly_its_deliveries(&broker).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_no_consumer_settled_is_delivered_again_and_never_counted() {
+    let broker = JetStream::new().await;
+    consumers::a_delivery_no_consumer_settled_is_delivered_again_and_never_counted(
+        &broker,
+        &MemoryBackend,
+    )
+    .await;
     broker.delete().await;
 }

@@ -762,8 +762,7 @@ impl Handler for Orders {
 fn source(broker: &Broker) -> TestSource {
     TestSource {
         broker: broker.clone(),
-        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1))
-            .with_max_deliveries(u32::MAX),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)),
     }
 }
 

@@ -366,7 +366,7 @@ async fn sixteen_batches_at_once_apply_every_version_of_every_aggregate_once_in_
     broker.close();
     let mut source = TestSource {
         broker: broker.clone(),
-        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)).with_max_deliveries(5),
+        horizon: RedeliveryHorizon::new("test", Duration::from_secs(1)),
     };
     tokio::time::timeout(
         PATIENCE,

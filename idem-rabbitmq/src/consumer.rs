@@ -1,7 +1,7 @@
 //! The consuming side: a queue consumed with manual acks and a prefetch as
 //! an `idem_consumer::Source`, each delivery an `idem_consumer::Delivery`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -48,7 +48,7 @@ async fn call<T>(
 /// use std::time::Duration;
 /// use idem_rabbitmq::RabbitSourceOptions;
 ///
-/// let options = RabbitSourceOptions::new("billing.orders", 5)?
+/// let options = RabbitSourceOptions::new("billing.orders")?
 ///     .with_prefetch(32)?
 ///     .with_ack_timeout(Duration::from_secs(1800));
 /// assert_eq!(options.queue(), "billing.orders");
@@ -57,7 +57,6 @@ async fn call<T>(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RabbitSourceOptions {
     queue: String,
-    max_deliveries: u32,
     prefetch: u16,
     ack_timeout: Duration,
 }
@@ -67,16 +66,18 @@ impl RabbitSourceOptions {
     /// (`consumer_timeout`): 30 minutes.
     pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-    /// Consumes `queue`, for a consumer that parks at its
-    /// `max_deliveries`th delivery (the figure of the horizon: RabbitMQ
-    /// itself redelivers without limit), 16 unacknowledged deliveries at
-    /// once.
+    /// Consumes `queue`, 16 unacknowledged deliveries at once. The queue
+    /// must deliver without limit: a quorum queue's `x-delivery-limit`
+    /// (RabbitMQ 4 sets 20 unless the queue is declared with -1) drops or
+    /// dead-letters a message counting deliveries no consumer settled, so
+    /// declare it `-1` on RabbitMQ 4 and leave it unset before; the
+    /// consumer parks a failing message at its own count. (The limit is
+    /// not readable over AMQP, so it is not checked at start.)
     ///
     /// # Errors
     ///
-    /// [`InvalidInput`] for an empty queue name or one over 255 bytes, or
-    /// no deliveries.
-    pub fn new(queue: &str, max_deliveries: u32) -> Result<Self, InvalidInput> {
+    /// [`InvalidInput`] for an empty queue name or one over 255 bytes.
+    pub fn new(queue: &str) -> Result<Self, InvalidInput> {
         if queue.is_empty() {
             return Err(InvalidInput::Empty { field: "queue" });
         }
@@ -87,15 +88,8 @@ impl RabbitSourceOptions {
                 max: crate::MAX_SHORT_STRING,
             });
         }
-        if max_deliveries == 0 {
-            return Err(InvalidInput::OutOfRange {
-                field: "max deliveries",
-                reason: "must be at least 1",
-            });
-        }
         Ok(Self {
             queue: queue.to_string(),
-            max_deliveries,
             prefetch: 16,
             ack_timeout: Self::DEFAULT_ACK_TIMEOUT,
         })
@@ -132,9 +126,6 @@ impl RabbitSourceOptions {
     }
 }
 
-/// Deliveries seen per message id, for queues that count none themselves.
-type Counts = Arc<Mutex<HashMap<String, u32>>>;
-
 /// The delivery tags of one channel not settled yet: a `multiple` ack
 /// settles every one up to its tag, so it is sent only when all those
 /// below are the batch's own.
@@ -151,9 +142,11 @@ type Unsettled = Arc<Mutex<BTreeSet<u64>>>;
 ///   the delay (the delivery keeps its prefetch slot meanwhile; should the
 ///   process die, the broker delivers it again at once).
 /// - The delivery count is a quorum queue's `x-delivery-count` plus one;
-///   on a classic queue, which counts nothing, it is counted by this
-///   source, so it starts again with the process: use a quorum queue.
-/// - The horizon is the options' acknowledgement timeout and deliveries.
+///   on a classic queue, which counts nothing, 2 for a redelivery. It is
+///   for traces only: the consumer parks a failing message at its own
+///   count.
+/// - The horizon is the options' acknowledgement timeout, with no limit
+///   on deliveries (see [`RabbitSourceOptions::new`]).
 /// - A delivery without a `message_id`, or that cannot be an inbound
 ///   message, is rejected without requeue (to the queue's dead-letter
 ///   exchange, if it has one) with a warning: no inbox can tell its copies
@@ -177,7 +170,7 @@ type Unsettled = Arc<Mutex<BTreeSet<u64>>>;
 /// use idem_rabbitmq::{RabbitSource, RabbitSourceOptions};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let options = RabbitSourceOptions::new("billing.orders", 5)?;
+/// let options = RabbitSourceOptions::new("billing.orders")?;
 /// let source = RabbitSource::connect("amqp://guest:guest@127.0.0.1:5672/%2f", options).await?;
 /// println!("{:?}", idem_consumer::Source::horizon(&source));
 /// # Ok(()) }
@@ -190,7 +183,6 @@ pub struct RabbitSource {
     /// The link was lost: the next receive consumes again first.
     lost: bool,
     options: RabbitSourceOptions,
-    counts: Counts,
 }
 
 /// The channel and the consumer in use.
@@ -263,7 +255,6 @@ impl RabbitSource {
             url: Some(url.to_string()),
             lost: false,
             options,
-            counts: Counts::default(),
         })
     }
 
@@ -283,7 +274,6 @@ impl RabbitSource {
             url: None,
             lost: false,
             options,
-            counts: Counts::default(),
         })
     }
 
@@ -366,7 +356,6 @@ pub struct RabbitDelivery {
     delivery: AmqpDelivery,
     inbound: InboundMessage,
     deliveries: u32,
-    counts: Counts,
     unsettled: Unsettled,
 }
 
@@ -446,42 +435,28 @@ fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, String> {
 }
 
 impl RabbitDelivery {
-    fn new(
-        delivery: AmqpDelivery,
-        inbound: InboundMessage,
-        counts: &Counts,
-        unsettled: &Unsettled,
-    ) -> Self {
+    fn new(delivery: AmqpDelivery, inbound: InboundMessage, unsettled: &Unsettled) -> Self {
         locked(unsettled).insert(delivery.delivery_tag);
         let counted = delivery
             .properties
             .headers()
             .as_ref()
             .and_then(|h| h.inner().get(DELIVERY_COUNT_HEADER).and_then(number));
-        let seen = {
-            let mut counts = locked(counts);
-            let seen = counts.entry(inbound.id().as_str().to_string()).or_insert(0);
-            *seen = seen.saturating_add(1);
-            *seen
-        };
         let deliveries = match counted {
             Some(earlier) => u32::try_from(earlier).unwrap_or(u32::MAX).saturating_add(1),
-            None if delivery.redelivered => seen.max(2),
+            None if delivery.redelivered => 2,
             None => 1,
         };
         Self {
             delivery,
             inbound,
             deliveries,
-            counts: counts.clone(),
             unsettled: unsettled.clone(),
         }
     }
 
-    /// The delivery is settled: forgotten by the counts and the channel's
-    /// unsettled tags.
+    /// The delivery is settled: forgotten by the channel's unsettled tags.
     fn settled(&self) {
-        locked(&self.counts).remove(self.inbound.id().as_str());
         locked(&self.unsettled).remove(&self.delivery.delivery_tag);
     }
 
@@ -642,7 +617,6 @@ impl Source for RabbitSource {
                     return Ok(Some(RabbitDelivery::new(
                         delivery,
                         inbound,
-                        &self.counts,
                         &self.link.unsettled,
                     )));
                 }
@@ -660,6 +634,5 @@ impl Source for RabbitSource {
 
     fn horizon(&self) -> RedeliveryHorizon {
         RedeliveryHorizon::new(BROKER, self.options.ack_timeout)
-            .with_max_deliveries(self.options.max_deliveries)
     }
 }

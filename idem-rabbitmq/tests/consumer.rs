@@ -55,8 +55,8 @@ impl ConsumerBroker for Rabbit {
         self.publisher.clone()
     }
 
-    async fn source(&self, max_deliveries: u32) -> RabbitSource {
-        let options = RabbitSourceOptions::new(self.topology.queue(), max_deliveries).unwrap();
+    async fn source(&self) -> RabbitSource {
+        let options = RabbitSourceOptions::new(self.topology.queue()).unwrap();
         RabbitSource::connect(&common::url(), options)
             .await
             .unwrap()
@@ -97,20 +97,20 @@ async fn a_poison_message_is_parked_and_replayed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_classic_queue_the_source_counts_deliveries_itself() {
+async fn on_a_classic_queue_a_poison_message_parks_at_the_consumers_own_count() {
     let broker = Rabbit::new(false).await;
     consumers::a_poison_message_is_parked_and_replayed(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_horizon_is_the_ack_timeout_and_the_deliveries() {
+async fn the_horizon_is_the_ack_timeout_with_no_delivery_limit() {
     let broker = Rabbit::new(false).await;
-    let source = broker.source(4).await;
+    let source = broker.source().await;
     let horizon = source.horizon();
     assert_eq!(horizon.broker, "rabbitmq");
     assert_eq!(horizon.ack_wait, RabbitSourceOptions::DEFAULT_ACK_TIMEOUT);
-    assert_eq!(horizon.max_deliveries, Some(4));
+    assert_eq!(horizon.max_deliveries, None, "only the consumer decides");
     let (consumer, _, _) = consumers::consumer(4);
     consumer.check(&horizon).unwrap();
     broker.kill(source).await;
@@ -122,7 +122,7 @@ async fn a_source_of_its_own_connection_reconnects_after_the_broker_cut_it_off()
     let broker = Rabbit::new(true).await;
     let proxy = FaultProxy::start(common::address()).await;
     let (consumer, shop, _) = consumers::consumer(5);
-    let options = RabbitSourceOptions::new(broker.topology.queue(), 5).unwrap();
+    let options = RabbitSourceOptions::new(broker.topology.queue()).unwrap();
     let mut source = RabbitSource::connect(&common::url_via(&proxy.address()), options)
         .await
         .unwrap();
@@ -177,7 +177,7 @@ async fn connecting_and_closing_over_a_stalled_network_end_in_a_retryable_error(
     let broker = Rabbit::new(true).await;
     let proxy = FaultProxy::start(common::address()).await;
     let url = common::url_via(&proxy.address());
-    let options = RabbitSourceOptions::new(broker.topology.queue(), 5).unwrap();
+    let options = RabbitSourceOptions::new(broker.topology.queue()).unwrap();
 
     // The proxy accepts and forwards nothing: the handshake never ends.
     proxy.stall();
@@ -218,5 +218,16 @@ async fn a_slow_aggregate_holds_up_only_its_own() {
 async fn acking_a_batch_settles_exactly_its_deliveries() {
     let broker = Rabbit::new(true).await;
     consumers::acking_a_batch_settles_exactly_its_deliveries(&broker).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_no_consumer_settled_is_delivered_again_and_never_counted() {
+    let broker = Rabbit::new(true).await;
+    consumers::a_delivery_no_consumer_settled_is_delivered_again_and_never_counted(
+        &broker,
+        &MemoryBackend,
+    )
+    .await;
     broker.delete().await;
 }

@@ -80,10 +80,10 @@ impl ConsumerBroker for JetStream {
         self.publisher.clone()
     }
 
-    async fn source(&self, max_deliveries: u32) -> JetStreamSource {
+    async fn source(&self) -> JetStreamSource {
         // A connection of its own, so killing it leaves the others be.
         let client = async_nats::connect(url()).await.unwrap();
-        let config = JetStreamSource::durable(&self.durable, max_deliveries, ACK_WAIT);
+        let config = JetStreamSource::durable(&self.durable, ACK_WAIT);
         JetStreamSource::attach(&jetstream::new(client), &self.stream, config)
             .await
             .unwrap()

@@ -501,7 +501,7 @@ async fn nats(
             .await?;
         let publisher = JetStreamPublisher::connect(url, JetStreamOptions::new(&prefix)?).await?;
         publish(&publisher, &messages(count)?).await?;
-        let config = JetStreamSource::durable("bench", 5, Duration::from_secs(30));
+        let config = JetStreamSource::durable("bench", Duration::from_secs(30));
         let mut source = JetStreamSource::attach(&context, &stream, config).await?;
         row.measure(kind, pool, &mut source, count, &run, count_commits)
             .await?;
@@ -538,7 +538,7 @@ async fn rabbitmq(
         idem_rabbitmq::bound_queue(&channel, &exchange, &queue, FieldTable::default()).await?;
         let publisher = RabbitPublisher::connect(url, RabbitOptions::new(&exchange)?).await?;
         publish(&publisher, &messages(count)?).await?;
-        let options = RabbitSourceOptions::new(&queue, 5)?.with_prefetch(PREFETCH)?;
+        let options = RabbitSourceOptions::new(&queue)?.with_prefetch(PREFETCH)?;
         let mut source = RabbitSource::connect(url, options).await?;
         row.measure(kind, pool, &mut source, count, &run, count_commits)
             .await?;

@@ -20,7 +20,7 @@ use lapin::types::FieldTable;
 use tokio::time::Instant;
 
 use super::rabbit::{self, Topology};
-use super::{CONSUMER, MAX_DELIVERIES, PATIENCE, PUBLISH_TIMEOUT, env};
+use super::{CONSUMER, PATIENCE, PUBLISH_TIMEOUT, env};
 
 /// JetStream's ack wait: the killed consumer's delivery comes again after
 /// it; long enough that a loaded machine acks what it handled in time.
@@ -228,7 +228,7 @@ impl Broker for Nats {
     async fn source(&self) -> JetStreamSource {
         // A connection of its own, so that killing it leaves the others be.
         let client = async_nats::connect(self.server.url()).await.unwrap();
-        let config = JetStreamSource::durable(CONSUMER, MAX_DELIVERIES, ACK_WAIT);
+        let config = JetStreamSource::durable(CONSUMER, ACK_WAIT);
         JetStreamSource::attach(&jetstream::new(client), &self.stream, config)
             .await
             .unwrap()
@@ -320,7 +320,7 @@ impl Broker for Rabbit {
     async fn source(&self) -> RabbitSource {
         // One unacknowledged delivery at a time: a queue with none ready
         // then has nothing left for the consumer.
-        let options = RabbitSourceOptions::new(self.topology.queue(), MAX_DELIVERIES)
+        let options = RabbitSourceOptions::new(self.topology.queue())
             .unwrap()
             .with_prefetch(1)
             .unwrap();
