@@ -35,6 +35,8 @@ mod postgres;
 /// RabbitMQ's test topology, shared with idem-rabbitmq's own tests.
 #[path = "../../idem-rabbitmq/tests/common/mod.rs"]
 mod rabbit;
+#[path = "end_to_end/soak.rs"]
+mod soak;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -73,6 +75,8 @@ const DOWN: Duration = Duration::from_secs(2);
 const MAX_DELIVERIES: u32 = 10;
 /// The shipping service's consumer: its inbox tenant and durable name.
 const CONSUMER: &str = "shipping";
+/// A change's status that the shipping service can never take.
+const POISON: &str = "poison";
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -561,4 +565,42 @@ async fn on_dynamodb_and_jetstream_every_committed_order_event_has_one_effect_th
 async fn on_dynamodb_and_rabbitmq_every_committed_order_event_has_one_effect_through_kills_and_a_cut_off_broker()
  {
     every_committed_order_event_has_one_effect::<_, Dynamo>(Rabbit::new().await, &run()).await;
+}
+
+fn soak_shape(batch: usize, concurrency: usize, partitions: u32) -> soak::Shape {
+    soak::Shape {
+        batch,
+        concurrency,
+        partitions,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_jetstream_in_batches_of_64_every_committed_change_applies_once_in_order_through_kills_and_a_restart()
+ {
+    let run = run();
+    let broker = Nats::new(&run).await;
+    soak::every_committed_change_applies_once_in_order(broker, &run, soak_shape(64, 4, 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_jetstream_in_batches_of_100_every_committed_change_applies_once_in_order_through_kills_and_a_restart()
+ {
+    let run = run();
+    let broker = Nats::new(&run).await;
+    soak::every_committed_change_applies_once_in_order(broker, &run, soak_shape(100, 8, 4)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rabbitmq_in_batches_of_64_every_committed_change_applies_once_in_order_through_kills_and_cuts()
+ {
+    let broker = Rabbit::new().await;
+    soak::every_committed_change_applies_once_in_order(broker, &run(), soak_shape(64, 4, 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rabbitmq_in_batches_of_100_every_committed_change_applies_once_in_order_through_kills_and_cuts()
+ {
+    let broker = Rabbit::new().await;
+    soak::every_committed_change_applies_once_in_order(broker, &run(), soak_shape(100, 8, 4)).await;
 }

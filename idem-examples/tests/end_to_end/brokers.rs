@@ -48,6 +48,12 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// back to the broker.
     async fn kill(&self, source: Self::Source);
 
+    /// A source of the shipping consumer for a process of its own, with
+    /// `prefetch` deliveries unsettled at once where the broker takes
+    /// one, and the proxy its connection goes through where the process's
+    /// death must be made (dropped, it cuts the connection).
+    async fn process_source(&self, prefetch: u16) -> (Self::Source, Option<FaultProxy>);
+
     /// Takes the broker away from every client.
     async fn go_down(&self);
 
@@ -238,6 +244,12 @@ impl Broker for Nats {
         drop(source);
     }
 
+    /// The pull consumer's own batches: JetStream redelivers what a dead
+    /// process held after the ack wait, whatever its connection does.
+    async fn process_source(&self, _prefetch: u16) -> (JetStreamSource, Option<FaultProxy>) {
+        (self.source().await, None)
+    }
+
     async fn go_down(&self) {
         self.server.kill().await;
     }
@@ -331,6 +343,20 @@ impl Broker for Rabbit {
 
     async fn kill(&self, source: RabbitSource) {
         let _ = source.close().await;
+    }
+
+    /// Through a proxy of the process's own: RabbitMQ requeues what the
+    /// process held once its connection is cut.
+    async fn process_source(&self, prefetch: u16) -> (RabbitSource, Option<FaultProxy>) {
+        let proxy = FaultProxy::start(rabbit::address()).await;
+        let options = RabbitSourceOptions::new(self.topology.queue())
+            .unwrap()
+            .with_prefetch(prefetch)
+            .unwrap();
+        let source = RabbitSource::connect(&rabbit::url_via(&proxy.address()), options)
+            .await
+            .unwrap();
+        (source, Some(proxy))
     }
 
     async fn go_down(&self) {

@@ -46,6 +46,9 @@ impl Handler for Shipping {
         let order = message.aggregate().ok_or("no order")?;
         let version = message.version().ok_or("no version")?;
         let status = std::str::from_utf8(message.payload())?.to_string();
+        if status == super::POISON {
+            return Err("a change no shipment can take".into());
+        }
         let check = self.versions.advance(&mut *tx, order, version).await?;
         if check == VersionCheck::Apply {
             sqlx::query(AssertSqlSafe(format!(
@@ -78,6 +81,80 @@ pub(crate) struct Postgres {
 }
 
 impl Postgres {
+    /// The stores of a run of its own, on a pool of `connections`.
+    pub(crate) async fn with_connections(run: &str, connections: u32) -> Self {
+        let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&env(
+                "IDEM_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ))
+            .await
+            .expect("connect to IDEM_POSTGRES_URL");
+        Self {
+            pool,
+            run: run.to_string(),
+        }
+    }
+
+    /// The order service's outbox with `partitions`, and its orders table,
+    /// for changes committed straight through SQL ([`change`](Self::change)).
+    pub(crate) async fn outbox(&self, partitions: u32) -> Arc<PostgresOutbox> {
+        let outbox = PostgresOutbox::with_options(
+            self.pool.clone(),
+            PostgresOutboxOptions::default()
+                .table(&self.table("outbox"))
+                .partitions(partitions),
+        )
+        .unwrap();
+        outbox.migrate().await.unwrap();
+        self.sql(format!(
+            "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, status text NOT NULL)",
+            self.table("orders")
+        ))
+        .await;
+        Arc::new(outbox)
+    }
+
+    /// One change of `order` to `status` and its event, in one
+    /// transaction held open for `hold` (so later transactions commit
+    /// first), then committed or rolled back; answers the event's version
+    /// if it committed.
+    pub(crate) async fn change(
+        &self,
+        outbox: &PostgresOutbox,
+        order: &str,
+        status: &str,
+        hold: Duration,
+        commit: bool,
+    ) -> Result<Option<u64>, String> {
+        let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {} (id, status) VALUES ($1, $2) \
+             ON CONFLICT (id) DO UPDATE SET status = excluded.status",
+            self.table("orders")
+        )))
+        .bind(order)
+        .bind(status)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())?;
+        let event = NewMessage::new(order, "order.changed", status.as_bytes().to_vec()).unwrap();
+        let stored = outbox
+            .enqueue_in(&mut tx, &event)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::sleep(hold).await;
+        if !commit {
+            tx.rollback().await.map_err(|e| e.to_string())?;
+            return Ok(None);
+        }
+        // A commit whose answer is lost may have landed: no retry can tell.
+        tx.commit().await.expect("the change commits");
+        Ok(Some(stored.parts().sequence))
+    }
+
     fn table(&self, name: &str) -> String {
         format!("e2e_{name}_{}", self.run)
     }
@@ -97,19 +174,7 @@ impl Backend for Postgres {
     type Shipping = Shipping;
 
     async fn new(run: &str) -> Self {
-        let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&env(
-                "IDEM_POSTGRES_URL",
-                "postgres://postgres@127.0.0.1:5432/test",
-            ))
-            .await
-            .expect("connect to IDEM_POSTGRES_URL");
-        Self {
-            pool,
-            run: run.to_string(),
-        }
+        Self::with_connections(run, 8).await
     }
 
     async fn order_service(&self) -> (Arc<PostgresOutbox>, String) {
@@ -180,13 +245,13 @@ impl Backend for Postgres {
         parking.migrate().await.unwrap();
         let (shipments, effects) = (self.table("shipments"), self.table("effects"));
         self.sql(format!(
-            "CREATE TABLE {shipments} (id text PRIMARY KEY, version bigint NOT NULL, \
-             status text NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS {shipments} (id text PRIMARY KEY, \
+             version bigint NOT NULL, status text NOT NULL)"
         ))
         .await;
         self.sql(format!(
-            "CREATE TABLE {effects} (seq bigserial PRIMARY KEY, id text NOT NULL, \
-             version bigint NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS {effects} (seq bigserial PRIMARY KEY, \
+             id text NOT NULL, version bigint NOT NULL)"
         ))
         .await;
         let shipping = Shipping {
@@ -248,6 +313,7 @@ impl Backend for Postgres {
         .map(|name| self.table(name))
         .collect();
         tables.push(format!("{}_aggregates", self.table("outbox")));
+        tables.push(format!("{}_partitions", self.table("outbox")));
         for name in tables {
             self.sql(format!("DROP TABLE IF EXISTS {name} CASCADE"))
                 .await;
