@@ -714,3 +714,8 @@ async fn runs_sweep_releases_a_stuck_aggregate() {
 async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
     consumers::a_gap_parked_after_its_predecessors_release_releases_itself(&MemoryBackend).await;
 }
+
+#[tokio::test]
+async fn a_duplicate_releases_what_its_first_apply_did_not() {
+    consumers::a_duplicate_releases_what_its_first_apply_did_not(&MemoryBackend).await;
+}

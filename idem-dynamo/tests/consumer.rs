@@ -377,3 +377,10 @@ async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
     consumers::a_gap_parked_after_its_predecessors_release_releases_itself(&backend).await;
     backend.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_releases_what_its_first_apply_did_not() {
+    let backend = DynamoBackend::new().await;
+    consumers::a_duplicate_releases_what_its_first_apply_did_not(&backend).await;
+    backend.delete().await;
+}

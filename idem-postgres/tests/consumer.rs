@@ -167,3 +167,10 @@ async fn a_stuck_aggregate_is_listed_and_released() {
     consumers::a_stuck_aggregate_is_listed_and_released(&backend).await;
     backend.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_releases_what_its_first_apply_did_not() {
+    let backend = PostgresBackend::new().await;
+    consumers::a_duplicate_releases_what_its_first_apply_did_not(&backend).await;
+    backend.delete().await;
+}

@@ -321,6 +321,7 @@ pub type Scenario<B> = (Consumer<Shop<B>>, Shop<B>, Arc<GatedParking>);
 pub struct GatedParking {
     inner: Arc<dyn ParkingStore>,
     held: Mutex<HashMap<String, Gates>>,
+    failing_listings: AtomicU64,
 }
 
 impl GatedParking {
@@ -329,6 +330,7 @@ impl GatedParking {
         Arc::new(Self {
             inner,
             held: Mutex::default(),
+            failing_listings: AtomicU64::new(0),
         })
     }
 
@@ -341,6 +343,12 @@ impl GatedParking {
             .unwrap()
             .insert(id.to_string(), gates.clone());
         gates
+    }
+
+    /// The next `count` listings fail, as a store that went away (or a
+    /// process that died before it listed).
+    pub fn fail_listings(&self, count: u64) {
+        self.failing_listings.store(count, Ordering::SeqCst);
     }
 }
 
@@ -374,6 +382,18 @@ impl ParkingStore for GatedParking {
         &self,
         query: &idem_core::store::ParkedQuery,
     ) -> Result<Vec<idem_core::store::ParkedMessage>, StoreError> {
+        let failing =
+            self.failing_listings
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                });
+        if failing.is_ok() {
+            return Err(StoreError::unavailable(
+                "parking",
+                idem_core::Operation::Stats,
+                "the listing is made to fail",
+            ));
+        }
         self.inner.parked(query).await
     }
 
@@ -1093,6 +1113,45 @@ pub async fn a_gap_parked_after_its_predecessors_release_releases_itself<K: Cons
     assert_eq!(effects, expected, "v3 released itself");
     let left = consumer.parked(Some(&aggregate), 10).await.unwrap();
     assert!(left.is_empty(), "still parked: {left:?}");
+}
+
+/// An applied event whose release never ran (its listing failed, as a
+/// process dying after its commit would leave it) has it run by its
+/// redelivery: the duplicate releases what waits behind it.
+pub async fn a_duplicate_releases_what_its_first_apply_did_not<K: ConsumerBackend>(backend: &K) {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let aggregate = format!("dup-{run}");
+    let (consumer, shop, parking) = backend.consumer(scenario_options(1)).await;
+    let [v1, v2] = [1, 2].map(|version| event(&run, &aggregate, version));
+    let parked = consumer.consume(&Handed::new(v2)).await.unwrap();
+    assert!(matches!(parked, Consumed::Parked { .. }), "{parked:?}");
+    parking.fail_listings(1);
+    let applied = consumer.consume(&Handed::new(v1.clone())).await.unwrap();
+    assert_eq!(applied, Consumed::Applied);
+    assert_eq!(
+        consumer.parked(Some(&aggregate), 10).await.unwrap().len(),
+        1,
+        "the release did not run"
+    );
+    let again = consumer.consume(&Handed::new(v1)).await.unwrap();
+    assert_eq!(again, Consumed::Duplicate);
+    assert!(
+        consumer
+            .parked(Some(&aggregate), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let effects: Vec<String> = shop
+        .effects()
+        .await
+        .into_iter()
+        .filter(|effect| effect.starts_with(&aggregate))
+        .collect();
+    assert_eq!(
+        effects,
+        [format!("{aggregate}:1"), format!("{aggregate}:2")]
+    );
 }
 
 /// An aggregate whose predecessor applied while nothing released it (its
