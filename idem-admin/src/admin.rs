@@ -13,7 +13,7 @@ use idem_journal::{Journal, OperationState};
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::consumers::{ConsumerParking, ParkedView};
+use crate::consumers::{ConsumerParking, ParkedView, StuckView};
 use crate::error::AdminError;
 use crate::journal::{JournalPart, OperationView, Settlement};
 use crate::outbox::{OutboxMessageView, OutboxPart, OutboxSummary, message_id};
@@ -483,6 +483,21 @@ impl Admin {
         page: Page,
     ) -> Result<Listing<ParkedView>, AdminError> {
         self.consumer_part(consumer)?.parked(page).await
+    }
+
+    /// `consumer`'s aggregates stuck behind a version gap: each oldest
+    /// parked version waiting for one that no parked message holds (found
+    /// among the oldest parked messages the page reaches).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Absent`] for a consumer not given; the parking store's.
+    pub async fn consumer_stuck(
+        &self,
+        consumer: &str,
+        page: Page,
+    ) -> Result<Listing<StuckView>, AdminError> {
+        self.consumer_part(consumer)?.stuck(page).await
     }
 
     /// Replays `consumer`'s parked message `id` through its handler.

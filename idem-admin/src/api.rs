@@ -30,6 +30,7 @@ pub(crate) fn routes() -> Router<Shared> {
         .route("/api/outbox/messages/{id}/retry", post(outbox_retry))
         .route("/api/outbox/messages/{id}/drop", post(outbox_drop))
         .route("/api/consumers/{name}/parked", get(consumer_parked))
+        .route("/api/consumers/{name}/stuck", get(consumer_stuck))
         .route("/api/consumers/{name}/replay", post(consumer_replay))
         .route("/api/consumers/{name}/drop", post(consumer_drop))
         .route("/api/journals/{namespace}/attention", get(attention))
@@ -142,6 +143,17 @@ async fn consumer_parked(
 ) -> Response {
     match query(page) {
         Ok(page) => answer(shared.admin.consumer_parked(&name, page).await),
+        Err(problem) => *problem,
+    }
+}
+
+async fn consumer_stuck(
+    State(shared): State<Shared>,
+    Path(name): Path<String>,
+    page: Result<Query<Page>, QueryRejection>,
+) -> Response {
+    match query(page) {
+        Ok(page) => answer(shared.admin.consumer_stuck(&name, page).await),
         Err(problem) => *problem,
     }
 }

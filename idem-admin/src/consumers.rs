@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use idem_consumer::{Consumed, Consumer, ConsumerError, Handler};
+use idem_consumer::{Consumed, Consumer, ConsumerError, Handler, Stuck};
 use idem_core::store::{
     ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution, Timestamp,
 };
@@ -96,6 +96,29 @@ pub struct ParkedView {
     pub resolution: Option<String>,
     /// Its payload.
     pub payload: Payload,
+}
+
+/// An aggregate stuck behind a version gap, as an operator sees it: its
+/// oldest parked version waits for a version that no parked message holds
+/// (`idem_consumer::Consumer::stuck`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StuckView {
+    /// The consumer.
+    pub consumer: String,
+    /// The aggregate.
+    pub aggregate: String,
+    /// The version it was at when its oldest parked version was parked.
+    pub at: u64,
+    /// The version its parked messages wait for, which no one holds.
+    pub waiting_for: u64,
+    /// Its oldest parked version.
+    pub oldest_parked: u64,
+    /// How many of its messages are parked.
+    pub parked: usize,
+    /// When its oldest parked version was (last) parked, Unix milliseconds
+    /// by the store's clock.
+    pub since: Timestamp,
 }
 
 impl ParkedView {
@@ -204,6 +227,28 @@ impl ConsumerParking {
             .await
             .map_err(AdminError::store(PART))?;
         Ok(page.of(listed.iter().map(ParkedView::of).collect(), total))
+    }
+
+    /// The aggregates stuck behind a gap among the oldest parked messages
+    /// the page reaches.
+    pub(crate) async fn stuck(&self, page: Page) -> Result<Listing<StuckView>, AdminError> {
+        let found = Stuck::find(&*self.parking, &self.name, page.reach())
+            .await
+            .map_err(AdminError::store(PART))?;
+        let views: Vec<StuckView> = found
+            .into_iter()
+            .map(|stuck| StuckView {
+                consumer: self.name.to_string(),
+                aggregate: stuck.aggregate,
+                at: stuck.at,
+                waiting_for: stuck.waiting_for,
+                oldest_parked: stuck.oldest_parked,
+                parked: stuck.parked,
+                since: stuck.since,
+            })
+            .collect();
+        let total = views.len() as u64;
+        Ok(page.of(views, total))
     }
 
     async fn entry(&self, id: &IdempotencyKey) -> Result<ParkedMessage, AdminError> {

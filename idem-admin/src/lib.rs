@@ -74,7 +74,7 @@ pub use admin::{
     Admin, AttentionFigures, ConsumerSummary, JournalSummary, MAX_REASON_BYTES, ParkedFigures,
     Reading, Summary,
 };
-pub use consumers::{ConsumerParking, ParkedView};
+pub use consumers::{ConsumerParking, ParkedView, StuckView};
 pub use error::AdminError;
 pub use journal::{OperationView, Outcome, Settlement};
 pub use outbox::{OutboxMessageView, OutboxSummary, PartitionBacklog};

@@ -203,6 +203,8 @@ async fn consumers(api: &Api, stores: &Stores, built: &Built) {
     let listed = api.get(&format!("/api/consumers/{name}/parked")).await;
     assert_eq!(listed.status, 200, "{listed:?}");
     assert_eq!(listed.json["total"], 2);
+    let none = api.get(&format!("/api/consumers/{name}/stuck")).await;
+    assert_eq!(none.json["total"], 0, "{none:?}");
     assert_eq!(listed.json["items"][0]["id"], "m-1");
     assert_eq!(
         listed.json["items"][0]["reason"],
@@ -237,6 +239,36 @@ async fn consumers(api: &Api, stores: &Stores, built: &Built) {
     api.post(&replay, json!({"id": "m-2"}))
         .await
         .assert_problem(409, "conflict");
+
+    // Versions 3 and 4 of order-9 parked behind the aggregate at 1: stuck,
+    // waiting for version 2, which no parked message holds.
+    stuck::parked_gap(&*parking, name, "m-9-4", "order-9", (1, 4)).await;
+    stuck::parked_gap(&*parking, name, "m-9-3", "order-9", (1, 3)).await;
+    let found = api.get(&format!("/api/consumers/{name}/stuck")).await;
+    assert_eq!(found.status, 200, "{found:?}");
+    assert_eq!(found.json["total"], 1, "{found:?}");
+    let order = &found.json["items"][0];
+    assert_eq!(
+        (
+            &order["aggregate"],
+            &order["waiting_for"],
+            &order["oldest_parked"],
+            &order["parked"]
+        ),
+        (&json!("order-9"), &json!(2), &json!(3), &json!(2)),
+        "{found:?}"
+    );
+    api.get("/api/consumers/nobody/stuck")
+        .await
+        .assert_problem(404, "absent");
+    // Version 2 is lost for good: the operator drops what waits for it.
+    for id in ["m-9-3", "m-9-4"] {
+        api.post(&drop, json!({"id": id, "reason": "version 2 was lost"}))
+            .await
+            .assert_done(true, "dropped");
+    }
+    let none = api.get(&format!("/api/consumers/{name}/stuck")).await;
+    assert_eq!(none.json["total"], 0, "{none:?}");
     api.post(&drop, json!({"id": "m-1", "reason": "late"}))
         .await
         .assert_problem(409, "conflict");

@@ -64,6 +64,7 @@ fn routes(id: &str) -> Vec<(&'static str, String, String)> {
             "/api/consumers/shipping/parked".into(),
             String::new(),
         ),
+        ("GET", "/api/consumers/shipping/stuck".into(), String::new()),
         (
             "POST",
             "/api/consumers/shipping/replay".into(),

@@ -8,6 +8,7 @@
 //! idem --store postgres://localhost/app outbox drop 1b4e… --reason "refunded by hand"
 //! idem --store redis://127.0.0.1:6379 journal list billing
 //! idem --store 'dynamodb://idem-parked?region=eu-west-1' consumer parked shipping
+//! idem --store postgres://localhost/app consumer stuck shipping
 //! ```
 //!
 //! Exit codes: 0 done (a repeat that changed nothing included), 1 a store
@@ -108,6 +109,15 @@ enum Consumers {
         #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
         limit: usize,
     },
+    /// A consumer's aggregates stuck behind a version gap: each waits for
+    /// a version that no parked message holds.
+    Stuck {
+        consumer: String,
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
+        limit: usize,
+    },
     /// Refused here: a replay runs the consumer's handler, which only the
     /// service has (use its admin route).
     Replay { consumer: String, id: String },
@@ -194,6 +204,8 @@ const OUTBOX_COLUMNS: print::Columns = &[
 ];
 const PARKED_COLUMNS: print::Columns =
     &["id", "kind", "aggregate", "version", "deliveries", "reason"];
+const STUCK_COLUMNS: print::Columns =
+    &["aggregate", "at", "waiting_for", "oldest_parked", "parked"];
 const JOURNAL_COLUMNS: print::Columns = &[
     "subject",
     "effect",
@@ -215,6 +227,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Outbox(_) => Part::Outbox,
         Command::Consumer(
             Consumers::Parked { consumer, .. }
+            | Consumers::Stuck { consumer, .. }
             | Consumers::Replay { consumer, .. }
             | Consumers::Drop { consumer, .. },
         ) => Part::Consumer(consumer.clone()),
@@ -267,6 +280,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .consumer_parked(&consumer, page(offset, limit)?)
                 .await?;
             print(json, &parked, |v| listing(v, PARKED_COLUMNS));
+        }
+        Command::Consumer(Consumers::Stuck {
+            consumer,
+            offset,
+            limit,
+        }) => {
+            let stuck = admin
+                .consumer_stuck(&consumer, page(offset, limit)?)
+                .await?;
+            print(json, &stuck, |v| listing(v, STUCK_COLUMNS));
         }
         Command::Consumer(Consumers::Replay { consumer, id }) => {
             print(json, &admin.replay(&operator, &consumer, &id).await?, done);

@@ -197,6 +197,14 @@ async fn parking(store: &str, table: &[&str], parking: &dyn idem_core::store::Pa
         listed.ok().stdout.contains("m-1") && listed.stdout.contains("no carrier ships"),
         "{listed:?}"
     );
+    stuck::parked_gap(parking, &name, "m-7-3", "order-7", (1, 3)).await;
+    let mut stuck = table.to_vec();
+    stuck.extend(["consumer", "stuck", name.as_str()]);
+    let found = idem(store, &stuck).await;
+    assert!(
+        found.ok().stdout.contains("order-7") && found.stdout.contains("WAITING_FOR"),
+        "{found:?}"
+    );
     let mut replay = table.to_vec();
     replay.extend(["consumer", "replay", name.as_str(), "m-1"]);
     idem(store, &replay).await.failed(5, "admin route");

@@ -351,10 +351,62 @@ pub struct Stuck {
     pub waiting_for: u64,
     /// Its oldest parked version.
     pub oldest_parked: u64,
-    /// How many of its messages are parked (up to the release batch).
+    /// How many of its messages are parked (up to
+    /// [`MAX_OUTBOX_BATCH`](idem_core::store::MAX_OUTBOX_BATCH)).
     pub parked: usize,
     /// When its oldest parked version was (last) parked.
     pub since: idem_core::store::Timestamp,
+}
+
+impl Stuck {
+    /// The stuck aggregates of `consumer` in `parking`, as
+    /// [`Consumer::stuck`] finds them (for a tool that has the parking
+    /// store and not the consumer): among its `limit` oldest parked
+    /// messages, one listing, then one per aggregate found.
+    ///
+    /// # Errors
+    ///
+    /// The parking store's.
+    pub async fn find(
+        parking: &dyn ParkingStore,
+        consumer: &Tenant,
+        limit: usize,
+    ) -> Result<Vec<Self>, StoreError> {
+        let oldest = parking
+            .parked(&ParkedQuery::new(consumer.clone()).limit(limit))
+            .await?;
+        let mut seen = std::collections::HashSet::new();
+        let mut stuck = Vec::new();
+        for entry in &oldest {
+            let message = &entry.parked.message;
+            let (Some(aggregate), Some(_)) = (message.aggregate(), message.version()) else {
+                continue;
+            };
+            if !seen.insert(aggregate) {
+                continue;
+            }
+            let query = ParkedQuery::new(consumer.clone())
+                .of_aggregate(aggregate)
+                .limit(idem_core::store::MAX_OUTBOX_BATCH);
+            let own = parking.parked(&query).await?;
+            let Some(first) = own.first() else { continue };
+            let (Some(at), Some(version)) = (
+                gap_behind(&first.parked.reason),
+                first.parked.message.version(),
+            ) else {
+                continue;
+            };
+            stuck.push(Self {
+                aggregate: aggregate.to_string(),
+                at,
+                waiting_for: at.saturating_add(1),
+                oldest_parked: version,
+                parked: own.len(),
+                since: first.parked_at,
+            });
+        }
+        Ok(stuck)
+    }
 }
 
 /// A task aborted when this guard drops.
@@ -1551,37 +1603,7 @@ impl<H: Handler> Consumer<H> {
     ///
     /// The parking store's.
     pub async fn stuck(&self, limit: usize) -> Result<Vec<Stuck>, StoreError> {
-        let oldest = self.parked(None, limit).await?;
-        let mut seen = std::collections::HashSet::new();
-        let mut stuck = Vec::new();
-        for entry in &oldest {
-            let message = &entry.parked.message;
-            let (Some(aggregate), Some(_)) = (message.aggregate(), message.version()) else {
-                continue;
-            };
-            if !seen.insert(aggregate) {
-                continue;
-            }
-            let own = self
-                .parked(Some(aggregate), self.parts.options.release_batch)
-                .await?;
-            let Some(first) = own.first() else { continue };
-            let (Some(current), Some(version)) = (
-                gap_behind(&first.parked.reason),
-                first.parked.message.version(),
-            ) else {
-                continue;
-            };
-            stuck.push(Stuck {
-                aggregate: aggregate.to_string(),
-                at: current,
-                waiting_for: current.saturating_add(1),
-                oldest_parked: version,
-                parked: own.len(),
-                since: first.parked_at,
-            });
-        }
-        Ok(stuck)
+        Stuck::find(&*self.parts.parking, &self.parts.name, limit).await
     }
 
     /// One sweep: releases every stuck aggregate, and records how many

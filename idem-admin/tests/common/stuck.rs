@@ -122,6 +122,28 @@ pub async fn parked_message(
     parking.park(&parked).await.unwrap();
 }
 
+/// A version gap parked by `consumer` as the consumer parks one: `id`, the
+/// event of `aggregate` at `version`, found the aggregate at `at`.
+pub async fn parked_gap(
+    parking: &dyn ParkingStore,
+    consumer: &str,
+    id: &str,
+    aggregate: &str,
+    (at, version): (u64, u64),
+) {
+    let message = InboundMessage::new(id, "order.changed", b"late".to_vec())
+        .unwrap()
+        .with_aggregate(aggregate, Some(version))
+        .unwrap();
+    let parked = NewParked {
+        consumer: Tenant::new(consumer).unwrap(),
+        message,
+        reason: format!("version gap: the aggregate is at {at}, the event at {version}"),
+        deliveries: 5,
+    };
+    parking.park(&parked).await.unwrap();
+}
+
 /// The operation `subject`/`charge` of `namespace`, recorded and left in
 /// `state` with `detail`, as an executor leaves it.
 pub async fn operation(
