@@ -53,7 +53,12 @@ impl<H: Handler> Consumer<H> {
     /// deliveries of one aggregate are handled at the same time, and each
     /// aggregate's in the order the source delivered them (so version
     /// checks see them in order; a message without an aggregate waits only
-    /// for room). A delivery of an aggregate being handled waits behind it,
+    /// for room). Beside the deliveries, every
+    /// [`ConsumerOptions::release_interval`] a sweep replays the parked
+    /// versions of the aggregates stuck behind a gap
+    /// ([`stuck`](Self::stuck)); such a replay may run beside a delivery
+    /// of the same aggregate, and its version check keeps them in order.
+    /// A delivery of an aggregate being handled waits behind it,
     /// outside any batch, so a slow aggregate holds up only its own and its
     /// batch-mates (which commit with it); `run` stops receiving while
     /// [`WAITING_PER_SLOT`] deliveries per slot
