@@ -145,6 +145,17 @@ pub trait Delivery: Send + Sync {
     /// delay; JetStream: a NAK with that delay).
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError>;
 
+    /// Tells the broker that the delivery is still held, unsettled, so its
+    /// ack wait starts again and no copy of it is sent meanwhile
+    /// (JetStream: `+WPI`). [`Consumer::run`](crate::Consumer::run) calls
+    /// it every third of the source's ack wait for each delivery it holds
+    /// before its settlement (waiting behind its aggregate, gathered, or
+    /// being attempted). By default nothing is sent: a broker whose ack
+    /// wait is long (RabbitMQ's 30 minutes) needs nothing.
+    async fn in_progress(&self) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
     /// Acknowledges every delivery of `batch` (of one source, in the order
     /// it delivered them), after their batch committed: by default one
     /// [`ack`](Self::ack) after another, every one tried. An adapter

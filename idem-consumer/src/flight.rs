@@ -48,6 +48,15 @@ impl<D> Lanes<D> {
         self.running == 0 && self.waiting == 0
     }
 
+    /// The deliveries received and not started: behind their aggregates,
+    /// or ready for a slot.
+    pub(crate) fn held(&self) -> impl Iterator<Item = &D> {
+        self.busy
+            .values()
+            .flatten()
+            .chain(self.ready.iter().map(|(_, delivery)| delivery))
+    }
+
     /// Takes a received `delivery` of `aggregate`; it is returned when it
     /// may start now, kept to start later otherwise.
     pub(crate) fn admit(&mut self, aggregate: Option<String>, delivery: D) -> Option<D> {
@@ -165,6 +174,17 @@ mod tests {
         assert_eq!(lanes.finished(Some("x")), vec![(a("x"), 4)]);
         assert_eq!(lanes.finished(Some("x")), vec![]);
         assert!(lanes.is_idle());
+    }
+
+    #[test]
+    fn the_held_deliveries_are_those_waiting_behind_an_aggregate_or_for_a_slot() {
+        let mut lanes = Lanes::new(1, 100);
+        assert_eq!(lanes.admit(a("x"), 1), Some(1));
+        assert_eq!(lanes.admit(a("x"), 2), None);
+        assert_eq!(lanes.admit(a("y"), 3), None);
+        let mut held: Vec<i32> = lanes.held().copied().collect();
+        held.sort_unstable();
+        assert_eq!(held, [2, 3]);
     }
 
     #[test]

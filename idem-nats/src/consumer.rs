@@ -41,7 +41,9 @@ async fn call<T, E: std::fmt::Display>(
 ///   for a message published without one; the aggregate and its version
 ///   are [`AGGREGATE_HEADER`] and [`SEQUENCE_HEADER`]; the type is the
 ///   subject.
-/// - An ack is JetStream's `+ACK`, a retry a NAK with the delay; the
+/// - An ack is JetStream's `+ACK`, a retry a NAK with the delay, and a
+///   delivery the consumer still holds is said to be in progress
+///   (`+WPI`), so JetStream sends no copy of it past the ack wait; the
 ///   delivery count is JetStream's own (it counts copies no consumer
 ///   settled, so the consumer parks by its own count, never by this one).
 /// - The horizon is the consumer's `ack_wait`, `max_deliver` and
@@ -299,6 +301,11 @@ impl Delivery for JetStreamDelivery {
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
         call("retry", self.message.ack_with(AckKind::Nak(Some(delay)))).await
+    }
+
+    /// `+WPI`: JetStream starts the delivery's ack wait again.
+    async fn in_progress(&self) -> Result<(), BrokerError> {
+        call("in progress", self.message.ack_with(AckKind::Progress)).await
     }
 }
 

@@ -8,13 +8,16 @@
 
 mod common;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
 use idem_conformance::consumers::{self, ConsumerBroker, MemoryBackend};
 use idem_conformance::faults::FaultProxy;
 use idem_conformance::jetstream::{ACK_WAIT, JetStream, WINDOW};
-use idem_consumer::{Delivery, Source};
+use idem_consumer::{Delivery, Source, async_trait};
+use idem_core::store::{NewMessage, OutboxStore};
 use idem_nats::JetStreamSource;
 
 /// Longer than any call of a source may take (its limit is 10 s): a call
@@ -209,5 +212,93 @@ async fn a_delivery_no_consumer_settled_is_delivered_again_and_never_counted() {
         &MemoryBackend,
     )
     .await;
+    broker.delete().await;
+}
+
+/// A source that counts the deliveries of each message id it hands out.
+struct Counting {
+    source: JetStreamSource,
+    seen: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+#[async_trait]
+impl Source for Counting {
+    type Delivery = idem_nats::JetStreamDelivery;
+
+    async fn next(&mut self) -> Result<Option<Self::Delivery>, idem_consumer::BrokerError> {
+        let next = self.source.next().await?;
+        if let Some(delivery) = &next {
+            let id = delivery.message().id().as_str().to_string();
+            *self.seen.lock().unwrap().entry(id).or_default() += 1;
+        }
+        Ok(next)
+    }
+
+    fn horizon(&self) -> idem_consumer::RedeliveryHorizon {
+        self.source.horizon()
+    }
+}
+
+/// Deliveries the consumer holds past the ack wait (one being handled,
+/// two received and waiting behind it for their aggregate) are said to be
+/// in progress, so JetStream sends no copy of any: each is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_held_past_the_ack_wait_are_not_delivered_again() {
+    let broker = JetStream::new().await;
+    // Two slots: with the first taken, the consumer still receives the
+    // other two, which wait behind their aggregate in its lanes (what sits
+    // in the client's pull buffer unreceived is not the consumer's to keep).
+    let (consumer, shop, _) = consumers::consumer_with(
+        consumers::scenario_options(5)
+            .concurrency(2)
+            .batch(1, Duration::from_millis(1)),
+    );
+    let aggregate = format!("held-{}", uuid::Uuid::new_v4().simple());
+    let events: Vec<NewMessage> = (1..=3)
+        .map(|n| NewMessage::new(&aggregate, "order.changed", format!("{n}").into_bytes()).unwrap())
+        .collect();
+    let outbox = idem_memory::MemoryOutbox::new();
+    let mut stored = Vec::new();
+    for event in &events {
+        stored.push(outbox.enqueue(event).await.unwrap());
+    }
+    let (entered, go) = shop.hold(&stored[0].id().to_string());
+    let seen = Arc::new(Mutex::new(HashMap::new()));
+    let mut source = Counting {
+        source: broker.source().await,
+        seen: seen.clone(),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let consumer = consumer.clone();
+        async move {
+            consumer
+                .run(&mut source, async {
+                    let _ = stopped.await;
+                })
+                .await
+        }
+    });
+    for result in broker.publisher().publish(&stored).await {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    tokio::time::timeout(FOREVER, entered.notified())
+        .await
+        .expect("the first event is handled");
+    // Two ack waits and more: without a word from the consumer, JetStream
+    // sends each of the three again.
+    tokio::time::sleep(ACK_WAIT * 2 + Duration::from_secs(1)).await;
+    go.notify_one();
+    idem_conformance::relays::wait_until("the three events applied", || async {
+        shop.effects().await.len() == 3
+    })
+    .await;
+    // A copy sent meanwhile would come out of the source by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.values().all(|n| *n == 1), "delivered again: {seen:?}");
     broker.delete().await;
 }

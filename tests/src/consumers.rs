@@ -1003,6 +1003,27 @@ pub fn event(run: &str, aggregate: &str, version: u64) -> InboundMessage {
     .unwrap()
 }
 
+/// Asserts that `aggregate`'s versions 1 to `last` applied once each, in
+/// order, and that none of its messages is left parked.
+async fn applied_in_order<B: Books>(
+    consumer: &Consumer<Shop<B>>,
+    shop: &Shop<B>,
+    aggregate: &str,
+    last: u64,
+    why: &str,
+) {
+    let effects: Vec<String> = shop
+        .effects()
+        .await
+        .into_iter()
+        .filter(|effect| effect.starts_with(aggregate))
+        .collect();
+    let expected: Vec<String> = (1..=last).map(|v| format!("{aggregate}:{v}")).collect();
+    assert_eq!(effects, expected, "{why}");
+    let left = consumer.parked(Some(aggregate), 10).await.unwrap();
+    assert!(left.is_empty(), "still parked: {left:?}");
+}
+
 /// A version gap parked while its predecessor is being applied and
 /// released is released too, the interleaving forced: v2 arrives first
 /// and parks as a gap; v1 applies, and its release replays v2, held in
@@ -1057,16 +1078,14 @@ pub async fn a_gap_parked_while_its_predecessor_is_released_is_released_too<K: C
         matches!(&v3_parked, Ok(Consumed::Parked { .. })),
         "{v3_parked:?}"
     );
-    let effects: Vec<String> = shop
-        .effects()
-        .await
-        .into_iter()
-        .filter(|effect| effect.starts_with(&aggregate))
-        .collect();
-    let expected: Vec<String> = (1..=3).map(|v| format!("{aggregate}:{v}")).collect();
-    assert_eq!(effects, expected, "every version applied once, in order");
-    let left = consumer.parked(Some(&aggregate), 10).await.unwrap();
-    assert!(left.is_empty(), "still parked: {left:?}");
+    applied_in_order(
+        &consumer,
+        &shop,
+        &aggregate,
+        3,
+        "every version applied once, in order",
+    )
+    .await;
     assert!(consumer.stuck(100).await.unwrap().is_empty());
 }
 
@@ -1103,16 +1122,7 @@ pub async fn a_gap_parked_after_its_predecessors_release_releases_itself<K: Cons
         matches!(&v3_parked, Ok(Consumed::Parked { reason }) if reason.contains("version gap")),
         "{v3_parked:?}"
     );
-    let effects: Vec<String> = shop
-        .effects()
-        .await
-        .into_iter()
-        .filter(|effect| effect.starts_with(&aggregate))
-        .collect();
-    let expected: Vec<String> = (1..=3).map(|v| format!("{aggregate}:{v}")).collect();
-    assert_eq!(effects, expected, "v3 released itself");
-    let left = consumer.parked(Some(&aggregate), 10).await.unwrap();
-    assert!(left.is_empty(), "still parked: {left:?}");
+    applied_in_order(&consumer, &shop, &aggregate, 3, "v3 released itself").await;
 }
 
 /// An applied event whose release never ran (its listing failed, as a
@@ -1135,23 +1145,7 @@ pub async fn a_duplicate_releases_what_its_first_apply_did_not<K: ConsumerBacken
     );
     let again = consumer.consume(&Handed::new(v1)).await.unwrap();
     assert_eq!(again, Consumed::Duplicate);
-    assert!(
-        consumer
-            .parked(Some(&aggregate), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    let effects: Vec<String> = shop
-        .effects()
-        .await
-        .into_iter()
-        .filter(|effect| effect.starts_with(&aggregate))
-        .collect();
-    assert_eq!(
-        effects,
-        [format!("{aggregate}:1"), format!("{aggregate}:2")]
-    );
+    applied_in_order(&consumer, &shop, &aggregate, 2, "the duplicate released v2").await;
 }
 
 /// An aggregate whose predecessor applied while nothing released it (its
@@ -1197,12 +1191,12 @@ pub async fn a_stuck_aggregate_is_listed_and_released<K: ConsumerBackend>(backen
             .iter()
             .all(|s| s.aggregate != aggregate)
     );
-    let effects: Vec<String> = shop
-        .effects()
-        .await
-        .into_iter()
-        .filter(|effect| effect.starts_with(&aggregate))
-        .collect();
-    let expected: Vec<String> = (1..=3).map(|v| format!("{aggregate}:{v}")).collect();
-    assert_eq!(effects, expected);
+    applied_in_order(
+        &consumer,
+        &shop,
+        &aggregate,
+        3,
+        "the release applied what waited",
+    )
+    .await;
 }

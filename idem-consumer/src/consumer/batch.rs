@@ -117,7 +117,9 @@ impl<H: Handler> Consumer<H> {
         let _in_flight = crate::InFlight::new(&self.parts.name, batch.len());
         async {
             let messages: Vec<&InboundMessage> = batch.iter().map(Delivery::message).collect();
-            let Some(attempts) = self.attempt_batch(&messages).await else {
+            let held: Vec<&D> = batch.iter().collect();
+            let attempted = self.keeping(&held, self.attempt_batch(&messages)).await;
+            let Some(attempts) = attempted else {
                 let each = batch.iter().map(|delivery| self.consume(delivery));
                 return futures_util::future::join_all(each).await;
             };

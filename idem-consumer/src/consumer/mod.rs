@@ -298,6 +298,10 @@ struct Parts<H> {
     handler: H,
     options: ConsumerOptions,
     failures: crate::failures::Failures,
+    /// How often a held delivery is said to be in progress, in
+    /// milliseconds (a third of the ack wait of the source `run` runs
+    /// over; 0 for never).
+    keep_alive_millis: std::sync::atomic::AtomicU64,
 }
 
 impl<H> Clone for Consumer<H> {
@@ -316,6 +320,46 @@ impl<H> fmt::Debug for Consumer<H> {
             .field("parking", &self.parts.parking)
             .field("options", &self.parts.options)
             .finish_non_exhaustive()
+    }
+}
+
+impl<H> Consumer<H> {
+    /// How often a held delivery is said to be in progress, if at all.
+    fn keep_alive_every(&self) -> Option<Duration> {
+        let millis = self
+            .parts
+            .keep_alive_millis
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (millis > 0).then(|| Duration::from_millis(millis))
+    }
+
+    /// `work`, while every held delivery of `held` is said to be in
+    /// progress each [`keep_alive_every`](Self::keep_alive_every); a broker
+    /// that does not answer is only logged (its copy is a duplicate).
+    async fn keeping<D: Delivery + ?Sized, T>(
+        &self,
+        held: &[&D],
+        work: impl Future<Output = T>,
+    ) -> T {
+        let Some(every) = self.keep_alive_every() else {
+            return work.await;
+        };
+        tokio::pin!(work);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = ticks.tick() => keep_alive(held).await,
+            }
+        }
+    }
+}
+
+/// Says each delivery of `held` is in progress, all at once.
+async fn keep_alive<D: Delivery + ?Sized>(held: &[&D]) {
+    let said = futures_util::future::join_all(held.iter().map(|delivery| delivery.in_progress()));
+    if let Some(error) = said.await.into_iter().find_map(Result::err) {
+        tracing::warn!(%error, "could not tell the broker a delivery is still held");
     }
 }
 
@@ -362,6 +406,7 @@ impl<H: Handler> Consumer<H> {
                 handler,
                 options,
                 failures: crate::failures::Failures::default(),
+                keep_alive_millis: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }

@@ -20,6 +20,14 @@ pub(super) struct Flight<D> {
     gathered: Vec<(Option<String>, D)>,
     /// When the gathered batch starts, full or not.
     due: Option<tokio::time::Instant>,
+    /// When the deliveries held waiting are next said to be in progress.
+    keep: tokio::time::Interval,
+}
+
+/// A third of `ack_wait` (at least 100 ms): how often a held delivery is
+/// said to be in progress, so two calls come within every ack wait.
+fn keep_alive_period(ack_wait: Duration) -> Duration {
+    (ack_wait / 3).max(Duration::from_millis(100))
 }
 
 pub(super) fn log_handled(handled: Result<Result<(), ConsumerError>, tokio::task::JoinError>) {
@@ -93,11 +101,20 @@ impl<H: Handler> Consumer<H> {
         let _sweeper = self.sweeper();
         tokio::pin!(shutdown);
         let slots = self.parts.options.slots();
+        let horizon = source.horizon();
+        let every = keep_alive_period(horizon.ack_wait);
+        let millis = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
+        self.parts
+            .keep_alive_millis
+            .store(millis, std::sync::atomic::Ordering::Relaxed);
+        let mut keep = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut flight = Flight {
             lanes: Lanes::new(slots, slots.saturating_mul(WAITING_PER_SLOT)),
             tasks: Handling::default(),
             gathered: Vec::new(),
             due: None,
+            keep,
         };
         // Receive failures in a row: the back-off's delivery count.
         let mut failures = 0u32;
@@ -112,6 +129,7 @@ impl<H: Handler> Consumer<H> {
                         return Ok(());
                     }
                     Some(joined) = flight.tasks.join_next() => self.joined(&mut flight, joined),
+                    _ = flight.keep.tick() => self.keep_waiting(&flight).await,
                     () = tokio::time::sleep_until(due), if flushable => self.flush(&mut flight),
                     // Nothing runs, so nothing would make room: receive.
                     else => break,
@@ -158,6 +176,19 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
+    /// Says every delivery held waiting (behind its aggregate, or gathered)
+    /// is in progress.
+    async fn keep_waiting<D: Delivery + 'static>(&self, flight: &Flight<D>) {
+        let held: Vec<&D> = flight
+            .lanes
+            .held()
+            .chain(flight.gathered.iter().map(|(_, delivery)| delivery))
+            .collect();
+        if !held.is_empty() {
+            keep_alive(&held).await;
+        }
+    }
+
     /// Awaits `work` while settling the batches that end and starting a
     /// gathered one whose wait is up; `None` when `shutdown` completed
     /// first (the batches being handled then finish, within the grace).
@@ -177,6 +208,7 @@ impl<H: Handler> Consumer<H> {
                     return None;
                 }
                 Some(joined) = flight.tasks.join_next() => self.joined(flight, joined),
+                _ = flight.keep.tick() => self.keep_waiting(flight).await,
                 () = tokio::time::sleep_until(due), if flushable => self.flush(flight),
                 done = &mut work => return Some(done),
             }
@@ -277,6 +309,7 @@ impl<H: Handler> Consumer<H> {
                     return;
                 }
                 Some(joined) = flight.tasks.join_next() => self.joined(flight, joined),
+                _ = flight.keep.tick() => self.keep_waiting(flight).await,
                 () = tokio::time::sleep_until(due), if flushable => self.flush(flight),
                 else => return,
             }

@@ -72,7 +72,9 @@ impl<H: Handler> Consumer<H> {
         &self,
         delivery: &D,
     ) -> Result<Consumed, ConsumerError> {
-        let attempt = self.attempt(delivery.message()).await;
+        let attempt = self
+            .keeping(&[delivery], self.attempt(delivery.message()))
+            .await;
         let settlement = self.settle_attempt(delivery, attempt).await?;
         // Released whether or not the ack gets through: what committed (or
         // parked) stands either way.
