@@ -166,12 +166,11 @@ where
         // future is kilobytes, which the spawn would otherwise copy.
         let mut job = Some(Box::pin(job.run(inner, parts, body)));
         ResponseFuture::new(async move {
-            let failed =
-                |why: &dyn fmt::Display| {
-                    tracing::error!(error = %why, "the idempotent request's task failed");
-                    Ok(internal_error(&config, "the request's task failed")
-                        .map(ResponseBody::buffered))
-                };
+            let failed = |why: &dyn fmt::Display| {
+                let (response, incident) = internal_error(&config);
+                tracing::error!(error = %why, %incident, "the idempotent request's task failed");
+                Ok(response.map(ResponseBody::buffered))
+            };
             let first = std::future::poll_fn(|cx| {
                 let Some(running) = job.as_mut() else {
                     return Poll::Ready(None);
@@ -238,8 +237,20 @@ fn ready<B: Send + 'static, E: Send + 'static>(
     ResponseFuture::new(std::future::ready(Ok(response.map(ResponseBody::buffered))))
 }
 
-fn internal_error(config: &Config, detail: &str) -> Response<Full<Bytes>> {
-    config.problem(Problem::Internal, StatusCode::INTERNAL_SERVER_ERROR, detail)
+/// A 500 that says nothing of what failed: a fixed detail and a fresh
+/// incident id, which the caller traces beside the error (an error's text
+/// can hold row values, constraint names, hosts: it never reaches a
+/// client).
+fn internal_error(config: &Config) -> (Response<Full<Bytes>>, String) {
+    let incident = uuid::Uuid::new_v4().simple().to_string();
+    let detail =
+        format!("The request failed on the server; the operator finds it as incident {incident}.");
+    let response = config.problem(
+        Problem::Internal,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &detail,
+    );
+    (response, incident)
 }
 
 fn too_large_body(config: &Config) -> Response<Full<Bytes>> {
@@ -452,8 +463,9 @@ where
                 "This operation is idempotent and it requires correct usage of Idempotency Key. Idempotency Key MUST not be reused across different payloads of this operation.",
             ),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
-                tracing::warn!(%error, key = key(), "idempotent request failed");
-                internal_error(config, &error.to_string())
+                let (response, incident) = internal_error(config);
+                tracing::warn!(%error, %incident, key = key(), "idempotent request failed");
+                response
             }
             Err(RunError::LostLease) => {
                 tracing::warn!(key = key(), "idempotency lease lost before completion");
@@ -478,8 +490,9 @@ where
                 )
             }
             Err(error) => {
-                tracing::error!(%error, key = key(), "idempotency store failed");
-                internal_error(config, &error.to_string())
+                let (response, incident) = internal_error(config);
+                tracing::error!(%error, %incident, key = key(), "idempotency store failed");
+                response
             }
         };
         Ok(response.map(ResponseBody::buffered))

@@ -1006,3 +1006,96 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
         .await
         .unwrap();
 }
+
+/// A store that fails every call for good, with a text that holds what an
+/// error must never carry to a client (a Postgres message names a row's
+/// values so).
+#[derive(Debug)]
+struct Leaky;
+
+/// What [`Leaky`]'s errors say.
+const SECRET: &str = "Key (email)=(jane@example.com) already exists";
+
+fn leaky(operation: idem_core::Operation) -> idem_core::StoreError {
+    idem_core::StoreError::backend("leaky", operation, SECRET)
+}
+
+#[idem_core::async_trait]
+impl IdempotencyStore for Leaky {
+    async fn claim(
+        &self,
+        _: &idem_core::store::ClaimRequest,
+    ) -> Result<idem_core::store::ClaimOutcome, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Claim))
+    }
+    async fn complete(
+        &self,
+        _: &idem_core::store::Lease,
+        _: &idem_core::StoredResponse,
+    ) -> Result<(), idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Complete))
+    }
+    async fn renew(
+        &self,
+        _: &idem_core::store::Lease,
+        _: Duration,
+    ) -> Result<idem_core::store::Lease, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Renew))
+    }
+    async fn release(&self, _: &idem_core::store::Lease) -> Result<(), idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Release))
+    }
+    async fn checkpoint(
+        &self,
+        _: &idem_core::store::Lease,
+        _: &idem_core::Checkpoint,
+    ) -> Result<(), idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Checkpoint))
+    }
+    async fn get(
+        &self,
+        _: &idem_core::Scope,
+    ) -> Result<Option<idem_core::store::Record>, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Get))
+    }
+    async fn purge_expired(&self) -> Result<u64, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Purge))
+    }
+    async fn delete(&self, _: &idem_core::Scope) -> Result<bool, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Delete))
+    }
+    async fn now(
+        &self,
+        _: &idem_core::Scope,
+    ) -> Result<idem_core::store::Timestamp, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Now))
+    }
+    fn capabilities(&self) -> idem_core::store::Capabilities {
+        idem_core::store::Capabilities::new(
+            "leaky",
+            idem_core::store::TransactionSharing::None,
+            idem_core::store::Durability::Volatile,
+            idem_core::store::ClockSource::Caller,
+            usize::MAX,
+        )
+    }
+}
+
+/// A store failure is a 500 whose detail is fixed and names an incident,
+/// never the error's text: what the store said stays on the server.
+#[tokio::test]
+async fn a_failure_answers_500_with_a_fixed_detail_never_the_errors_text() {
+    let (base, counters) = serve(Arc::new(Leaky), |l| l).await;
+    let response = keyed(&client(), &base, "/orders", &tenant(), "leaky")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = response.text().await.unwrap();
+    assert!(!body.contains("jane@example.com"), "{body}");
+    assert!(!body.contains("already exists"), "{body}");
+    let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("incident"), "{detail}");
+    assert_eq!(counters.orders.load(Ordering::SeqCst), 0);
+}
