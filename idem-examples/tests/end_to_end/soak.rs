@@ -314,6 +314,24 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     })
     .await;
     let caught_up = Instant::now();
+    // Every 10 s while catching up, what is applied, parked and stuck: a
+    // wait that times out then tells slowness from an aggregate stuck.
+    let progress = tokio::spawn({
+        let (backend, watcher, name) = (backend.clone(), watcher.clone(), name.clone());
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let parked = watcher.parked(None, 100).await.unwrap_or_default();
+                let stuck = watcher.stuck(100).await.unwrap_or_default();
+                eprintln!(
+                    "[{name}] catching up: {} of {committed_total} applied, {} parked, {} stuck",
+                    backend.effects().await.len(),
+                    parked.len(),
+                    stuck.len(),
+                );
+            }
+        }
+    });
     wait_until("every committed change applied", || async {
         backend.effects().await.len() >= committed_total
     })
@@ -327,6 +345,7 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     })
     .await;
     let catch_up = caught_up.elapsed();
+    progress.abort();
     for process in processes {
         process.stop().await;
     }
