@@ -144,6 +144,14 @@ impl ConsumerOptions {
     /// applied by a consumer that died before it released what waited
     /// behind it. Each sweep costs a listing of the parked messages and one
     /// replay per stuck aggregate.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_consumer::ConsumerOptions;
+    ///
+    /// let options = ConsumerOptions::default().release_interval(Duration::from_secs(10));
+    /// assert_ne!(options, ConsumerOptions::default());
+    /// ```
     #[must_use]
     pub fn release_interval(mut self, interval: Duration) -> Self {
         self.release_interval = interval;
