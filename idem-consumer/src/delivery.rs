@@ -145,6 +145,15 @@ pub trait Delivery: Send + Sync {
     /// delay; JetStream: a NAK with that delay).
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError>;
 
+    /// Why the broker's message cannot be applied, when it could not be
+    /// read as an inbound message ([`RawMessage::read`](crate::RawMessage::read)):
+    /// [`message`](Self::message) is then what could be kept of it, and
+    /// the consumer parks it at once with this reason, never calling a
+    /// handler. `None` (the default) for a message read whole.
+    fn malformed(&self) -> Option<&str> {
+        None
+    }
+
     /// Tells the broker that the delivery is still held, unsettled, so its
     /// ack wait starts again and no copy of it is sent meanwhile
     /// (JetStream: `+WPI`). [`Consumer::run`](crate::Consumer::run) calls

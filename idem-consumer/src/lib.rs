@@ -54,10 +54,12 @@ mod delivery;
 mod failures;
 mod flight;
 mod options;
+mod raw;
 
 pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler, Stuck, WAITING_PER_SLOT};
 pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source, bounded};
 pub use options::ConsumerOptions;
+pub use raw::{MALFORMED_KIND, Malformed, RawMessage};
 
 /// To implement [`Handler`], [`Delivery`] and [`Source`].
 pub use idem_core::async_trait;

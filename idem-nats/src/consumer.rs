@@ -6,7 +6,9 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, AckKind, Context};
 use futures_util::StreamExt;
-use idem_consumer::{BrokerError, Delivery, RedeliveryHorizon, Source, async_trait};
+use idem_consumer::{
+    BrokerError, Delivery, Malformed, RawMessage, RedeliveryHorizon, Source, async_trait,
+};
 use idem_core::store::{InboundMessage, Timestamp};
 
 use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
@@ -15,7 +17,7 @@ use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
 const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 
 /// How long one exchange with the server (the consumer's setup, an ack, a
-/// NAK, a termination) may take. An ack is only queued on the client's
+/// NAK, a keep-alive) may take. An ack is only queued on the client's
 /// connection, but that queue stops taking commands while a stalled
 /// network holds what was written: a call is then given up on, with a
 /// retryable error, rather than waited for forever.
@@ -54,9 +56,11 @@ async fn call<T, E: std::fmt::Display>(
 ///   the ack wait, dropped with an aborted task), and
 ///   `idem_consumer::Consumer::check` refuses a durable consumer with one.
 /// - A message that cannot be an inbound message (an id or subject over
-///   255 bytes, a version that is not a number) is terminated (`+TERM`)
-///   with a warning: no handler could apply it.
-/// - Each call to the server (the setup, an ack, a NAK, a termination)
+///   255 bytes, a version that is not a positive number) is handed to the
+///   consumer as what could be kept of it, with the reason
+///   (`idem_consumer::Delivery::malformed`): the consumer parks it at
+///   once, and JetStream never drops it.
+/// - Each call to the server (the setup, an ack, a NAK, a keep-alive)
 ///   gives up after 10 s with a retryable [`BrokerError`].
 ///
 /// ```no_run
@@ -182,6 +186,8 @@ impl JetStreamSource {
 pub struct JetStreamDelivery {
     message: jetstream::Message,
     inbound: InboundMessage,
+    /// Why it cannot be applied, if it could not be read.
+    malformed: Option<String>,
     deliveries: u32,
     published_at: Option<Timestamp>,
 }
@@ -196,7 +202,15 @@ impl std::fmt::Debug for JetStreamDelivery {
 }
 
 impl JetStreamDelivery {
-    fn new(message: jetstream::Message, inbound: InboundMessage) -> Self {
+    fn new(message: jetstream::Message) -> Self {
+        let (inbound, malformed) = match inbound(&message) {
+            Ok(inbound) => (inbound, None),
+            Err(Malformed {
+                message: salvaged,
+                reason,
+                ..
+            }) => (*salvaged, Some(reason)),
+        };
         let info = message.info().ok().map(|info| {
             let millis = info.published.unix_timestamp_nanos() / 1_000_000;
             let published = i64::try_from(millis).ok().map(Timestamp::from_unix_millis);
@@ -206,6 +220,7 @@ impl JetStreamDelivery {
         Self {
             message,
             inbound,
+            malformed,
             deliveries,
             published_at,
         }
@@ -217,26 +232,23 @@ fn header<'a>(message: &'a jetstream::Message, name: &str) -> Option<&'a str> {
     headers.get(name).map(|value| value.as_str())
 }
 
-fn inbound(message: &jetstream::Message) -> Result<InboundMessage, String> {
+/// The message as the consumer reads it: whole, or why it cannot be and
+/// what of it can be kept.
+fn inbound(message: &jetstream::Message) -> Result<InboundMessage, Malformed> {
     let id = match header(message, MSG_ID_HEADER) {
-        Some(id) => id.to_string(),
-        None => {
-            let info = message.info().map_err(|e| e.to_string())?;
-            format!("{}:{}", info.stream, info.stream_sequence)
-        }
+        Some(id) => Some(id.to_string()),
+        None => message
+            .info()
+            .ok()
+            .map(|info| format!("{}:{}", info.stream, info.stream_sequence)),
     };
-    let mut inbound = InboundMessage::new(&id, message.subject.as_str(), message.payload.to_vec())
-        .map_err(|e| e.to_string())?;
+    let mut raw = RawMessage::new(
+        id.as_deref(),
+        message.subject.as_str(),
+        message.payload.to_vec(),
+    );
     if let Some(aggregate) = header(message, AGGREGATE_HEADER) {
-        let version = header(message, SEQUENCE_HEADER)
-            .map(|v| {
-                v.parse::<u64>()
-                    .map_err(|_| format!("{SEQUENCE_HEADER} {v:?}"))
-            })
-            .transpose()?;
-        inbound = inbound
-            .with_aggregate(aggregate, version)
-            .map_err(|e| e.to_string())?;
+        raw = raw.with_aggregate(aggregate, header(message, SEQUENCE_HEADER));
     }
     if let Some(headers) = &message.headers {
         for (name, values) in headers.iter() {
@@ -245,13 +257,11 @@ fn inbound(message: &jetstream::Message) -> Result<InboundMessage, String> {
                 continue;
             }
             for value in values {
-                inbound = inbound
-                    .with_header(name, value.as_str())
-                    .map_err(|e| e.to_string())?;
+                raw = raw.with_header(name, value.as_str());
             }
         }
     }
-    Ok(inbound)
+    raw.read()
 }
 
 #[async_trait]
@@ -262,6 +272,10 @@ impl Delivery for JetStreamDelivery {
 
     fn deliveries(&self) -> u32 {
         self.deliveries
+    }
+
+    fn malformed(&self) -> Option<&str> {
+        self.malformed.as_deref()
     }
 
     fn published_at(&self) -> Option<Timestamp> {
@@ -314,19 +328,11 @@ impl Source for JetStreamSource {
     type Delivery = JetStreamDelivery;
 
     async fn next(&mut self) -> Result<Option<JetStreamDelivery>, BrokerError> {
-        loop {
-            let Some(next) = self.messages.next().await else {
-                return Ok(None);
-            };
-            let message = next.map_err(|e| broker("receive")(e.to_string()))?;
-            match inbound(&message) {
-                Ok(inbound) => return Ok(Some(JetStreamDelivery::new(message, inbound))),
-                Err(reason) => {
-                    tracing::warn!(%reason, "terminating a JetStream message no consumer can apply");
-                    call("terminate", message.ack_with(AckKind::Term)).await?;
-                }
-            }
-        }
+        let Some(next) = self.messages.next().await else {
+            return Ok(None);
+        };
+        let message = next.map_err(|e| broker("receive")(e.to_string()))?;
+        Ok(Some(JetStreamDelivery::new(message)))
     }
 
     fn horizon(&self) -> RedeliveryHorizon {

@@ -43,6 +43,13 @@ async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_no_handler_can_read_is_parked_at_once() {
+    let broker = JetStream::new().await;
+    consumers::a_message_no_handler_can_read_is_parked_at_once(&broker, &MemoryBackend).await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_parked_and_replayed() {
     let broker = JetStream::new().await;
     consumers::a_poison_message_is_parked_and_replayed(&broker, &MemoryBackend).await;

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem_consumer::{BrokerError, Delivery, RedeliveryHorizon, Source, async_trait};
+use idem_consumer::{
+    BrokerError, Delivery, Malformed, RawMessage, RedeliveryHorizon, Source, async_trait,
+};
 use idem_core::InvalidInput;
 use idem_core::store::{InboundMessage, Timestamp};
 use lapin::message::Delivery as AmqpDelivery;
@@ -148,9 +150,10 @@ type Unsettled = Arc<Mutex<BTreeSet<u64>>>;
 /// - The horizon is the options' acknowledgement timeout, with no limit
 ///   on deliveries (see [`RabbitSourceOptions::new`]).
 /// - A delivery without a `message_id`, or that cannot be an inbound
-///   message, is rejected without requeue (to the queue's dead-letter
-///   exchange, if it has one) with a warning: no inbox can tell its copies
-///   apart.
+///   message, is handed to the consumer as what could be kept of it, with
+///   the reason (`idem_consumer::Delivery::malformed`): the consumer parks
+///   it at once (without a `message_id`, under an id derived from its type
+///   and payload), and the broker never drops it.
 /// - A source made by [`connect`](Self::connect) survives a lost
 ///   connection: the [`next`](Source::next) after the loss opens a new one
 ///   (a new channel where only the channel was lost) and consumes again;
@@ -162,7 +165,7 @@ type Unsettled = Arc<Mutex<BTreeSet<u64>>>;
 ///   duplicates). One made by [`new`](Self::new) on the caller's
 ///   connection answers the loss with an error.
 /// - No exchange with the broker waits forever: connecting, an ack, a
-///   requeue, a rejection and the close each have 10 s, then answer a
+///   requeue and the close each have 10 s, then answer a
 ///   retryable [`BrokerError`] (an ack that timed out may have reached
 ///   the broker or not: a redelivery is a duplicate to the inbox).
 ///
@@ -355,6 +358,8 @@ async fn open_connection(url: &str) -> Result<Connection, BrokerError> {
 pub struct RabbitDelivery {
     delivery: AmqpDelivery,
     inbound: InboundMessage,
+    /// Why it cannot be applied, if it could not be read.
+    malformed: Option<String>,
     deliveries: u32,
     unsettled: Unsettled,
 }
@@ -391,30 +396,35 @@ fn number(value: &AMQPValue) -> Option<u64> {
     }
 }
 
-fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, String> {
+/// A header's value as text, a number in decimal.
+fn shown(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        other => text(other).unwrap_or_else(|| format!("{other:?}")),
+    }
+}
+
+/// The delivery as the consumer reads it: whole, or why it cannot be and
+/// what of it can be kept.
+fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, Malformed> {
     let properties = &delivery.properties;
-    let id = properties
-        .message_id()
-        .as_ref()
-        .ok_or("no message_id")?
-        .as_str();
+    let id = properties.message_id().as_ref().map(|id| id.as_str());
     let kind = match properties.kind() {
         Some(kind) => kind.as_str(),
         None => delivery.routing_key.as_str(),
     };
-    let mut inbound =
-        InboundMessage::new(id, kind, delivery.data.clone()).map_err(|e| e.to_string())?;
+    let mut raw = RawMessage::new(id, kind, delivery.data.clone());
     let headers = properties.headers().as_ref().map(FieldTable::inner);
     let Some(headers) = headers else {
-        return Ok(inbound);
+        return raw.read();
     };
     if let Some(aggregate) = headers.get(AGGREGATE_HEADER).and_then(text) {
-        let version = headers
-            .get(SEQUENCE_HEADER)
-            .map(|v| number(v).ok_or("a bad sequence"));
-        inbound = inbound
-            .with_aggregate(&aggregate, version.transpose()?)
-            .map_err(|e| e.to_string())?;
+        let version = headers.get(SEQUENCE_HEADER).map(shown);
+        raw = raw.with_aggregate(&aggregate, version.as_deref());
     }
     for (name, value) in headers {
         let name = name.as_str();
@@ -426,16 +436,22 @@ fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, String> {
             other => text(other).into_iter().collect::<Vec<_>>(),
         };
         for value in values {
-            inbound = inbound
-                .with_header(name, &value)
-                .map_err(|e| e.to_string())?;
+            raw = raw.with_header(name, &value);
         }
     }
-    Ok(inbound)
+    raw.read()
 }
 
 impl RabbitDelivery {
-    fn new(delivery: AmqpDelivery, inbound: InboundMessage, unsettled: &Unsettled) -> Self {
+    fn new(delivery: AmqpDelivery, unsettled: &Unsettled) -> Self {
+        let (inbound, malformed) = match inbound(&delivery) {
+            Ok(inbound) => (inbound, None),
+            Err(Malformed {
+                message: salvaged,
+                reason,
+                ..
+            }) => (*salvaged, Some(reason)),
+        };
         locked(unsettled).insert(delivery.delivery_tag);
         let counted = delivery
             .properties
@@ -450,6 +466,7 @@ impl RabbitDelivery {
         Self {
             delivery,
             inbound,
+            malformed,
             deliveries,
             unsettled: unsettled.clone(),
         }
@@ -518,6 +535,10 @@ impl Delivery for RabbitDelivery {
 
     fn deliveries(&self) -> u32 {
         self.deliveries
+    }
+
+    fn malformed(&self) -> Option<&str> {
+        self.malformed.as_deref()
     }
 
     fn published_at(&self) -> Option<Timestamp> {
@@ -612,23 +633,7 @@ impl Source for RabbitSource {
                 return Ok(None);
             };
             let delivery = next.map_err(failed("receive"))?;
-            match inbound(&delivery) {
-                Ok(inbound) => {
-                    return Ok(Some(RabbitDelivery::new(
-                        delivery,
-                        inbound,
-                        &self.link.unsettled,
-                    )));
-                }
-                Err(reason) => {
-                    tracing::warn!(%reason, "rejecting a delivery no consumer can apply");
-                    let reject = delivery.acker.nack(BasicNackOptions {
-                        requeue: false,
-                        multiple: false,
-                    });
-                    call("reject", reject).await?;
-                }
-            }
+            return Ok(Some(RabbitDelivery::new(delivery, &self.link.unsettled)));
         }
     }
 

@@ -19,6 +19,9 @@ use idem_consumer::{Consumed, Delivery, Source, async_trait};
 use idem_core::store::NewMessage;
 use idem_outbox::Publisher;
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
 
 /// An exchange and a durable queue of the test's own, and a publisher to
 /// them.
@@ -66,6 +69,39 @@ impl ConsumerBroker for Rabbit {
         source.close().await.unwrap();
     }
 
+    async fn publish_raw(&self, id: &str, aggregate: &str, version: &str) {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            idem_rabbitmq::AGGREGATE_HEADER.into(),
+            AMQPValue::LongString(aggregate.into()),
+        );
+        headers.insert(
+            idem_rabbitmq::SEQUENCE_HEADER.into(),
+            AMQPValue::LongString(version.into()),
+        );
+        let properties = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_type("order.placed".into())
+            .with_headers(headers);
+        let channel = &self.topology.channel;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        channel
+            .basic_publish(
+                self.topology.exchange.as_str().into(),
+                "order.placed".into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
     fn duplicate_window(&self) -> Duration {
         Duration::ZERO
     }
@@ -86,6 +122,13 @@ async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
         &MemoryBackend,
     )
     .await;
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_no_handler_can_read_is_parked_at_once() {
+    let broker = Rabbit::new(true).await;
+    consumers::a_message_no_handler_can_read_is_parked_at_once(&broker, &MemoryBackend).await;
     broker.delete().await;
 }
 

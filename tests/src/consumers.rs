@@ -469,6 +469,11 @@ pub trait ConsumerBroker: Send + Sync {
     /// go back to the broker.
     async fn kill(&self, source: Self::Source);
 
+    /// Publishes, as a producer other than idem's might, a message of id
+    /// `id` and type `order.placed` about `aggregate` whose version is
+    /// `version`, as text (one that is not a number makes it unreadable).
+    async fn publish_raw(&self, id: &str, aggregate: &str, version: &str);
+
     /// How long after a publish the broker still drops a second publish
     /// of the same message (zero for a broker that never does).
     fn duplicate_window(&self) -> Duration;
@@ -710,6 +715,67 @@ pub async fn a_poison_message_is_parked_and_replayed<B: ConsumerBroker, K: Consu
     );
     assert_eq!(shop.effects().await, ["order 3"]);
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
+    broker.kill(source).await;
+}
+
+/// A message no handler can read (its version is not a number) is not
+/// the broker's to drop, nor a handler's to see: the consumer parks what
+/// can be kept of it at once (its id, type and payload, its aggregate and
+/// version as headers) with the reason, acknowledges it, and the rest of
+/// its aggregate flows. (The sources terminated or rejected it before: it
+/// was gone, with a warning in a log.)
+pub async fn a_message_no_handler_can_read_is_parked_at_once<
+    B: ConsumerBroker,
+    K: ConsumerBackend,
+>(
+    broker: &B,
+    backend: &K,
+) {
+    let (consumer, shop, parking) = backend.consumer(scenario_options(3)).await;
+    let mut source = broker.source().await;
+    let id = format!("unreadable-{}", uuid::Uuid::new_v4().simple());
+    let aggregate = format!("order-{}", uuid::Uuid::new_v4().simple());
+    broker.publish_raw(&id, &aggregate, "three").await;
+    let delivery = next(&mut source).await;
+    let reason = delivery.malformed().map(str::to_string);
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("\"three\"")),
+        "{reason:?}"
+    );
+    assert_eq!(delivery.message().id().as_str(), id);
+    assert_eq!(
+        delivery.message().aggregate(),
+        None,
+        "never replayed behind one"
+    );
+    let consumed = consumer.consume(&delivery).await.unwrap();
+    assert!(
+        matches!(&consumed, Consumed::Parked { reason } if reason.starts_with("malformed: ")),
+        "{consumed:?}"
+    );
+    assert!(shop.effects().await.is_empty(), "no handler saw it");
+    let parked = consumer.parked(None, 10).await.unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let kept = &parked[0].parked.message;
+    assert_eq!(kept.id().as_str(), id);
+    assert!(
+        kept.headers()
+            .contains(&("aggregate".to_string(), aggregate.clone()))
+    );
+    assert!(
+        kept.headers()
+            .contains(&("version".to_string(), "three".to_string()))
+    );
+    assert_eq!(parked[0].parked.deliveries, 1, "parked at its first");
+    // Acknowledged: what comes next is the next message, not a copy.
+    let sent = publish(&*broker.publisher(), &[order(5)]).await;
+    let following = next(&mut source).await;
+    assert_eq!(following.message().id().as_str(), sent[0].id().to_string());
+    assert_eq!(
+        consumer.consume(&following).await.unwrap(),
+        Consumed::Applied
+    );
+    assert_eq!(parking.count(consumer.name()).await.unwrap(), 1);
     broker.kill(source).await;
 }
 

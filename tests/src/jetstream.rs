@@ -32,6 +32,7 @@ pub struct JetStream {
     context: jetstream::Context,
     stream: String,
     durable: String,
+    prefix: String,
     publisher: Arc<JetStreamPublisher>,
 }
 
@@ -62,6 +63,7 @@ impl JetStream {
             context,
             stream,
             durable: format!("consumer-{id}"),
+            prefix,
             publisher: Arc::new(publisher),
         }
     }
@@ -91,6 +93,20 @@ impl ConsumerBroker for JetStream {
 
     async fn kill(&self, source: JetStreamSource) {
         drop(source);
+    }
+
+    async fn publish_raw(&self, id: &str, aggregate: &str, version: &str) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        headers.insert(idem_nats::AGGREGATE_HEADER, aggregate);
+        headers.insert(idem_nats::SEQUENCE_HEADER, version);
+        let subject = format!("{}.order.placed", self.prefix);
+        self.context
+            .publish_with_headers(subject, headers, "{}".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
     }
 
     fn duplicate_window(&self) -> Duration {

@@ -96,7 +96,9 @@ impl<H: Handler> Consumer<H> {
     ///   wait for the first transaction, then find it applied (Postgres, on
     ///   the record's primary key), or answer it held.
     ///
-    /// A handler transaction that does not batch ([`Transaction::batches`])
+    /// A malformed delivery ([`Delivery::malformed`]) is parked at once
+    /// with its reason; a batch holding one is settled one delivery at a
+    /// time. A handler transaction that does not batch ([`Transaction::batches`])
     /// has each delivery consumed on its own, all at once. Results are in
     /// the batch's order. The batch is an INFO span, `idem.consume_batch`,
     /// with `consumer`, `size` and `commits`; each delivery's settlement
@@ -116,6 +118,12 @@ impl<H: Handler> Consumer<H> {
         );
         let _in_flight = crate::InFlight::new(&self.parts.name, batch.len());
         async {
+            // A malformed message is parked, never handled: such a rare
+            // batch goes one delivery at a time.
+            if batch.iter().any(|delivery| delivery.malformed().is_some()) {
+                let each = batch.iter().map(|delivery| self.consume(delivery));
+                return futures_util::future::join_all(each).await;
+            }
             let messages: Vec<&InboundMessage> = batch.iter().map(Delivery::message).collect();
             let held: Vec<&D> = batch.iter().collect();
             let attempted = self.keeping(&held, self.attempt_batch(&messages)).await;

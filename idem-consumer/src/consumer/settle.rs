@@ -7,6 +7,8 @@ use super::*;
 
 /// Why a message's claim was refused for good.
 pub(super) const MISMATCH: &str = "its message id was consumed before with another payload";
+/// How a malformed message's reason begins ([`Delivery::malformed`]).
+pub(super) const MALFORMED: &str = "malformed: ";
 
 /// How a delivery was settled, short of its ack.
 pub(super) struct Settlement {
@@ -72,9 +74,13 @@ impl<H: Handler> Consumer<H> {
         &self,
         delivery: &D,
     ) -> Result<Consumed, ConsumerError> {
-        let attempt = self
-            .keeping(&[delivery], self.attempt(delivery.message()))
-            .await;
+        let attempt = match delivery.malformed() {
+            Some(reason) => Attempt::Poison(format!("{MALFORMED}{reason}")),
+            None => {
+                self.keeping(&[delivery], self.attempt(delivery.message()))
+                    .await
+            }
+        };
         let settlement = self.settle_attempt(delivery, attempt).await?;
         // Released whether or not the ack gets through: what committed (or
         // parked) stands either way.

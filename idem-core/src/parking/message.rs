@@ -48,6 +48,30 @@ impl InboundMessage {
         })
     }
 
+    /// The message a consumer parks for a broker message that could not be
+    /// read at all: id `malformed:<digest>` (the digest of what identifies
+    /// it, so every delivery of it is one message), type `idem.malformed`,
+    /// no payload. `idem_consumer::RawMessage` falls back to it.
+    ///
+    /// ```
+    /// use idem_core::Fingerprint;
+    /// use idem_core::store::InboundMessage;
+    ///
+    /// let message = InboundMessage::unreadable(&Fingerprint::of_bytes(b"abc"));
+    /// assert!(message.id().as_str().starts_with("malformed:ba7816bf"));
+    /// assert_eq!(message.kind(), "idem.malformed");
+    /// ```
+    pub fn unreadable(digest: &crate::Fingerprint) -> Self {
+        Self {
+            id: IdempotencyKey::derived("malformed:", digest),
+            kind: "idem.malformed".to_string(),
+            aggregate: None,
+            version: None,
+            headers: Vec::new(),
+            payload: Vec::new(),
+        }
+    }
+
     /// The same about `aggregate`, at `version` (1 for its first event) if
     /// the event carries one.
     ///

@@ -114,6 +114,12 @@ name_type!(
 );
 
 impl IdempotencyKey {
+    /// A key of `prefix` and a digest's 64 hex digits: within the key rules
+    /// by construction (for a prefix of at most 191 printable bytes).
+    pub(crate) fn derived(prefix: &'static str, digest: &crate::Fingerprint) -> Self {
+        Self(format!("{prefix}{digest}").into())
+    }
+
     /// A short, stable hash of the key, for logs and traces.
     ///
     /// ```
