@@ -1,22 +1,26 @@
 //! Deliveries in flight: at most a number handled at once, never two of one
-//! aggregate, each aggregate's in the order they were received.
+//! aggregate, each aggregate's in version order (those without a version
+//! first), else in the order they were received.
 
 use std::collections::{HashMap, VecDeque};
 
 use tokio::task::{Id, JoinError, JoinSet};
 
 /// Which received deliveries may start, and which wait: at most `slots`
-/// handled at once, and behind an aggregate being handled, its later
-/// deliveries in the order received (a delivery without an aggregate waits
-/// only for a slot).
+/// handled at once, and behind an aggregate being handled, its other
+/// deliveries, the lowest version first (one without a version before any
+/// with one), then in the order received (a delivery without an aggregate
+/// waits only for a slot). Versions go first so that a predecessor
+/// received after its successors (a redelivery, another process's copy)
+/// is not made to wait behind the gaps they are.
 #[derive(Debug)]
 pub(crate) struct Lanes<D> {
     slots: usize,
     max_waiting: usize,
     running: usize,
     /// Each aggregate with a delivery started or ready, and those received
-    /// behind it.
-    busy: HashMap<String, VecDeque<D>>,
+    /// behind it, each with its version.
+    busy: HashMap<String, VecDeque<(Option<u64>, D)>>,
     /// Deliveries free to start, waiting for a slot, oldest first.
     ready: VecDeque<(Option<String>, D)>,
     /// Deliveries received and not started: in `busy`'s queues or `ready`.
@@ -54,15 +58,21 @@ impl<D> Lanes<D> {
         self.busy
             .values()
             .flatten()
+            .map(|(_, delivery)| delivery)
             .chain(self.ready.iter().map(|(_, delivery)| delivery))
     }
 
-    /// Takes a received `delivery` of `aggregate`; it is returned when it
-    /// may start now, kept to start later otherwise.
-    pub(crate) fn admit(&mut self, aggregate: Option<String>, delivery: D) -> Option<D> {
+    /// Takes a received `delivery` of `aggregate` at `version`; it is
+    /// returned when it may start now, kept to start later otherwise.
+    pub(crate) fn admit(
+        &mut self,
+        aggregate: Option<String>,
+        version: Option<u64>,
+        delivery: D,
+    ) -> Option<D> {
         if let Some(name) = &aggregate {
             if let Some(behind) = self.busy.get_mut(name) {
-                behind.push_back(delivery);
+                behind.push_back((version, delivery));
                 self.waiting += 1;
                 return None;
             }
@@ -82,7 +92,7 @@ impl<D> Lanes<D> {
     pub(crate) fn finished(&mut self, aggregate: Option<&str>) -> Vec<(Option<String>, D)> {
         self.running = self.running.saturating_sub(1);
         if let Some(name) = aggregate {
-            match self.busy.get_mut(name).and_then(VecDeque::pop_front) {
+            match self.busy.get_mut(name).and_then(lowest) {
                 Some(next) => self.ready.push_back((Some(name.to_string()), next)),
                 None => {
                     self.busy.remove(name);
@@ -100,6 +110,17 @@ impl<D> Lanes<D> {
         }
         start
     }
+}
+
+/// The next of an aggregate's waiting deliveries: the lowest version
+/// (none lowest of all), the first received among equals.
+fn lowest<D>(behind: &mut VecDeque<(Option<u64>, D)>) -> Option<D> {
+    let at = behind
+        .iter()
+        .enumerate()
+        .min_by_key(|(at, (version, _))| (*version, *at))
+        .map(|(at, _)| at)?;
+    behind.remove(at).map(|(_, delivery)| delivery)
 }
 
 /// The tasks handling batches of deliveries (each ending in a `T`), each
@@ -165,10 +186,10 @@ mod tests {
     #[test]
     fn an_aggregates_deliveries_start_one_at_a_time_in_order() {
         let mut lanes = Lanes::new(4, 100);
-        assert_eq!(lanes.admit(a("x"), 1), Some(1));
-        assert_eq!(lanes.admit(a("x"), 2), None);
-        assert_eq!(lanes.admit(a("y"), 3), Some(3));
-        assert_eq!(lanes.admit(a("x"), 4), None);
+        assert_eq!(lanes.admit(a("x"), None, 1), Some(1));
+        assert_eq!(lanes.admit(a("x"), None, 2), None);
+        assert_eq!(lanes.admit(a("y"), None, 3), Some(3));
+        assert_eq!(lanes.admit(a("x"), None, 4), None);
         assert_eq!(lanes.finished(Some("y")), vec![]);
         assert_eq!(lanes.finished(Some("x")), vec![(a("x"), 2)]);
         assert_eq!(lanes.finished(Some("x")), vec![(a("x"), 4)]);
@@ -179,9 +200,9 @@ mod tests {
     #[test]
     fn the_held_deliveries_are_those_waiting_behind_an_aggregate_or_for_a_slot() {
         let mut lanes = Lanes::new(1, 100);
-        assert_eq!(lanes.admit(a("x"), 1), Some(1));
-        assert_eq!(lanes.admit(a("x"), 2), None);
-        assert_eq!(lanes.admit(a("y"), 3), None);
+        assert_eq!(lanes.admit(a("x"), None, 1), Some(1));
+        assert_eq!(lanes.admit(a("x"), None, 2), None);
+        assert_eq!(lanes.admit(a("y"), None, 3), None);
         let mut held: Vec<i32> = lanes.held().copied().collect();
         held.sort_unstable();
         assert_eq!(held, [2, 3]);
@@ -190,12 +211,12 @@ mod tests {
     #[test]
     fn deliveries_beyond_the_slots_wait_for_one_and_room_follows() {
         let mut lanes = Lanes::new(2, 2);
-        assert_eq!(lanes.admit(None, 1), Some(1));
+        assert_eq!(lanes.admit(None, None, 1), Some(1));
         assert!(lanes.has_room());
-        assert_eq!(lanes.admit(a("x"), 2), Some(2));
+        assert_eq!(lanes.admit(a("x"), None, 2), Some(2));
         assert!(!lanes.has_room(), "both slots are taken");
-        assert_eq!(lanes.admit(a("y"), 3), None);
-        assert_eq!(lanes.admit(a("x"), 4), None);
+        assert_eq!(lanes.admit(a("y"), None, 3), None);
+        assert_eq!(lanes.admit(a("x"), None, 4), None);
         assert_eq!(lanes.finished(None), vec![(a("y"), 3)]);
         assert!(!lanes.has_room());
         assert_eq!(lanes.finished(Some("y")), vec![]);
@@ -206,14 +227,35 @@ mod tests {
     }
 
     #[test]
+    fn an_aggregates_waiting_deliveries_start_lowest_version_first() {
+        let mut lanes = Lanes::new(4, 100);
+        assert_eq!(lanes.admit(a("x"), Some(12), 12), Some(12));
+        for version in [14, 13, 11] {
+            assert_eq!(lanes.admit(a("x"), Some(version), version), None);
+        }
+        assert_eq!(lanes.admit(a("x"), None, 0), None);
+        assert_eq!(lanes.admit(a("x"), Some(13), 113), None);
+        let mut order = Vec::new();
+        while let Some((_, next)) = lanes.finished(Some("x")).pop() {
+            order.push(next);
+        }
+        assert_eq!(
+            order,
+            [0, 11, 13, 113, 14],
+            "a copy after the first received"
+        );
+        assert!(lanes.is_idle());
+    }
+
+    #[test]
     fn a_held_aggregate_keeps_no_other_from_its_slots() {
         let mut lanes = Lanes::new(2, 8);
-        assert_eq!(lanes.admit(a("slow"), 0), Some(0));
+        assert_eq!(lanes.admit(a("slow"), None, 0), Some(0));
         for n in 1..4 {
-            assert_eq!(lanes.admit(a("slow"), n), None);
+            assert_eq!(lanes.admit(a("slow"), None, n), None);
         }
         for n in 10..14 {
-            assert_eq!(lanes.admit(a(&format!("fast-{n}")), n), Some(n));
+            assert_eq!(lanes.admit(a(&format!("fast-{n}")), None, n), Some(n));
             assert_eq!(lanes.finished(a(&format!("fast-{n}")).as_deref()), vec![]);
         }
     }

@@ -59,9 +59,10 @@ impl<H: Handler> Consumer<H> {
     /// committed once ([`consume_batch`](Self::consume_batch)), up to
     /// [`ConsumerOptions::concurrency`] batches at once. Never two
     /// deliveries of one aggregate are handled at the same time, and each
-    /// aggregate's in the order the source delivered them (so version
-    /// checks see them in order; a message without an aggregate waits only
-    /// for room). Beside the deliveries, every
+    /// aggregate's waiting deliveries start lowest version first, else in
+    /// the order the source delivered them (so version checks see them in
+    /// order, and a predecessor received after its successors goes before
+    /// them; a message without an aggregate waits only for room). Beside the deliveries, every
     /// [`ConsumerOptions::release_interval`] a sweep replays the parked
     /// versions of the aggregates stuck behind a gap
     /// ([`stuck`](Self::stuck)); such a replay may run beside a delivery
@@ -170,7 +171,8 @@ impl<H: Handler> Consumer<H> {
                 return Ok(());
             };
             let aggregate = delivery.message().aggregate().map(str::to_string);
-            if let Some(delivery) = flight.lanes.admit(aggregate.clone(), delivery) {
+            let version = delivery.message().version();
+            if let Some(delivery) = flight.lanes.admit(aggregate.clone(), version, delivery) {
                 self.gather(&mut flight, aggregate, delivery);
             }
         }

@@ -318,16 +318,19 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     // wait that times out then tells slowness from an aggregate stuck.
     let progress = tokio::spawn({
         let (backend, watcher, name) = (backend.clone(), watcher.clone(), name.clone());
+        let broker = broker.clone();
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
                 let parked = watcher.parked(None, 100).await.unwrap_or_default();
                 let stuck = watcher.stuck(100).await.unwrap_or_default();
                 eprintln!(
-                    "[{name}] catching up: {} of {committed_total} applied, {} parked, {} stuck",
+                    "[{name}] catching up: {} of {committed_total} applied, {} parked, {} stuck, \
+                     {} outstanding in the broker",
                     backend.effects().await.len(),
                     parked.len(),
                     stuck.len(),
+                    broker.outstanding().await,
                 );
             }
         }
