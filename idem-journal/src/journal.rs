@@ -320,10 +320,10 @@ impl<S: JournalStore + ?Sized> Journal<S> {
             settle_with(&record, outcome, delivery)
         } else {
             let may_send = match delivery {
-                Delivery::Keyed { window } => record
+                Delivery::Keyed(keys) => record
                     .parts()
                     .first_sent_at
-                    .is_none_or(|first| now < first + window),
+                    .is_none_or(|first| now < first + keys.sends_until()),
                 Delivery::AtMostOnce => record.parts().sends == 0,
                 _ => true,
             };

@@ -14,7 +14,8 @@
 //!   a store recreated after a reset) never send one key;
 //! - [`Journal::execute`] sends with that key while the provider keeps keys
 //!   ([`Delivery::Keyed`], measured from the first send, which is recorded
-//!   before it happens), retrieves by the provider's id once known, and past
+//!   before it happens, by the store's clock, stopping a [`KeyWindow`]'s
+//!   margin early so a clock stepped back by less sends no second effect), retrieves by the provider's id once known, and past
 //!   the window never sends again: [`Provider::find`], given the recorded
 //!   operation, settles it, and no match or several mark it for review; for
 //!   providers without keys, [`Delivery::AtMostOnce`] or
@@ -46,7 +47,7 @@ mod provider;
 
 pub use error::JournalError;
 pub use journal::{Journal, MAX_BATCH, Reconciled, Step};
-pub use provider::{Delivery, Match, Provider, ProviderOutcome};
+pub use provider::{Delivery, KeyWindow, Match, Provider, ProviderOutcome};
 
 /// What a journal user handles, from the store's namespace.
 pub use idem_core::store::{JournalRecord, OperationId, OperationState};

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use idem_core::async_trait;
 use idem_core::store::JournalRecord;
+use idem_core::{InvalidInput, async_trait};
 
 /// What the provider said, classified by whether the outcome is settled.
 /// Ambiguity is never rounded to failure.
@@ -104,18 +104,94 @@ impl Match {
     }
 }
 
+/// How long a provider keeps an idempotency key from its first use, and the
+/// margin before then at which the journal stops sending with it.
+///
+/// The journal measures from the first send by its store's clock. A store
+/// clock that steps back (a failover to a replica behind, an NTP step)
+/// makes less time seem to have passed: a step back longer than the margin
+/// lets the journal send with a key the provider has already forgotten,
+/// which is a second effect. The margin is the clock step the journal
+/// survives; choose it above the largest you expect. Past `kept - margin`
+/// the journal never sends again: [`Provider::find`] settles the operation.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_journal::KeyWindow;
+///
+/// let hour = Duration::from_secs(3600);
+/// let keys = KeyWindow::new(24 * hour, 2 * hour)?;
+/// assert_eq!(keys.sends_until(), 22 * hour);
+/// assert_eq!(KeyWindow::STRIPE.margin(), hour);
+/// // No margin, or none left to send in, is refused.
+/// assert!(KeyWindow::new(24 * hour, Duration::ZERO).is_err());
+/// assert!(KeyWindow::new(hour, hour).is_err());
+/// # Ok::<(), idem_core::InvalidInput>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyWindow {
+    kept: Duration,
+    margin: Duration,
+}
+
+impl KeyWindow {
+    /// Stripe's: keys kept 24 hours (it may prune them after that), a
+    /// margin of one hour.
+    pub const STRIPE: Self = Self {
+        kept: Duration::from_secs(24 * 3600),
+        margin: Duration::from_secs(3600),
+    };
+
+    /// A provider that keeps keys for `kept` from their first use, sent
+    /// with only until `margin` before that.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::OutOfRange`] for a margin of zero (any clock step
+    /// back would send a second effect) or one that leaves no time to send.
+    pub fn new(kept: Duration, margin: Duration) -> Result<Self, InvalidInput> {
+        if margin.is_zero() {
+            return Err(InvalidInput::OutOfRange {
+                field: "key window margin",
+                reason: "must be more than zero: a clock step back would send with a forgotten key",
+            });
+        }
+        if margin >= kept {
+            return Err(InvalidInput::OutOfRange {
+                field: "key window margin",
+                reason: "must be less than the time the provider keeps keys",
+            });
+        }
+        Ok(Self { kept, margin })
+    }
+
+    /// How long the provider keeps a key from its first use.
+    pub fn kept(&self) -> Duration {
+        self.kept
+    }
+
+    /// The clock step back the journal survives.
+    pub fn margin(&self) -> Duration {
+        self.margin
+    }
+
+    /// How long after the first send the journal may send again with the
+    /// key: the time kept, less the margin.
+    pub fn sends_until(&self) -> Duration {
+        self.kept.saturating_sub(self.margin)
+    }
+}
+
 /// How an effect may be delivered: what the journal does after a send whose
 /// outcome it does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Delivery {
-    /// The provider keeps idempotency keys for `window` from the first send:
-    /// within it an unknown operation is sent again with the same key; past
-    /// it, never ([`Provider::find`] settles it).
-    Keyed {
-        /// How long the provider keeps keys, measured from the first send.
-        window: Duration,
-    },
+    /// The provider keeps idempotency keys ([`KeyWindow`]): until the
+    /// window's margin before it forgets one, an unknown operation is sent
+    /// again with the same key; after, never ([`Provider::find`] settles
+    /// it).
+    Keyed(KeyWindow),
     /// The provider has no keys and the effect must not happen twice: sent
     /// once; a send whose outcome is unknown (and that left no provider id
     /// to retrieve) goes to review, never out again.
@@ -127,10 +203,9 @@ pub enum Delivery {
 }
 
 impl Delivery {
-    /// Keys kept for 23 hours: Stripe may prune keys after 24.
-    pub const STRIPE: Self = Self::Keyed {
-        window: Duration::from_secs(23 * 3600),
-    };
+    /// Stripe's: keys kept 24 hours, sent with until an hour before
+    /// ([`KeyWindow::STRIPE`]).
+    pub const STRIPE: Self = Self::Keyed(KeyWindow::STRIPE);
 }
 
 /// The provider the journal drives, implemented by the caller.
@@ -181,7 +256,8 @@ pub trait Provider: Send + Sync {
     async fn find(&self, operation: &JournalRecord) -> Result<Vec<Match>, String>;
 
     /// How this provider's effects are delivered (default:
-    /// [`Delivery::STRIPE`], keys kept 23 hours).
+    /// [`Delivery::STRIPE`], keys kept 24 hours, sent with until an hour
+    /// before).
     fn delivery(&self) -> Delivery {
         Delivery::STRIPE
     }

@@ -248,29 +248,43 @@ impl Records {
     /// Writes each record over the one read before (`None`: no live
     /// record), and runs `effects` between the checks and the writes, all
     /// while no other write can land; or, if any record changed since it
-    /// was read, writes nothing and answers its place among `writes`.
+    /// was read, writes nothing and answers its place among `writes`. A
+    /// fenced write (of a lease claimed outside the transaction) asks only
+    /// that its owner still holds the record: the owner's own renewal or
+    /// checkpoint since is no change, and a record it leaves in flight
+    /// keeps the lease as renewed.
     pub(crate) fn commit(
         &self,
-        writes: Vec<(Option<Arc<Record>>, Record)>,
+        writes: Vec<(Option<Arc<Record>>, Record, bool)>,
         effects: impl FnOnce(),
     ) -> Result<(), usize> {
         let _alone = self
             .gate
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        for (at, (read, record)) in writes.iter().enumerate() {
+        let mut landing = Vec::with_capacity(writes.len());
+        for (at, (read, record, fenced)) in writes.into_iter().enumerate() {
             let current = self.read(record.scope());
-            let unchanged = match (read, &current) {
-                (Some(read), Some(current)) => Arc::ptr_eq(read, current),
-                (None, None) => true,
-                _ => false,
+            let record = match (read, current) {
+                (Some(_), Some(current)) if fenced => {
+                    if !current.is_in_flight() || current.owner() != record.owner() {
+                        return Err(at);
+                    }
+                    match record.is_in_flight() {
+                        true => record
+                            .with_state(current.state().clone())
+                            .with_retained_until(current.retained_until()),
+                        false => record,
+                    }
+                }
+                (Some(read), Some(current)) if Arc::ptr_eq(&read, &current) => record,
+                (None, None) => record,
+                _ => return Err(at),
             };
-            if !unchanged {
-                return Err(at);
-            }
+            landing.push(record);
         }
         effects();
-        for (_, record) in writes {
+        for record in landing {
             let key = self.key(record.scope());
             self.records.insert(key, Arc::new(record));
         }

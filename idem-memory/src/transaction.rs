@@ -20,7 +20,8 @@ use crate::store::{MemoryStore, Records};
 #[derive(Clone)]
 struct Write {
     /// The live record the claim (or the fenced lease) read; `None`: none.
-    /// The commit writes only over this very record.
+    /// The commit writes only over this very record (a fenced one: over
+    /// a record its owner still holds).
     read: Option<Arc<Record>>,
     /// The record as the commit writes it.
     record: Record,
@@ -53,7 +54,9 @@ type Effect = Box<dyn FnOnce() + Send>;
 /// if another claim of one of them committed meanwhile, it is refused with
 /// [`StoreError::Unavailable`] and nothing is written (a store that decides
 /// at the commit); if a lease claimed outside it was taken over, with
-/// [`StoreError::LostLease`]. Dropping it writes nothing.
+/// [`StoreError::LostLease`] (its owner's own renewal meanwhile is no
+/// takeover, and a checkpoint written here keeps the renewed lease).
+/// Dropping it writes nothing.
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
@@ -210,7 +213,10 @@ impl Transaction for MemoryTransaction {
         } = self;
         let total = writes.len();
         let fenced: Vec<bool> = writes.iter().map(|w| w.fenced).collect();
-        let writes = writes.into_iter().map(|w| (w.read, w.record)).collect();
+        let writes = writes
+            .into_iter()
+            .map(|w| (w.read, w.record, w.fenced))
+            .collect();
         let Err(at) = records.commit(writes, move || effects.into_iter().for_each(|run| run()))
         else {
             return Ok(());

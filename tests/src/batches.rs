@@ -13,7 +13,7 @@ use std::time::Duration;
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, IdempotencyStore, Lease, RecordState, Transaction,
 };
-use idem_core::{Fingerprint, Scope, StoreError, StoredResponse};
+use idem_core::{Checkpoint, Fingerprint, Scope, StoreError, StoredResponse};
 
 use crate::support::fresh_scope;
 
@@ -272,16 +272,19 @@ pub async fn within_one_transaction_a_scope_claimed_and_completed_answers_comple
     );
 }
 
-/// A rollback to a savepoint undoes what was written since (claims and
-/// completions), and what was written before it stays.
+/// A rollback to a savepoint undoes what was written since (claims,
+/// completed or not, and completions), and what was written before it
+/// stays.
 pub async fn a_rollback_to_a_savepoint_undoes_only_what_was_written_since<S: BatchingStore>(
     batching: Arc<S>,
 ) {
-    let (before, since) = (fresh_scope(), fresh_scope());
+    let (before, since, bare) = (fresh_scope(), fresh_scope(), fresh_scope());
     let mut tx = begin(&*batching).await;
     claim_and_complete(&mut tx, &before, "before").await;
     tx.savepoint().await.unwrap();
     claim_and_complete(&mut tx, &since, "since").await;
+    // A claim alone, never completed: undone too.
+    claimed(&mut tx, &bare).await;
     tx.rollback_to_savepoint().await.unwrap();
     tx.commit().await.expect("commit");
     let store = batching.store();
@@ -290,6 +293,10 @@ pub async fn a_rollback_to_a_savepoint_undoes_only_what_was_written_since<S: Bat
         Some(&b"before"[..])
     );
     assert_eq!(completed_body(store, &since).await, None);
+    assert!(
+        store.get(&bare).await.expect("get").is_none(),
+        "a claim made since the savepoint outlived its rollback"
+    );
 }
 
 /// Savepoints nest: a rollback and a release name the latest one still
@@ -331,16 +338,23 @@ pub async fn a_released_savepoint_keeps_what_was_written_since<S: BatchingStore>
 
 /// Claiming many at once answers as claiming each in turn would, in their
 /// order: a completed record its response, another owner's live lease in
-/// progress, no record a claim.
+/// progress, no record a claim, and a scope claimed earlier in the batch
+/// in progress.
 pub async fn claiming_all_at_once_answers_as_claiming_each_in_turn<S: BatchingStore>(
     batching: Arc<S>,
 ) {
     let (done, held) = completed_and_held(batching.store()).await;
     let (first, last) = (fresh_scope(), fresh_scope());
     let mut tx = begin(&*batching).await;
-    let requests = [&first, &done, &held, &last].map(|scope| request(scope, b"x"));
+    // `first` twice: the second finds the first's claim, as it would in
+    // turn (another owner's, in flight in this transaction).
+    let requests = [&first, &done, &held, &last, &first].map(|scope| request(scope, b"x"));
     let outcomes = tx.claim_all(&requests).await.expect("claim_all");
-    assert_eq!(outcomes.len(), 4, "{outcomes:?}");
+    assert_eq!(outcomes.len(), 5, "{outcomes:?}");
+    assert!(
+        matches!(&outcomes[4], ClaimOutcome::InProgress { .. }),
+        "a scope twice in one batch claimed twice: {outcomes:?}"
+    );
     assert!(
         matches!(&outcomes[0], ClaimOutcome::Claimed { lease, .. } if lease.scope() == &first),
         "{outcomes:?}"
@@ -403,4 +417,72 @@ pub async fn completing_all_at_once_completes_each_when_the_transaction_commits<
         matches!(answered, Err(StoreError::LostLease)),
         "a lost lease among them: {answered:?}"
     );
+}
+
+/// A lease fences by its owner alone: the holder's own renewal through the
+/// store while its completion, or its checkpoint, waits in an open
+/// transaction never refuses the commit, and a checkpoint committed so
+/// leaves the lease as renewed. The renewal is given [`RIVAL`] to land
+/// before the commit (a store that locks the record makes it wait for the
+/// commit instead, and it lands after).
+pub async fn a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit<
+    S: BatchingStore,
+>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    for checkpointing in [false, true] {
+        let scope = fresh_scope();
+        let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&scope, b"x")).await
+        else {
+            panic!("the store claims a fresh scope");
+        };
+        let mut tx = begin(&*batching).await;
+        let checkpoint = Checkpoint::new("charged", &"pi_1").expect("a checkpoint");
+        let written = match checkpointing {
+            true => tx.checkpoint(&lease, &checkpoint).await,
+            false => tx.complete(&lease, &StoredResponse::new(200, "done")).await,
+        };
+        written.expect("the write joins the transaction");
+        // Far past the claim's 30 s: a commit that wrote the lease back as
+        // it read it would leave it short of this.
+        let extend = Duration::from_secs(3_600);
+        let renewing = {
+            let batching = batching.clone();
+            let lease = lease.clone();
+            tokio::spawn(async move { batching.store().renew(&lease, extend).await })
+        };
+        let renewed = tokio::time::timeout(RIVAL, async {
+            while !renewing.is_finished() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .is_ok();
+        let committed = tx.commit().await;
+        assert!(
+            committed.is_ok(),
+            "the holder's own renewal {} the commit ({}): {committed:?}",
+            if renewed { "before" } else { "waiting for" },
+            if checkpointing {
+                "a checkpoint"
+            } else {
+                "a completion"
+            },
+        );
+        let renewal = renewing.await.expect("the renewal's task");
+        let record = store.get(&scope).await.expect("get").expect("a record");
+        if !checkpointing {
+            assert_eq!(completed_body(store, &scope).await, Some(b"done".to_vec()));
+            continue;
+        }
+        let renewal = renewal.expect("the holder renews its own lease");
+        assert_eq!(record.checkpoint(), Some(&checkpoint));
+        assert!(
+            record.lease_expires_at() >= Some(renewal.expires_at()),
+            "the lease as renewed, never shorter: {:?} < {:?}",
+            record.lease_expires_at(),
+            renewal.expires_at(),
+        );
+    }
 }

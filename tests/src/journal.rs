@@ -413,6 +413,12 @@ pub async fn mark_sent_of_another_count_is_lost_and_counts_nothing<S: JournalSto
             .sends,
         2
     );
+    // Below too: only one below is the last send delivered again.
+    assert_lost(
+        "a send after 0 when 2 are stored",
+        store.mark_sent(key.held_by(owner), 0).await,
+    );
+    assert_eq!(stored(&*store, &key).await.parts().sends, 2);
 }
 
 /// Fencing: a finish writes only under the owner's live lease.

@@ -440,6 +440,8 @@ macro_rules! __outbox_cases {
             an_aggregates_sequence_keeps_counting_after_a_purge,
             a_read_answers_the_log_after_a_position_in_order,
             a_read_names_the_blocked_aggregates_and_skips_the_lane,
+            a_read_starts_after_the_position_asked_not_the_cursor,
+            a_parked_message_blocks_its_aggregate_in_a_read_until_dropped,
             acquire_takes_the_lowest_free_partition,
             a_lapsed_partition_is_acquired_again_at_its_cursor,
             a_lease_under_a_second_holds_for_its_length,
@@ -462,8 +464,10 @@ macro_rules! __outbox_cases {
             only_a_parked_message_is_retried_or_dropped,
             parked_messages_are_listed_oldest_first_in_pages,
             purge_deletes_only_sent_messages_at_least_as_old_as_asked,
+            purge_deletes_up_to_its_limit,
             a_dropped_message_is_purged_aged_from_its_drop,
             stats_count_each_partitions_backlog,
+            a_lapsed_lease_has_no_holder_in_the_stats,
             stats_age_only_the_pending_backlog,
             limits_out_of_range_are_invalid_input,
             concurrent_acquires_never_share_a_partition,
@@ -603,6 +607,7 @@ macro_rules! __batch_cases {
             a_released_savepoint_keeps_what_was_written_since,
             claiming_all_at_once_answers_as_claiming_each_in_turn,
             completing_all_at_once_completes_each_when_the_transaction_commits,
+            a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit,
         ]}
     };
 }

@@ -284,6 +284,53 @@ pub async fn a_read_answers_the_log_after_a_position_in_order<S: OutboxStore + ?
     assert_eq!(limited.end(), Some(stored[2].parts().position));
 }
 
+/// Log: a read answers the log after the position asked, whatever the
+/// partition's cursor: a relay reading again from before its cursor (its
+/// last batch's publish lost) gets those messages again.
+pub async fn a_read_starts_after_the_position_asked_not_the_cursor<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (a, b) = same_partition(partitions(&*store).await);
+    let first = enqueued(&*store, &a, "placed").await;
+    let second = enqueued(&*store, &b, "placed").await;
+    let lease = holding(&*store, &first).await;
+    advance(&*store, &lease, Advance::to(first.parts().position)).await;
+    let again = read(&*store, first.parts().partition, LogPosition::START, 2).await;
+    assert_eq!(
+        ids(&again.messages),
+        ids(&[first, second]),
+        "read after the cursor, not the position asked"
+    );
+}
+
+/// Log: a parked message blocks its aggregate's later messages in a read
+/// (they must not reach the broker before it), until it is dropped, after
+/// which the rest of its aggregate flows again.
+pub async fn a_parked_message_blocks_its_aggregate_in_a_read_until_dropped<
+    S: OutboxStore + ?Sized,
+>(
+    store: Arc<S>,
+) {
+    let parked = parked_message(&*store, "order-1").await;
+    let later = enqueued(&*store, "order-1", "paid").await;
+    let partition = parked.parts().partition;
+    let log = read(&*store, partition, parked.parts().position, 1).await;
+    assert_eq!(ids(&log.messages), ids(std::slice::from_ref(&later)));
+    assert!(
+        log.blocked.contains("order-1"),
+        "behind a parked message: {:?}",
+        log.blocked
+    );
+    assert!(store.drop_message(parked.id(), "by hand").await.unwrap());
+    let log = read(&*store, partition, parked.parts().position, 1).await;
+    assert_eq!(ids(&log.messages), ids(&[later]));
+    assert!(
+        log.blocked.is_empty(),
+        "blocked after the drop: {:?}",
+        log.blocked
+    );
+}
+
 /// Log: a read names the aggregates with a message in the retry lane, and
 /// messages taken out of the log are not read.
 pub async fn a_read_names_the_blocked_aggregates_and_skips_the_lane<S: OutboxStore + ?Sized>(
@@ -483,8 +530,17 @@ pub async fn an_advance_renews_the_lease<S: OutboxStore + ?Sized>(store: Arc<S>)
     let lease = lease_of(&*store, OwnerToken::generate(), partition, LONG_LEASE).await;
     // The store's clock moves on, so the renewal ends later.
     tokio::time::sleep(Duration::from_millis(20)).await;
+    let renewing = Instant::now();
     let renewed = advance(&*store, &lease, Advance::default()).await;
     assert!(renewed.until() > lease.until(), "an advance did not renew");
+    // For its length from the advance: later than before by no more than
+    // the time that passed (and a second of the store's precision).
+    let later = renewed.until().saturating_duration_since(lease.until());
+    let passed = renewing.elapsed() + Duration::from_millis(20) + Duration::from_secs(1);
+    assert!(
+        later <= passed,
+        "renewed {later:?} later after {passed:?}: past its length"
+    );
     let kept = store.stats().await.unwrap().partitions[partition as usize];
     assert_eq!(
         kept.held_until,
@@ -883,6 +939,19 @@ pub async fn purge_deletes_only_sent_messages_at_least_as_old_as_asked<S: Outbox
     }
 }
 
+/// Purge: at most `limit` messages a call; the rest at the next.
+pub async fn purge_deletes_up_to_its_limit<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let mut sent = Vec::new();
+    for kind in ["placed", "paid", "shipped"] {
+        sent.push(enqueued(&*store, "order-1", kind).await);
+    }
+    let lease = holding(&*store, &sent[0]).await;
+    advance(&*store, &lease, Advance::to(sent[2].parts().position)).await;
+    assert_eq!(store.purge_sent(Duration::ZERO, 2).await.unwrap(), 2);
+    assert_eq!(store.purge_sent(Duration::ZERO, 2).await.unwrap(), 1);
+    assert_eq!(store.purge_sent(Duration::ZERO, 2).await.unwrap(), 0);
+}
+
 /// Purge: a dropped message is aged from its drop, not its enqueue.
 pub async fn a_dropped_message_is_purged_aged_from_its_drop<S: OutboxStore + ?Sized>(
     store: Arc<S>,
@@ -940,6 +1009,24 @@ pub async fn stats_count_each_partitions_backlog<S: OutboxStore + ?Sized>(store:
     assert_eq!(mine.holder, Some(lease.owner()));
     assert_eq!(mine.cursor, lease.cursor());
     assert!(mine.pending >= 2, "{mine:?}");
+}
+
+/// Stats: a partition's holder is the relay holding it while one does;
+/// once its lease lapsed (by the store's clock) it has none.
+pub async fn a_lapsed_lease_has_no_holder_in_the_stats<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    let placed = enqueued(&*store, "order-1", "placed").await;
+    let partition = placed.parts().partition;
+    lease_of(&*store, OwnerToken::generate(), partition, SHORT_LEASE).await;
+    outlive(SHORT_LEASE).await;
+    eventually("the lapsed lease's holder to leave the stats", || {
+        let store = Arc::clone(&store);
+        async move {
+            let stats = store.stats().await.unwrap();
+            let mine = stats.partitions[partition as usize];
+            (mine.holder.is_none() && mine.held_until.is_none()).then_some(())
+        }
+    })
+    .await;
 }
 
 /// Stats: only pending messages age the backlog, neither sent nor parked

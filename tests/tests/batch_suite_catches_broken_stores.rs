@@ -45,7 +45,7 @@ fn correct_own_transactions_pass_every_case() {
 
 #[test]
 fn each_defect_fails_exactly_the_cases_of_its_sentence() {
-    let expected: [(BatchDefect, &[&str]); 9] = [
+    let expected: [(BatchDefect, &[&str]); 13] = [
         (
             // A claim written at once is there before the commit, and
             // after a rollback (of the transaction or to a savepoint).
@@ -61,8 +61,12 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
             &["two_transactions_claiming_one_scope_never_both_apply"],
         ),
         (
+            // Claiming many at once claims each in turn, seeing the earlier.
             BatchDefect::ClaimIgnoresItsOwnWrites,
-            &["within_one_transaction_a_scope_claimed_and_completed_answers_completed"],
+            &[
+                "within_one_transaction_a_scope_claimed_and_completed_answers_completed",
+                "claiming_all_at_once_answers_as_claiming_each_in_turn",
+            ],
         ),
         (
             BatchDefect::ClaimIgnoresFingerprint,
@@ -95,6 +99,22 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
         (
             BatchDefect::CompleteAllOnlyTheFirst,
             &["completing_all_at_once_completes_each_when_the_transaction_commits"],
+        ),
+        (
+            BatchDefect::CommitRefusesItsOwnRenewal,
+            &["a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit"],
+        ),
+        (
+            BatchDefect::CommitWritesTheLeaseBack,
+            &["a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit"],
+        ),
+        (
+            BatchDefect::RollbackKeepsBareClaims,
+            &["a_rollback_to_a_savepoint_undoes_only_what_was_written_since"],
+        ),
+        (
+            BatchDefect::ClaimAllIgnoresItsOwn,
+            &["claiming_all_at_once_answers_as_claiming_each_in_turn"],
         ),
     ];
     for (defect, cases) in expected {

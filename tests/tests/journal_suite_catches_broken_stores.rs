@@ -273,3 +273,13 @@ fn a_send_counted_from_the_callers_count_fails_its_case() {
         &["mark_sent_of_another_count_is_lost_and_counts_nothing"],
     );
 }
+
+#[test]
+fn a_send_after_any_lower_count_taken_for_one_delivered_again_fails_its_case() {
+    let defect = JournalDefect::SendBelowIsDeliveredAgain;
+    common::assert_caught_exactly(
+        defect,
+        &failing(defect),
+        &["mark_sent_of_another_count_is_lost_and_counts_nothing"],
+    );
+}

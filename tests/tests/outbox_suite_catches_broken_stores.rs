@@ -25,6 +25,15 @@ fn failing_skewed(defect: OutboxDefect) -> Vec<&'static str> {
     }))
 }
 
+/// The cases `defect` fails with the store's clock hours behind the
+/// process's: what a clock ahead hides (an age by the wrong clock floors at
+/// zero there) shows here.
+fn failing_behind(defect: OutboxDefect) -> Vec<&'static str> {
+    common::failing(idem_conformance::failing_outbox_cases(|| async move {
+        OwnOutbox::with_defect(defect).on_clock(SkewedClock::behind(SKEW))
+    }))
+}
+
 /// Each defect with the cases of the one sentence it breaks (a sentence
 /// several cases lean on fails each of them).
 const DEFECTS: &[(OutboxDefect, &[&str])] = &[
@@ -68,6 +77,7 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
         &[
             "a_read_names_the_blocked_aggregates_and_skips_the_lane",
             "an_advance_and_read_reads_the_log_as_the_advance_left_it",
+            "a_parked_message_blocks_its_aggregate_in_a_read_until_dropped",
         ],
     ),
     (
@@ -180,7 +190,30 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
     ),
     (
         OutboxDefect::DropKeepsBlocking,
-        &["a_dropped_message_keeps_its_reason_and_frees_its_aggregate"],
+        &[
+            "a_dropped_message_keeps_its_reason_and_frees_its_aggregate",
+            "a_parked_message_blocks_its_aggregate_in_a_read_until_dropped",
+        ],
+    ),
+    (
+        OutboxDefect::RenewsPastItsLength,
+        &["an_advance_renews_the_lease"],
+    ),
+    (
+        OutboxDefect::ReadsFromCursor,
+        &["a_read_starts_after_the_position_asked_not_the_cursor"],
+    ),
+    (
+        OutboxDefect::ParkedDoesNotBlock,
+        &["a_parked_message_blocks_its_aggregate_in_a_read_until_dropped"],
+    ),
+    (
+        OutboxDefect::PurgeIgnoresLimit,
+        &["purge_deletes_up_to_its_limit"],
+    ),
+    (
+        OutboxDefect::StatsHolderAfterLapse,
+        &["a_lapsed_lease_has_no_holder_in_the_stats"],
     ),
     (
         OutboxDefect::OperatorIgnoresState,
@@ -269,6 +302,27 @@ fn correct_own_outbox_passes_every_case() {
 #[test]
 fn correct_own_outbox_passes_every_case_on_a_clock_far_from_the_process() {
     assert_eq!(failing_skewed(OutboxDefect::None), Vec::<&str>::new());
+}
+
+#[test]
+fn correct_own_outbox_passes_every_case_on_a_clock_far_behind_the_process() {
+    assert_eq!(failing_behind(OutboxDefect::None), Vec::<&str>::new());
+}
+
+#[test]
+fn ages_by_the_process_clock_pass_on_true_time_and_ahead_and_fail_behind() {
+    let defect = OutboxDefect::StatsAgeOnProcessClock;
+    assert_eq!(failing(defect), Vec::<&str>::new());
+    assert_eq!(
+        failing_skewed(defect),
+        Vec::<&str>::new(),
+        "ages floor at zero"
+    );
+    common::assert_caught(
+        defect,
+        &failing_behind(defect),
+        &["stats_age_only_the_pending_backlog"],
+    );
 }
 
 /// Every case is the one sentence of some defect: no case is left that a
@@ -463,6 +517,31 @@ fn drop_loses_reason_fails_exactly_its_sentence() {
 #[test]
 fn drop_keeps_blocking_fails_exactly_its_sentence() {
     assert_caught_exactly(OutboxDefect::DropKeepsBlocking);
+}
+
+#[test]
+fn renews_past_its_length_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::RenewsPastItsLength);
+}
+
+#[test]
+fn reads_from_cursor_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::ReadsFromCursor);
+}
+
+#[test]
+fn parked_does_not_block_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::ParkedDoesNotBlock);
+}
+
+#[test]
+fn purge_ignores_limit_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::PurgeIgnoresLimit);
+}
+
+#[test]
+fn stats_holder_after_lapse_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::StatsHolderAfterLapse);
 }
 
 #[test]

@@ -108,7 +108,10 @@ pub struct LogBatch {
     /// Of their aggregates, those with a message in the partition's retry
     /// lane (waiting or parked): their messages here must not reach the
     /// broker before it, so a relay moves them to the lane
-    /// ([`Advance::held`]).
+    /// ([`Advance::held`]). A message sent or dropped from the lane no
+    /// longer blocks: once an operator drops its aggregate's parked
+    /// message (and nothing else of it waits there), the aggregate is not
+    /// blocked and the rest of it flows again.
     pub blocked: BTreeSet<String>,
 }
 
@@ -494,8 +497,11 @@ impl OutboxStats {
 ///   the caller's: a store whose clock is far from the process's passes
 ///   every case. A store author whose store reads a clock of its own (a
 ///   server's) should run the suite also against the store built on a
-///   clock hours from the process's, as `idem-conformance` does for its
-///   own stores with its `SkewedClock`.
+///   clock hours from the process's, both ahead of it and behind it, as
+///   `idem-conformance` does for its own stores with its `SkewedClock`:
+///   each direction hides what the other shows (with the store's clock
+///   ahead, an age taken by the caller's clock floors at zero and passes;
+///   behind, it is hours).
 #[async_trait]
 pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
     /// Stores `message` pending with its aggregate's next sequence, at the
@@ -512,6 +518,11 @@ pub trait OutboxStore: Send + Sync + fmt::Debug + 'static {
 
     /// Up to `limit` messages of `partition`'s log after `after`, in log
     /// order, and which of their aggregates are blocked.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] for a partition the store does not
+    /// have (at or past its count of partitions).
     async fn read(
         &self,
         partition: u32,

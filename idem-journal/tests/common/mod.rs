@@ -301,8 +301,9 @@ impl Provider for FakeProvider {
 
     fn delivery(&self) -> Delivery {
         // The journal stops resending a margin before the provider forgets.
-        self.delivery.unwrap_or(Delivery::Keyed {
-            window: self.window.saturating_sub(self.window / 24),
+        self.delivery.unwrap_or_else(|| {
+            let keys = idem_journal::KeyWindow::new(self.window, self.window / 24);
+            Delivery::Keyed(keys.expect("a margin of a 24th of the window"))
         })
     }
 }

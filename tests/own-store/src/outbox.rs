@@ -62,6 +62,20 @@ pub enum OutboxDefect {
     CursorMovesBack,
     /// Answers an advance with a renewed lease but keeps the old one.
     NoRenewal,
+    /// Renews a lease by an advance for twice its length.
+    RenewsPastItsLength,
+    /// Reads after the partition's cursor when it is past the position
+    /// asked.
+    ReadsFromCursor,
+    /// Blocks an aggregate in a read only behind a waiting message, not a
+    /// parked one.
+    ParkedDoesNotBlock,
+    /// Purges every message old enough, whatever the limit.
+    PurgeIgnoresLimit,
+    /// Reports a partition's holder after its lease lapsed.
+    StatsHolderAfterLapse,
+    /// Ages the backlog by the process's clock, not the store's.
+    StatsAgeOnProcessClock,
     /// Reads before it advances, in an advance and read.
     ReadsBeforeAdvance,
     /// Reads and answers in an advance and read whose lease was lost.
@@ -408,6 +422,11 @@ impl OutboxStore for OwnOutbox {
                     || (self.is(OutboxDefect::ReadsTheLane) && m.state() == MessageState::Waiting)
             })
             .filter(|m| {
+                let cursor = state.partitions[partition as usize].cursor;
+                let after = match self.is(OutboxDefect::ReadsFromCursor) {
+                    true => after.max(cursor),
+                    false => after,
+                };
                 m.parts().position > after
                     || (self.is(OutboxDefect::ReadIncludesAfter) && m.parts().position == after)
             })
@@ -423,9 +442,13 @@ impl OutboxStore for OwnOutbox {
         let blocked: BTreeSet<String> = if self.is(OutboxDefect::NoBlocked) {
             BTreeSet::new()
         } else {
+            let blocks = |waiting: &Vec<OutboxMessage>| {
+                !self.is(OutboxDefect::ParkedDoesNotBlock)
+                    || waiting.iter().any(|m| m.state() == MessageState::Waiting)
+            };
             log.iter()
                 .map(|m| m.message().aggregate().to_string())
-                .filter(|a| lane.contains_key(a))
+                .filter(|a| lane.get(a).is_some_and(blocks))
                 .collect()
         };
         Ok(LogBatch::new(log, blocked))
@@ -465,7 +488,11 @@ impl OutboxStore for OwnOutbox {
         if !self.holds(&state.partitions[index], lease.owner(), now) {
             return Err(StoreError::LostLease);
         }
-        let until = self.lease_end(now, lease.lease());
+        let length = match self.is(OutboxDefect::RenewsPastItsLength) {
+            true => lease.lease() * 2,
+            false => lease.lease(),
+        };
+        let until = self.lease_end(now, length);
         let partition = &mut state.partitions[index];
         if !self.is(OutboxDefect::NoRenewal) {
             partition.holder = Some((lease.owner(), until));
@@ -679,7 +706,8 @@ impl OutboxStore for OwnOutbox {
                 _ if self.is(OutboxDefect::PurgesUnsent) => Some(parts.enqueued_at),
                 _ => None,
             };
-            if aged_from.is_some_and(old_enough) && doomed.len() < limit {
+            let room = doomed.len() < limit || self.is(OutboxDefect::PurgeIgnoresLimit);
+            if aged_from.is_some_and(old_enough) && room {
                 doomed.push(m.id());
             }
         }
@@ -695,7 +723,9 @@ impl OutboxStore for OwnOutbox {
                 let mut stats = PartitionStats::new(i as u32);
                 let partition = state.partitions[i];
                 stats.cursor = partition.cursor;
-                if let Some((holder, until)) = partition.holder.filter(|(_, u)| *u > now)
+                let lapsed_too = self.is(OutboxDefect::StatsHolderAfterLapse);
+                if let Some((holder, until)) =
+                    partition.holder.filter(|(_, u)| *u > now || lapsed_too)
                     && !self.is(OutboxDefect::StatsNoHolder)
                 {
                     stats.holder = Some(holder);
@@ -719,7 +749,11 @@ impl OutboxStore for OwnOutbox {
                 || (parked && self.is(OutboxDefect::StatsAgeCountsParked))
                 || (m.state() == MessageState::Sent && self.is(OutboxDefect::StatsAgeCountsSent));
             if aged {
-                let age = now.saturating_duration_since(m.parts().enqueued_at);
+                let aged_at = match self.is(OutboxDefect::StatsAgeOnProcessClock) {
+                    true => SystemClock.now(),
+                    false => now,
+                };
+                let age = aged_at.saturating_duration_since(m.parts().enqueued_at);
                 stats.oldest_pending_age = stats.oldest_pending_age.max(Some(age));
             }
         }

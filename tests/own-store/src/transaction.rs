@@ -39,6 +39,18 @@ pub enum BatchDefect {
     ClaimAllAnswersReversed,
     /// Completes many at once, but only the first.
     CompleteAllOnlyTheFirst,
+    /// Commits a fenced write only over the very record it read, so the
+    /// holder's own renewal since refuses it.
+    CommitRefusesItsOwnRenewal,
+    /// Commits a fenced checkpoint with the lease as it read it, undoing
+    /// the holder's renewal since.
+    CommitWritesTheLeaseBack,
+    /// Rolls back to a savepoint the completions written since, but keeps
+    /// a claim made since that was not completed.
+    RollbackKeepsBareClaims,
+    /// Claims many at once each against the records alone, so a scope twice
+    /// in the batch is claimed twice.
+    ClaimAllIgnoresItsOwn,
 }
 
 /// A record the transaction writes at its commit.
@@ -153,6 +165,11 @@ impl Transaction for OwnTransaction {
             let unchanged = match self.defect {
                 BatchDefect::CommitOverwritesARacingClaim => true,
                 BatchDefect::ClaimWritesAtOnce if !write.fenced => true,
+                BatchDefect::CommitRefusesItsOwnRenewal => current == write.read.as_ref(),
+                // A lease fences by its owner alone.
+                _ if write.fenced => current.is_some_and(|current| {
+                    current.is_in_flight() && current.owner() == write.record.owner()
+                }),
                 _ => current == write.read.as_ref(),
             };
             if unchanged {
@@ -171,7 +188,20 @@ impl Transaction for OwnTransaction {
             });
         }
         for write in self.writes.iter().cloned() {
-            records.insert(write.record.scope().clone(), write.record);
+            let scope = write.record.scope().clone();
+            let mut record = write.record;
+            // A record left in flight keeps the lease as its holder renewed
+            // it meanwhile.
+            if write.fenced
+                && record.is_in_flight()
+                && self.defect != BatchDefect::CommitWritesTheLeaseBack
+                && let Some(current) = records.get(&scope)
+            {
+                record = record
+                    .with_state(current.state().clone())
+                    .with_retained_until(current.retained_until());
+            }
+            records.insert(scope, record);
         }
         Ok(())
     }
@@ -234,8 +264,16 @@ impl Transaction for OwnTransaction {
         requests: &[ClaimRequest],
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
         let mut outcomes = Vec::with_capacity(requests.len());
+        let ignoring = self.defect == BatchDefect::ClaimAllIgnoresItsOwn;
         for request in requests {
-            outcomes.push(self.claim(request).await?);
+            if ignoring {
+                self.defect = BatchDefect::ClaimIgnoresItsOwnWrites;
+            }
+            let outcome = self.claim(request).await;
+            if ignoring {
+                self.defect = BatchDefect::ClaimAllIgnoresItsOwn;
+            }
+            outcomes.push(outcome?);
         }
         if self.defect == BatchDefect::ClaimAllAnswersReversed {
             outcomes.reverse();
@@ -268,6 +306,17 @@ impl Transaction for OwnTransaction {
             BatchDefect::RollbackKeepsWrites => {}
             BatchDefect::RollsBackToTheFirstSavepoint => {
                 self.writes = self.savepoints.first().cloned().unwrap_or(latest);
+            }
+            BatchDefect::RollbackKeepsBareClaims => {
+                let bare: Vec<Write> = self
+                    .writes
+                    .iter()
+                    .filter(|w| w.record.is_in_flight() && !w.fenced)
+                    .filter(|w| !latest.iter().any(|l| l.record.scope() == w.record.scope()))
+                    .cloned()
+                    .collect();
+                self.writes = latest;
+                self.writes.extend(bare);
             }
             _ => self.writes = latest,
         }
