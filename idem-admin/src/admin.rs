@@ -78,7 +78,7 @@ impl<T> Reading<T> {
         match result {
             Ok(value) => Self::Read(value),
             Err(error) => Self::Failed {
-                error: error.to_string(),
+                error: error.detail(),
             },
         }
     }

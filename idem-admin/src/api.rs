@@ -1,6 +1,8 @@
 //! The JSON API: every part's figures and lists, and every action, each
-//! answered as JSON or as an RFC 9457 problem. Keys and message ids travel
-//! in request bodies, never in URLs (which access logs keep).
+//! answered as JSON or as an RFC 9457 problem. Idempotency keys and the
+//! ids of consumed messages (a producer's, which can be personal data)
+//! travel in request bodies, never in URLs (which access logs keep); an
+//! outbox message's id, a UUID idem drew, is in its routes' paths.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};

@@ -165,12 +165,28 @@ impl ConsumerParking {
     /// ```
     /// use std::sync::Arc;
     /// use idem_admin::ConsumerParking;
-    /// use idem_conformance::consumers::Shop;
-    /// use idem_consumer::Consumer;
-    /// use idem_memory::{MemoryParking, MemoryStore};
+    /// use idem_consumer::{Consumer, Handled, Handler, async_trait};
+    /// use idem_core::store::InboundMessage;
+    /// use idem_core::{HandlerError, StoreError};
+    /// use idem_memory::{MemoryParking, MemoryStore, MemoryTransaction};
+    ///
+    /// /// The service's handler: its writes join the inbox's transaction.
+    /// struct Shipping { inbox: MemoryStore }
+    ///
+    /// #[async_trait]
+    /// impl Handler for Shipping {
+    ///     type Tx = MemoryTransaction;
+    ///     async fn begin(&self) -> Result<MemoryTransaction, StoreError> {
+    ///         Ok(self.inbox.begin())
+    ///     }
+    ///     async fn handle(&self, _: &InboundMessage, tx: MemoryTransaction) -> Result<(MemoryTransaction, Handled), HandlerError> {
+    ///         Ok((tx, Handled::Applied))
+    ///     }
+    /// }
     ///
     /// let (inbox, parking) = (MemoryStore::new(), Arc::new(MemoryParking::new()));
-    /// let consumer = Consumer::new("shipping", Arc::new(inbox.clone()), parking.clone(), Shop::new(inbox))?;
+    /// let shipping = Shipping { inbox: inbox.clone() };
+    /// let consumer = Consumer::new("shipping", Arc::new(inbox), parking.clone(), shipping)?;
     /// let parked = ConsumerParking::with_consumer(&consumer, parking);
     /// assert!(parked.replays());
     /// # Ok::<(), idem_core::InvalidInput>(())
@@ -271,7 +287,10 @@ impl ConsumerParking {
         };
         let replayed = consumer.replay(id).await.map_err(|error| match error {
             ConsumerError::Store(source) => AdminError::store(PART)(source),
-            other => AdminError::Conflict(other.to_string()),
+            other => AdminError::Internal {
+                part: PART,
+                source: other.into(),
+            },
         })?;
         match replayed {
             Some(Consumed::Parked { reason }) => Ok(Done::new(

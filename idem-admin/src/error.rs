@@ -76,6 +76,16 @@ pub enum AdminError {
         #[source]
         source: StoreError,
     },
+    /// The part failed otherwise (a broker, a provider): what it said is
+    /// for the server's trace only.
+    #[error("{part}: {source}")]
+    Internal {
+        /// The part that failed.
+        part: &'static str,
+        /// Its error.
+        #[source]
+        source: idem_core::BoxError,
+    },
 }
 
 impl AdminError {
@@ -95,7 +105,7 @@ impl AdminError {
             Self::ReplayNeedsHandler { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::InvalidInput(_) => StatusCode::BAD_REQUEST,
             Self::Store { source, .. } if source.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Store { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Store { .. } | Self::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -111,6 +121,7 @@ impl AdminError {
             Self::InvalidInput(_) => "invalid_input",
             Self::Store { source, .. } if source.is_retryable() => "store_unavailable",
             Self::Store { .. } => "store_failed",
+            Self::Internal { .. } => "internal",
         }
     }
 
@@ -123,10 +134,41 @@ impl AdminError {
         }
     }
 
-    /// The RFC 9457 problem the JSON API answers.
+    /// What an answer (the JSON API's problem, the page) says of it: its
+    /// own text, except for a failure of a store or another part, whose
+    /// text can hold stored values (a Postgres message names a row's): a
+    /// fixed sentence with a fresh incident id, the error traced beside it
+    /// on the server (the command line, on the operator's own terminal,
+    /// prints the error itself).
+    ///
+    /// ```
+    /// use idem_admin::AdminError;
+    /// use idem_core::{Operation, StoreError};
+    ///
+    /// let leak = StoreError::backend("postgres", Operation::Get, "Key (email)=(jane@example.com)");
+    /// let error = AdminError::Store { part: "records", source: leak };
+    /// let detail = error.detail();
+    /// assert!(!detail.contains("jane@example.com"));
+    /// assert!(detail.starts_with("The records store failed; the operator finds it as incident "));
+    /// ```
+    pub fn detail(&self) -> String {
+        let (part, state, error): (_, _, &dyn std::fmt::Display) = match self {
+            Self::Store { part, source } if source.is_retryable() => {
+                (part, "store is unavailable (try again)", source)
+            }
+            Self::Store { part, source } => (part, "store failed", source),
+            Self::Internal { part, source } => (part, "failed", source),
+            other => return other.to_string(),
+        };
+        let incident = uuid::Uuid::new_v4();
+        tracing::error!(%incident, part = %part, %error, "a console call failed");
+        format!("The {part} {state}; the operator finds it as incident {incident}.")
+    }
+
+    /// The RFC 9457 problem the JSON API answers ([`detail`](Self::detail)).
     pub fn problem(&self) -> ProblemDetails {
-        let problem = ProblemDetails::new(self.status(), self.to_string())
-            .with_extension("error", self.kind());
+        let problem =
+            ProblemDetails::new(self.status(), self.detail()).with_extension("error", self.kind());
         match self.retry_after() {
             Some(wait) => problem.with_retry_after(wait),
             None => problem,

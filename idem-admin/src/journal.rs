@@ -279,6 +279,9 @@ fn journal_error(error: JournalError) -> AdminError {
         },
         JournalError::InvalidInput(input) => AdminError::InvalidInput(input),
         JournalError::Store(source) => AdminError::store(PART)(source),
-        other => AdminError::Conflict(other.to_string()),
+        other => AdminError::Internal {
+            part: PART,
+            source: other.into(),
+        },
     }
 }

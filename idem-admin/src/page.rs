@@ -340,7 +340,7 @@ async fn summary(State(shared): State<Shared>, ctx: Ctx) -> Response {
 fn error_page(ctx: &Ctx, shared: &Shared, error: &AdminError, back: &str) -> Response {
     let body = format!(
         "<section class=\"failed\"><p>{}</p><p><a href=\"{}\">back</a></p></section>",
-        Esc(&error.to_string()),
+        Esc(&error.detail()),
         ctx.href(back)
     );
     let title = error.status().canonical_reason().unwrap_or("Error");

@@ -444,3 +444,29 @@ async fn the_json_api_mends_records_and_journals_on_redis() {
 async fn the_json_api_mends_records_parking_and_journals_on_dynamodb() {
     scenario(common::dynamo().await).await;
 }
+
+/// A store failure answers a fixed detail naming an incident, never the
+/// store's text (a Postgres message names a row's values). (The console's
+/// problem carried the store's message.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_answers_an_incident_never_the_stores_text() {
+    use idem_conformance::support::{LEAKY_SECRET, LeakyStore};
+
+    let admin = Admin::new().records(Idempotency::new(Arc::new(LeakyStore)));
+    let api = Api::new(common::serve(admin).await);
+    let read = api
+        .post(
+            "/api/records/read",
+            json!({"tenant": unique("tenant"), "key": "pay-1"}),
+        )
+        .await;
+    read.assert_problem(500, "store_failed");
+    let text = read.json.to_string();
+    assert!(!text.contains("jane@example.com"), "{text}");
+    assert!(!text.contains(LEAKY_SECRET), "{text}");
+    let detail = read.json["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("The records store failed; the operator finds it as incident "),
+        "{detail}"
+    );
+}

@@ -71,9 +71,20 @@ enum Command {
 #[derive(Subcommand)]
 enum Records {
     /// Shows the record of a key.
-    Get { tenant: String, key: String },
+    Get {
+        /// The tenant the key belongs to (the HTTP layer's `default` unless
+        /// the service names tenants).
+        tenant: String,
+        /// The idempotency key, as the client sent it.
+        key: String,
+    },
     /// Deletes the record of a key: its next request runs again.
-    Delete { tenant: String, key: String },
+    Delete {
+        /// The tenant the key belongs to.
+        tenant: String,
+        /// The idempotency key, as the client sent it.
+        key: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -82,18 +93,28 @@ enum Outbox {
     Stats,
     /// Parked messages, oldest first.
     Parked {
+        /// How many of the oldest to skip.
         #[arg(long, default_value_t = 0)]
         offset: usize,
+        /// How many to show.
         #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
         limit: usize,
     },
     /// One message, in any state.
-    Show { id: String },
+    Show {
+        /// The message's id (a UUID).
+        id: String,
+    },
     /// Makes a parked message pending again, in its place.
-    Retry { id: String },
+    Retry {
+        /// The message's id (a UUID).
+        id: String,
+    },
     /// Drops a message, so its aggregate flows again.
     Drop {
+        /// The message's id (a UUID).
         id: String,
+        /// Why, kept with the message.
         #[arg(long)]
         reason: String,
     },
@@ -103,28 +124,42 @@ enum Outbox {
 enum Consumers {
     /// A consumer's parked messages, oldest first.
     Parked {
+        /// The consumer's name.
         consumer: String,
+        /// How many of the oldest to skip.
         #[arg(long, default_value_t = 0)]
         offset: usize,
+        /// How many to show.
         #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
         limit: usize,
     },
     /// A consumer's aggregates stuck behind a version gap: each waits for
     /// a version that no parked message holds.
     Stuck {
+        /// The consumer's name.
         consumer: String,
+        /// How many of the oldest to skip.
         #[arg(long, default_value_t = 0)]
         offset: usize,
+        /// How many to show.
         #[arg(long, default_value_t = Page::DEFAULT_LIMIT)]
         limit: usize,
     },
     /// Refused here: a replay runs the consumer's handler, which only the
     /// service has (use its admin route).
-    Replay { consumer: String, id: String },
+    Replay {
+        /// The consumer's name.
+        consumer: String,
+        /// The parked message's id.
+        id: String,
+    },
     /// Drops a parked message: it is never applied.
     Drop {
+        /// The consumer's name.
         consumer: String,
+        /// The parked message's id.
         id: String,
+        /// Why, kept with the message.
         #[arg(long)]
         reason: String,
     },
@@ -134,19 +169,27 @@ enum Consumers {
 enum Journals {
     /// Operations whose outcome is unknown or that need review.
     List {
+        /// The journal's namespace.
         namespace: String,
+        /// How many to show.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
     /// Settles an operation with the provider's answer.
     Settle {
+        /// The journal's namespace.
         namespace: String,
+        /// The operation's subject (what it is about: an order, an invoice).
         subject: String,
+        /// The operation's effect (what it does: charge, refund).
         effect: String,
+        /// What the provider says happened.
         #[arg(long, value_parser = ["succeeded", "failed"])]
         outcome: String,
+        /// The provider's id of the effect, where it has one.
         #[arg(long)]
         provider_id: Option<String>,
+        /// Why the operator settles it so, kept with the operation.
         #[arg(long)]
         note: String,
     },
@@ -358,5 +401,31 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// `idem help` says what each command and each argument is (a user
+    /// met bare argument names).
+    #[test]
+    fn every_command_and_argument_says_what_it_is() {
+        fn check(command: &clap::Command, path: &str) {
+            for arg in command.get_arguments() {
+                assert!(arg.get_help().is_some(), "{path} <{}>", arg.get_id());
+            }
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                assert!(sub.get_about().is_some(), "{path}");
+                check(sub, &path);
+            }
+        }
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        check(&cli, "idem");
     }
 }

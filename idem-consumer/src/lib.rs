@@ -18,7 +18,8 @@
 //!   under a savepoint of its own, one commit, then the acks together
 //!   ([`Delivery::ack_all`]); see [`Consumer::consume_batch`].
 //! - **Redelivery and parking.** A failure rolls the writes back and asks
-//!   the broker again after a back-off, a bounded number of times by the
+//!   the broker again after a back-off (one that no redelivery can fix,
+//!   [`Permanent`], is parked at once), a bounded number of times by the
 //!   consumer's own count (never the broker's: only the consumer decides
 //!   that a message is done, and a broker that limits its deliveries is
 //!   refused); then the message is parked with its reason in an
@@ -54,11 +55,13 @@ mod delivery;
 mod failures;
 mod flight;
 mod options;
+mod permanent;
 mod raw;
 
 pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler, Stuck, WAITING_PER_SLOT};
 pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source, bounded};
 pub use options::ConsumerOptions;
+pub use permanent::Permanent;
 pub use raw::{MALFORMED_KIND, Malformed, RawMessage};
 
 /// To implement [`Handler`], [`Delivery`] and [`Source`].

@@ -155,6 +155,43 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
     assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Duplicate)]);
 }
 
+/// A handler's `Permanent` error parks its message at its first attempt,
+/// on its own and in a batch (its batch-mates apply); a plain error would
+/// be delivered again three times first.
+#[tokio::test]
+async fn a_permanent_failure_is_parked_at_once_with_its_reason() {
+    let (consumer, shop, _) = consumer();
+    let broker = Broker::default();
+    shop.fail_for_good("m-1");
+    broker.publish(plain("m-1", "order 1 placed"));
+    let outcomes = drain(&consumer, &broker).await;
+    assert!(
+        matches!(&outcomes[..], [Ok(Consumed::Parked { reason })] if reason == "permanent: m-1 can never apply"),
+        "{outcomes:?}"
+    );
+    assert_eq!(broker.settled(), [Settled::Acked("m-1".into())]);
+    let parked = consumer.parked(None, 10).await.unwrap();
+    assert_eq!(
+        parked[0].parked.deliveries, 1,
+        "parked at its first attempt"
+    );
+
+    shop.fail_for_good("m-3");
+    for (id, text) in [("m-2", "order 2"), ("m-3", "order 3"), ("m-4", "order 4")] {
+        broker.publish(plain(id, text));
+    }
+    let batch: Vec<_> = std::iter::from_fn(|| broker.deliver()).collect();
+    let outcomes = consumer.consume_batch(&batch).await;
+    assert!(
+        matches!(&outcomes[1], Ok(Consumed::Parked { reason }) if reason.starts_with("permanent: ")),
+        "{outcomes:?}"
+    );
+    assert!(matches!(outcomes[0], Ok(Consumed::Applied)), "{outcomes:?}");
+    assert!(matches!(outcomes[2], Ok(Consumed::Applied)), "{outcomes:?}");
+    assert_eq!(shop.effects().await, ["order 2", "order 4"]);
+    assert_eq!(consumer.parked(None, 10).await.unwrap().len(), 2);
+}
+
 #[tokio::test]
 async fn a_dropped_message_keeps_its_reason_and_is_never_replayed() {
     let (consumer, shop, parking) = consumer();

@@ -159,6 +159,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("outbox: {} pending", outbox.stats().await?.pending);
 
     context.delete_stream(&stream).await?;
+    // Nothing of the run left behind: the outbox's tables and functions,
+    // and the orders.
+    outbox.uninstall().await?;
     sqlx::query(AssertSqlSafe(format!("DROP TABLE {orders}")))
         .execute(&pool)
         .await?;

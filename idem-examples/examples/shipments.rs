@@ -193,8 +193,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_deliveries = 3;
     let consumer = Consumer::with_options(
         "shipping",
-        Arc::new(inbox),
-        Arc::new(parking),
+        Arc::new(inbox.clone()),
+        Arc::new(parking.clone()),
         handler,
         ConsumerOptions::default()
             .max_deliveries(max_deliveries)
@@ -269,15 +269,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("parked: {}", consumer.parked(None, 10).await?.len());
 
     context.delete_stream(&stream).await?;
-    for table in [
-        shipments,
-        format!("example_inbox_{run}"),
-        format!("example_parked_{run}"),
-        format!("example_outbox_{run}"),
-        format!("example_outbox_{run}_aggregates"),
-    ] {
-        create(&pool, format!("DROP TABLE IF EXISTS {table} CASCADE")).await?;
-    }
+    // Nothing of the run left behind: each store's tables and functions,
+    // and the shipments.
+    outbox.uninstall().await?;
+    inbox.uninstall().await?;
+    parking.uninstall().await?;
+    create(&pool, format!("DROP TABLE IF EXISTS {shipments}")).await?;
     Ok(())
 }
 

@@ -60,6 +60,8 @@ pub const REPLAY_HEADER: &str = "idempotent-replayed";
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) header: HeaderName,
+    /// Whether a bare token is a key too ([`KeyForm::Lenient`]).
+    pub(crate) bare_keys: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) required: bool,
     pub(crate) tenant: TenantSource,
@@ -94,6 +96,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             header: HeaderName::from_static("idempotency-key"),
+            bare_keys: false,
             methods: vec![Method::POST, Method::PATCH],
             required: false,
             tenant: TenantSource::default(),

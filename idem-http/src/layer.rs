@@ -132,6 +132,33 @@ impl<S: ?Sized, T> IdempotencyLayer<S, T> {
         self.configure(|c| c.methods = methods)
     }
 
+    /// Also takes a key sent bare, as most clients in the wild send it
+    /// (`Idempotency-Key: 8e03978e-40d5`, Stripe's form): one RFC 9110
+    /// token (letters, digits and `!#$%&'*+-.^_`|~`) is the key as it is.
+    /// By default only the draft's form is taken, one RFC 9651 sf-string
+    /// (`Idempotency-Key: "8e03978e-40d5"`), and a bare value is refused
+    /// with 400.
+    ///
+    /// The trade-off: the quoted and the bare form of the same characters
+    /// are one key (a client switching forms keeps its keys), while a key
+    /// with characters outside a token (a space, a `/`, a `:`) must still
+    /// be quoted; a value that is neither (a list, a broken quote) is
+    /// refused as before. Keys are never guessed from malformed input.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::Idempotency;
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let idem = Idempotency::new(Arc::new(idem_memory::MemoryStore::new()));
+    /// let layer = IdempotencyLayer::new(idem).accept_bare_keys();
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn accept_bare_keys(self) -> Self {
+        self.configure(|c| c.bare_keys = true)
+    }
+
     /// Refuses a covered request without a key with 400 (by default a
     /// request without one passes through untouched).
     #[must_use]

@@ -47,8 +47,10 @@
 //! (the runner's default).
 //!
 //! Handlers find the run's [`RunContext`](idem_core::RunContext) in their
-//! request's extensions (with axum, `Extension<RunContext<dyn IdempotencyStore>>`)
-//! for downstream keys and checkpoints; in the transactional mode
+//! request's extensions, always over `dyn IdempotencyStore` whatever the
+//! layer's store (with axum, `Extension<RunContext<dyn IdempotencyStore>>`,
+//! over `Arc<PostgresStore>` as over `Arc<dyn IdempotencyStore>`), for
+//! downstream keys and checkpoints; in the transactional mode
 //! ([`IdempotencyLayer::in_transaction`]) also an [`IdempotencyTransaction`] to write
 //! through.
 //!

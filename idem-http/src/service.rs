@@ -15,7 +15,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode, response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use idem_core::store::{IdempotencyStore, Transaction};
+use idem_core::store::{AsDynStore, IdempotencyStore, Transaction};
 use idem_core::{
     BoxError, Fingerprint, HandlerError, Idempotency, NoTransaction, RunContext, RunError,
     RunOutcome, Scope, Storable, StoredResponse, Verdict,
@@ -86,7 +86,7 @@ impl<S: IdempotencyStore + ?Sized, T, Inner> fmt::Debug for IdempotencyService<S
 
 impl<S, T, Inner, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, T, Inner>
 where
-    S: IdempotencyStore + ?Sized,
+    S: AsDynStore + ?Sized,
     T: Transaction,
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     Inner::Future: Send + 'static,
@@ -113,7 +113,7 @@ where
         if !config.methods.contains(request.method()) {
             return passed(inner, request);
         }
-        let key = match key::from_headers(request.headers(), &config.header) {
+        let key = match key::from_headers(request.headers(), &config.header, config.bare_keys) {
             Ok(Some(key)) => key,
             Ok(None) if !config.required => return passed(inner, request),
             Ok(None) => {
@@ -332,7 +332,7 @@ struct Job<S: ?Sized, T, Inner, ReqBody> {
 
 impl<S, T, Inner, ReqBody, ResBody> Job<S, T, Inner, ReqBody>
 where
-    S: IdempotencyStore + ?Sized,
+    S: AsDynStore + ?Sized,
     T: Transaction,
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     Inner::Future: Send + 'static,
@@ -507,15 +507,17 @@ struct Attempt<'a, Inner> {
 }
 
 impl<Inner> Attempt<'_, Inner> {
-    /// Calls the inner service with the request, the run's context (and the
-    /// transaction) in its extensions, and reads its whole response.
+    /// Calls the inner service with the request, the run's context (over
+    /// `dyn IdempotencyStore`, whatever the store: one type for handlers to
+    /// ask for) and the transaction in its extensions, and reads its whole
+    /// response.
     async fn call<S, T, ReqBody, ResBody>(
         &mut self,
         ctx: RunContext<S>,
         tx: Option<IdempotencyTransaction<T>>,
     ) -> Result<Produced<Inner::Error>, HandlerError>
     where
-        S: ?Sized + Send + Sync + 'static,
+        S: AsDynStore + ?Sized,
         T: Send + 'static,
         Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
         ReqBody: From<Bytes>,
@@ -528,7 +530,7 @@ impl<Inner> Attempt<'_, Inner> {
             ));
         };
         let mut request = Request::from_parts(parts, ReqBody::from(body));
-        request.extensions_mut().insert(ctx);
+        request.extensions_mut().insert(ctx.erased());
         if let Some(tx) = tx {
             request.extensions_mut().insert(tx);
         }

@@ -12,6 +12,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
+use idem_conformance::support::{LEAKY_SECRET, LeakyStore};
 use idem_core::Idempotency;
 use idem_core::store::IdempotencyStore;
 use idem_http::{IdempotencyLayer, TenantSource};
@@ -388,6 +389,38 @@ async fn bad_keys_are_400_and_a_missing_optional_key_passes_through(
     assert_eq!(list.text().await.unwrap(), "all orders");
 }
 
+/// With bare keys taken, `Idempotency-Key: 8e03978e-40d5` (Stripe's form)
+/// is a key, the same key as its quoted form (the retry in the other form
+/// replays); what is neither a token nor a string is still 400. Without the
+/// option the bare form is 400 (above).
+async fn where_bare_keys_are_taken_a_token_is_the_same_key_as_its_quoted_form(
+    store: Arc<dyn IdempotencyStore>,
+) {
+    let (base, counters) = serve(store, |l| l.accept_bare_keys()).await;
+    let (client, tenant) = (client(), tenant());
+    let key = format!("8e03978e-{}", uuid::Uuid::new_v4().simple());
+    let send = |value: String| {
+        client
+            .post(format!("{base}/orders"))
+            .header("x-tenant", &tenant)
+            .header("idempotency-key", value)
+            .body("{}")
+            .send()
+    };
+    let first = send(key.clone()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let body = first.text().await.unwrap();
+    let retry = send(quoted(&key)).await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), body);
+    assert_eq!(counters.orders.load(Ordering::SeqCst), 1);
+    for bad in ["a b", "a/b", "\"open", "a, b"] {
+        let refused = send(bad.to_string()).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+    }
+    assert_eq!(counters.orders.load(Ordering::SeqCst), 1);
+}
+
 async fn a_required_key_that_is_missing_is_400_as_the_draft_says(store: Arc<dyn IdempotencyStore>) {
     let (base, counters) = serve(store, |l| l.require_key()).await;
     let response = unkeyed(&client(), &base, &tenant()).await;
@@ -758,6 +791,7 @@ macro_rules! for_store {
             a_key_reused_for_another_request_or_route_is_422,
             one_tenants_key_never_replays_anothers_response,
             bad_keys_are_400_and_a_missing_optional_key_passes_through,
+            where_bare_keys_are_taken_a_token_is_the_same_key_as_its_quoted_form,
             a_required_key_that_is_missing_is_400_as_the_draft_says,
             a_duplicate_in_flight_is_409_with_retry_after,
             a_duplicate_can_wait_for_the_result_instead,
@@ -949,8 +983,10 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
             (status, charge_key.as_str().to_string())
         }
     };
-    let any: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    let layer = IdempotencyLayer::new(Idempotency::new(any)).in_transaction({
+    // Over the concrete store, as a user writes it next to `begin`: the
+    // handler still finds `RunContext<dyn IdempotencyStore>` (it found
+    // none, and axum answered 500, when the context kept the store's type).
+    let layer = IdempotencyLayer::new(Idempotency::new(Arc::new(store.clone()))).in_transaction({
         let store = store.clone();
         move || store.begin()
     });
@@ -1007,85 +1043,11 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
         .unwrap();
 }
 
-/// A store that fails every call for good, with a text that holds what an
-/// error must never carry to a client (a Postgres message names a row's
-/// values so).
-#[derive(Debug)]
-struct Leaky;
-
-/// What [`Leaky`]'s errors say.
-const SECRET: &str = "Key (email)=(jane@example.com) already exists";
-
-fn leaky(operation: idem_core::Operation) -> idem_core::StoreError {
-    idem_core::StoreError::backend("leaky", operation, SECRET)
-}
-
-#[idem_core::async_trait]
-impl IdempotencyStore for Leaky {
-    async fn claim(
-        &self,
-        _: &idem_core::store::ClaimRequest,
-    ) -> Result<idem_core::store::ClaimOutcome, idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Claim))
-    }
-    async fn complete(
-        &self,
-        _: &idem_core::store::Lease,
-        _: &idem_core::StoredResponse,
-    ) -> Result<(), idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Complete))
-    }
-    async fn renew(
-        &self,
-        _: &idem_core::store::Lease,
-        _: Duration,
-    ) -> Result<idem_core::store::Lease, idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Renew))
-    }
-    async fn release(&self, _: &idem_core::store::Lease) -> Result<(), idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Release))
-    }
-    async fn checkpoint(
-        &self,
-        _: &idem_core::store::Lease,
-        _: &idem_core::Checkpoint,
-    ) -> Result<(), idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Checkpoint))
-    }
-    async fn get(
-        &self,
-        _: &idem_core::Scope,
-    ) -> Result<Option<idem_core::store::Record>, idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Get))
-    }
-    async fn purge_expired(&self) -> Result<u64, idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Purge))
-    }
-    async fn delete(&self, _: &idem_core::Scope) -> Result<bool, idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Delete))
-    }
-    async fn now(
-        &self,
-        _: &idem_core::Scope,
-    ) -> Result<idem_core::store::Timestamp, idem_core::StoreError> {
-        Err(leaky(idem_core::Operation::Now))
-    }
-    fn capabilities(&self) -> idem_core::store::Capabilities {
-        idem_core::store::Capabilities::new(
-            "leaky",
-            idem_core::store::TransactionSharing::None,
-            idem_core::store::Durability::Volatile,
-            idem_core::store::ClockSource::Caller,
-            usize::MAX,
-        )
-    }
-}
-
 /// A store failure is a 500 whose detail is fixed and names an incident,
 /// never the error's text: what the store said stays on the server.
 #[tokio::test]
 async fn a_failure_answers_500_with_a_fixed_detail_never_the_errors_text() {
-    let (base, counters) = serve(Arc::new(Leaky), |l| l).await;
+    let (base, counters) = serve(Arc::new(LeakyStore), |l| l).await;
     let response = keyed(&client(), &base, "/orders", &tenant(), "leaky")
         .send()
         .await
@@ -1094,6 +1056,7 @@ async fn a_failure_answers_500_with_a_fixed_detail_never_the_errors_text() {
     let body = response.text().await.unwrap();
     assert!(!body.contains("jane@example.com"), "{body}");
     assert!(!body.contains("already exists"), "{body}");
+    assert!(!body.contains(LEAKY_SECRET), "{body}");
     let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("incident"), "{detail}");

@@ -31,8 +31,9 @@
 //!   (`idem_outbox`, with a counter row per aggregate in
 //!   `idem_outbox_aggregates`; [`PostgresOutboxOptions`]):
 //!   [`PostgresOutbox::enqueue_in`] writes a message inside the business
-//!   transaction, sequences follow the commit order per aggregate, claims
-//!   are one `FOR UPDATE SKIP LOCKED` statement, and
+//!   transaction, sequences follow the commit order per aggregate, a
+//!   relay leases a partition and reads its log through a cursor (a
+//!   batch's settlement and the next read are one statement), and
 //!   [`PostgresOutbox::listen`] wakes a relay when a message commits.
 //! - [`PostgresParking`] keeps a message consumer's parked messages
 //!   ([`ParkingStore`](idem_core::store::ParkingStore)) in a table of its

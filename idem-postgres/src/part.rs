@@ -71,6 +71,44 @@ macro_rules! table_accessors {
             pub async fn migrate(&self) -> Result<(), idem_core::StoreError> {
                 $crate::migrate::migrate(self.pool(), $lock, self.migration_sql()).await
             }
+
+            /// The SQL that [`uninstall`](Self::uninstall) runs, for your
+            /// own migration tool: it drops every table and function
+            /// [`migration_sql`](Self::migration_sql) creates (functions of
+            /// every signature an upgrade left), and what hangs on the
+            /// tables (indexes, sequences), and nothing else.
+            ///
+            /// ```no_run
+            /// # fn example(pool: idem_postgres::sqlx::PgPool) {
+            #[doc = concat!("let store = idem_postgres::", stringify!($ty), "::new(pool);")]
+            #[doc = concat!("assert!(store.uninstall_sql().contains(\"DROP TABLE IF EXISTS ", $default, " CASCADE;\"));")]
+            /// # }
+            /// ```
+            pub fn uninstall_sql(&self) -> String {
+                $crate::migrate::uninstall_sql(&self.migration_sql())
+            }
+
+            /// Drops what [`migrate`](Self::migrate) created, its rows with
+            /// it (a test's or an example's tables when done, or a store
+            /// taken out of service), under the migration's advisory lock.
+            /// Running it again drops nothing more.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn example(store: idem_postgres::", stringify!($ty), ") -> Result<(), idem_core::StoreError> {")]
+            /// store.migrate().await?;
+            /// // ... the run ...
+            /// store.uninstall().await?;
+            /// # Ok(()) }
+            /// ```
+            ///
+            /// # Errors
+            ///
+            /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable)
+            /// or [`StoreError::Backend`](idem_core::StoreError::Backend) from
+            /// the database.
+            pub async fn uninstall(&self) -> Result<(), idem_core::StoreError> {
+                $crate::migrate::migrate(self.pool(), $lock, self.uninstall_sql()).await
+            }
         }
     };
 }

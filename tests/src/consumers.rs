@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_consumer::{
-    Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Source, async_trait,
+    Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Permanent, Source, async_trait,
 };
 use idem_core::store::{
     InboundMessage, NewMessage, OutboxMessage, OutboxStore, ParkingStore, Transaction, VersionCheck,
@@ -131,6 +131,8 @@ pub struct Shop<B = MemoryBooks> {
     /// Where it writes.
     pub books: B,
     failures: Arc<Mutex<HashMap<String, u32>>>,
+    /// Messages it fails for good ([`Permanent`]).
+    permanent: Arc<Mutex<HashSet<String>>>,
     hold: Arc<Mutex<Option<Gates>>>,
     held: Arc<Mutex<HashMap<String, Gates>>>,
     /// The aggregates being handled now.
@@ -162,6 +164,7 @@ impl<B: Books> Shop<B> {
         Self {
             books,
             failures: Arc::default(),
+            permanent: Arc::default(),
             hold: Arc::default(),
             held: Arc::default(),
             handling: Arc::default(),
@@ -212,6 +215,12 @@ impl<B: Books> Shop<B> {
         self.failures.lock().unwrap().insert(id.to_string(), times);
     }
 
+    /// Fails message `id` with a [`Permanent`] error: no redelivery can
+    /// fix it.
+    pub fn fail_for_good(&self, id: &str) {
+        self.permanent.lock().unwrap().insert(id.to_string());
+    }
+
     /// Holds the next handled message: `entered` is notified when it is
     /// inside the handler, which then waits for `go`.
     pub fn hold_next(&self) -> (Arc<Notify>, Arc<Notify>) {
@@ -253,6 +262,9 @@ impl<B: Books> Handler for Shop<B> {
         let dwell = *self.dwell.lock().unwrap();
         if !dwell.is_zero() {
             tokio::time::sleep(dwell).await;
+        }
+        if self.permanent.lock().unwrap().contains(&id) {
+            return Err(Permanent::new(format!("{id} can never apply")).into());
         }
         {
             let mut failures = self.failures.lock().unwrap();

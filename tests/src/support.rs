@@ -415,3 +415,78 @@ where
     }
     report
 }
+
+/// A record store that fails every call for good, with a text that holds
+/// what an error must never carry to a client (a Postgres message names a
+/// row's values so): for tests that an answer built from an error keeps
+/// its text on the server.
+#[derive(Debug)]
+pub struct LeakyStore;
+
+/// What [`LeakyStore`]'s errors say.
+pub const LEAKY_SECRET: &str = "Key (email)=(jane@example.com) already exists";
+
+fn leaky(operation: idem_core::Operation) -> idem_core::StoreError {
+    idem_core::StoreError::backend("leaky", operation, LEAKY_SECRET)
+}
+
+#[idem_core::async_trait]
+impl idem_core::store::IdempotencyStore for LeakyStore {
+    async fn claim(
+        &self,
+        _: &idem_core::store::ClaimRequest,
+    ) -> Result<idem_core::store::ClaimOutcome, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Claim))
+    }
+    async fn complete(
+        &self,
+        _: &idem_core::store::Lease,
+        _: &idem_core::StoredResponse,
+    ) -> Result<(), idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Complete))
+    }
+    async fn renew(
+        &self,
+        _: &idem_core::store::Lease,
+        _: Duration,
+    ) -> Result<idem_core::store::Lease, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Renew))
+    }
+    async fn release(&self, _: &idem_core::store::Lease) -> Result<(), idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Release))
+    }
+    async fn checkpoint(
+        &self,
+        _: &idem_core::store::Lease,
+        _: &idem_core::Checkpoint,
+    ) -> Result<(), idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Checkpoint))
+    }
+    async fn get(
+        &self,
+        _: &idem_core::Scope,
+    ) -> Result<Option<idem_core::store::Record>, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Get))
+    }
+    async fn purge_expired(&self) -> Result<u64, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Purge))
+    }
+    async fn delete(&self, _: &idem_core::Scope) -> Result<bool, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Delete))
+    }
+    async fn now(
+        &self,
+        _: &idem_core::Scope,
+    ) -> Result<idem_core::store::Timestamp, idem_core::StoreError> {
+        Err(leaky(idem_core::Operation::Now))
+    }
+    fn capabilities(&self) -> idem_core::store::Capabilities {
+        idem_core::store::Capabilities::new(
+            "leaky",
+            idem_core::store::TransactionSharing::None,
+            idem_core::store::Durability::Volatile,
+            idem_core::store::ClockSource::Caller,
+            usize::MAX,
+        )
+    }
+}

@@ -3,7 +3,7 @@
 //! alone) one message at a time under savepoints; then settled together.
 
 use super::release::gap;
-use super::settle::Attempt;
+use super::settle::{Attempt, handler_failed};
 use super::*;
 
 /// Whether a message is in the batch twice.
@@ -53,8 +53,10 @@ pub(super) fn alone_too_large() -> StoreError {
 pub(super) enum Step<Tx> {
     /// Done (or rolled back to its savepoint): the transaction goes on.
     Kept(Tx, Attempt),
-    /// The handler failed and dropped the transaction.
-    HandlerFailed(String),
+    /// The handler failed and dropped the transaction: its message's
+    /// attempt ([`Attempt::Failed`], or [`Attempt::Poison`] when
+    /// [`Permanent`](crate::Permanent)).
+    HandlerFailed(Attempt),
     /// The transaction is no longer to be trusted.
     Refused(StoreError),
     /// The message's writes made the transaction too large
@@ -229,8 +231,8 @@ impl<H: Handler> Consumer<H> {
                     break;
                 }
                 Step::Full(_) => return Round::Refused(alone_too_large()),
-                Step::HandlerFailed(reason) => {
-                    settled[at] = Some(Attempt::Failed(reason));
+                Step::HandlerFailed(attempt) => {
+                    settled[at] = Some(attempt);
                     return Round::HandlerFailed;
                 }
                 Step::Refused(error) => return Round::Refused(error),
@@ -356,7 +358,7 @@ impl<H: Handler> Consumer<H> {
         };
         let (mut tx, handled) = match self.parts.handler.handle(message, tx).await {
             Ok(handled) => handled,
-            Err(error) => return Step::HandlerFailed(error.to_string()),
+            Err(error) => return Step::HandlerFailed(handler_failed(error.into_inner())),
         };
         let attempt = match handled {
             // A gap writes nothing and leaves no claim behind.

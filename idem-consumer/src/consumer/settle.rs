@@ -7,8 +7,20 @@ use super::*;
 
 /// Why a message's claim was refused for good.
 pub(super) const MISMATCH: &str = "its message id was consumed before with another payload";
+/// How a permanent failure's reason begins ([`Permanent`](crate::Permanent)).
+pub(super) const PERMANENT: &str = "permanent: ";
 /// How a malformed message's reason begins ([`Delivery::malformed`]).
 pub(super) const MALFORMED: &str = "malformed: ";
+
+/// What a handler's error makes of its message's attempt: parked at once
+/// when it says no redelivery can fix it ([`Permanent`](crate::Permanent)),
+/// else a failure that counts toward parking.
+pub(super) fn handler_failed(error: idem_core::BoxError) -> Attempt {
+    match error.downcast_ref::<crate::Permanent>() {
+        Some(permanent) => Attempt::Poison(format!("{PERMANENT}{permanent}")),
+        None => Attempt::Failed(error.to_string()),
+    }
+}
 
 /// How a delivery was settled, short of its ack.
 pub(super) struct Settlement {
@@ -253,9 +265,7 @@ impl<H: Handler> Consumer<H> {
             Ok(RunOutcome::Replayed(_)) => Attempt::Done(Consumed::Duplicate),
             Err(RunError::InProgress { retry_after }) => Attempt::Busy(retry_after),
             Err(RunError::Mismatch) => Attempt::Poison(MISMATCH.to_string()),
-            Err(RunError::NotStarted(error) | RunError::Failed(error)) => {
-                Attempt::Failed(error.to_string())
-            }
+            Err(RunError::NotStarted(error) | RunError::Failed(error)) => handler_failed(error),
             Err(RunError::LostLease) => Attempt::Busy(self.parts.options.first_backoff),
             Err(RunError::Store(error)) => match error {
                 // The handler's own writes refused at commit: the message's fault.

@@ -136,8 +136,12 @@ impl<S: IdempotencyStore + ?Sized> Idempotency<S> {
     /// [`DEFAULT_MAX_RUN_TIME`](Self::DEFAULT_MAX_RUN_TIME)).
     ///
     /// While the handler runs, the runner renews its lease every third of
-    /// the lease, by a whole lease, so a live process never loses the key
-    /// to a retry however long the handler takes. After `max` the renewals
+    /// the lease (counted from each renewal's start), by a whole lease, so a
+    /// live process never loses the key to a retry however long the handler
+    /// takes, as long as each renewal reaches the store within two thirds of
+    /// a lease: choose a lease of at least one and a half times the slowest
+    /// store round trip you expect (under load, Postgres renewals were seen
+    /// taking 300 ms; the default 30 s leaves a wide margin). After `max` the renewals
     /// stop (logged as a warning) and the lease runs out normally: a handler
     /// that hangs cannot hold its key forever, and a retry may then take the
     /// key over.
@@ -677,6 +681,41 @@ pub struct RunContext<S: ?Sized> {
     lease_duration: Duration,
 }
 
+impl<S: crate::store::AsDynStore + ?Sized> RunContext<S> {
+    /// The same context over `dyn IdempotencyStore` (the same store, lease
+    /// and checkpoint): the one type a layer hands its handlers whatever
+    /// its store's (`idem-http` puts it in each request's extensions, so a
+    /// handler over any store asks for
+    /// `RunContext<dyn IdempotencyStore>`).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::store::IdempotencyStore;
+    /// use idem_core::{Fingerprint, Idempotency, RunContext, Scope, StoredResponse};
+    /// use idem_memory::MemoryStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let idem = Idempotency::new(Arc::new(MemoryStore::new()));
+    /// let scope = Scope::parse("acme", "order-1")?;
+    /// idem.run(scope, Fingerprint::of_bytes(b"x"), |ctx| async move {
+    ///     let any: RunContext<dyn IdempotencyStore> = ctx.erased();
+    ///     let _key = any.downstream_key("charge");
+    ///     Ok(StoredResponse::new(200, "done"))
+    /// })
+    /// .await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn erased(self) -> RunContext<dyn crate::store::IdempotencyStore> {
+        RunContext {
+            store: self.store.as_dyn_store(),
+            lease: self.lease,
+            checkpoint: self.checkpoint,
+            lease_duration: self.lease_duration,
+        }
+    }
+}
+
 impl<S: ?Sized> Clone for RunContext<S> {
     fn clone(&self) -> Self {
         Self {
@@ -779,12 +818,17 @@ impl<S: IdempotencyStore + ?Sized> RunContext<S> {
 
     /// Renews by a whole lease every third of a lease until `max` has passed
     /// or a renewal fails; completion reports a lost lease, so a failure here
-    /// only stops renewing.
+    /// only stops renewing. Each renewal starts a third of a lease after the
+    /// last one started, not after it answered, so slow replies do not eat
+    /// the margin: a lease holds while each renewal lands within two thirds
+    /// of one.
     async fn renew_until(&self, max: Duration) {
         let every = (self.lease_duration / 3).max(Duration::from_millis(1));
         let deadline = tokio::time::Instant::now() + max;
+        let mut next = tokio::time::Instant::now() + every;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep_until(next).await;
+            next = tokio::time::Instant::now() + every;
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
                     max_run_time_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX),

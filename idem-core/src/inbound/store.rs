@@ -192,6 +192,38 @@ macro_rules! forward_store {
 
 forward_store!(Arc, Box);
 
+/// A record store seen as `dyn IdempotencyStore`: every sized store, and
+/// `dyn IdempotencyStore` itself. It lets a layer hand its handlers one
+/// context type whatever its store's
+/// ([`RunContext::erased`](crate::RunContext::erased)); nothing to
+/// implement, every store has it.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::store::{AsDynStore, IdempotencyStore};
+/// use idem_memory::MemoryStore;
+///
+/// let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new()).as_dyn_store();
+/// let again: Arc<dyn IdempotencyStore> = store.as_dyn_store();
+/// # let _ = again;
+/// ```
+pub trait AsDynStore: IdempotencyStore {
+    /// The same store behind a `dyn IdempotencyStore`.
+    fn as_dyn_store(self: Arc<Self>) -> Arc<dyn IdempotencyStore>;
+}
+
+impl<T: IdempotencyStore> AsDynStore for T {
+    fn as_dyn_store(self: Arc<Self>) -> Arc<dyn IdempotencyStore> {
+        self
+    }
+}
+
+impl AsDynStore for dyn IdempotencyStore {
+    fn as_dyn_store(self: Arc<Self>) -> Arc<dyn IdempotencyStore> {
+        self
+    }
+}
+
 /// A transaction of the caller's that a completion or a checkpoint can join,
 /// so that the business writes and the idempotency record commit or vanish
 /// together. Backends that share transactions provide one (a Postgres
@@ -231,6 +263,14 @@ pub trait Transaction: Send + 'static {
     ) -> Result<(), StoreError>;
 
     /// Commits everything written in the transaction.
+    ///
+    /// # Contract
+    ///
+    /// A lease fences by its owner alone: the holder's own renewal or
+    /// checkpoint through the store after its completion or checkpoint
+    /// joined the transaction (a runner renews while its handler runs)
+    /// never refuses the commit, and a checkpoint committed so leaves the
+    /// lease as renewed, never shorter.
     ///
     /// # Errors
     ///
@@ -285,7 +325,9 @@ pub trait Transaction: Send + 'static {
     /// claims it (the first rolled back), or answers `InProgress` while
     /// the first holds it (stores that cannot wait), or claims it and its
     /// commit is refused with nothing written if the first committed
-    /// meanwhile (stores that decide at the commit: DynamoDB). Within one
+    /// meanwhile (stores that decide at the commit: DynamoDB), answering a
+    /// retryable [`StoreError::Unavailable`] (claimed again, the scope then
+    /// answers the first's completion). Within one
     /// transaction a scope claimed and completed before answers
     /// `Completed`.
     ///
@@ -358,7 +400,11 @@ pub trait Transaction: Send + 'static {
     ///
     /// # Errors
     ///
-    /// As [`savepoint`](Self::savepoint).
+    /// As [`savepoint`](Self::savepoint). Called with no savepoint open it
+    /// is the caller's mistake, answered with an error at once or at the
+    /// transaction's next statement (where the store defers it: Postgres
+    /// sends a release with the next statement); nothing written before is
+    /// undone by it, and the transaction is to be rolled back.
     async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
         Err(unbatched(Operation::Transaction))
     }
@@ -367,7 +413,8 @@ pub trait Transaction: Send + 'static {
     ///
     /// # Errors
     ///
-    /// As [`savepoint`](Self::savepoint).
+    /// As [`savepoint`](Self::savepoint). With no savepoint open, as
+    /// [`rollback_to_savepoint`](Self::rollback_to_savepoint).
     async fn release_savepoint(&mut self) -> Result<(), StoreError> {
         Err(unbatched(Operation::Transaction))
     }

@@ -300,22 +300,23 @@ impl Backend for Postgres {
     }
 
     async fn delete(&self) {
-        let mut tables: Vec<String> = [
-            "records",
-            "outbox",
-            "orders",
-            "inbox",
-            "parked",
-            "shipments",
-            "effects",
-        ]
-        .into_iter()
-        .map(|name| self.table(name))
-        .collect();
-        tables.push(format!("{}_aggregates", self.table("outbox")));
-        tables.push(format!("{}_partitions", self.table("outbox")));
-        for name in tables {
-            self.sql(format!("DROP TABLE IF EXISTS {name} CASCADE"))
+        // Each store's own uninstall: its tables and functions, nothing left.
+        let pool = &self.pool;
+        let table = |name: &str| self.table(name);
+        let records = PostgresOptions::default().table(&table("records"));
+        let inbox = PostgresOptions::default().table(&table("inbox"));
+        for store in [records, inbox] {
+            let store = PostgresStore::with_options(pool.clone(), store).unwrap();
+            store.uninstall().await.unwrap();
+        }
+        let outbox = PostgresOutboxOptions::default().table(&table("outbox"));
+        let outbox = PostgresOutbox::with_options(pool.clone(), outbox).unwrap();
+        outbox.uninstall().await.unwrap();
+        let parked = PostgresParkingOptions::default().table(&table("parked"));
+        let parking = PostgresParking::with_options(pool.clone(), parked).unwrap();
+        parking.uninstall().await.unwrap();
+        for name in ["orders", "shipments", "effects"] {
+            self.sql(format!("DROP TABLE IF EXISTS {}", table(name)))
                 .await;
         }
     }
