@@ -150,20 +150,28 @@ pub fn assert_lost<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>
     );
 }
 
-/// Polls `check` until it yields a value or the deadline passes.
+/// Polls `check` until it yields a value, or fails once [`DEADLINE`] has
+/// passed and twenty of the slowest check so far too: the patience follows
+/// the store's measured latency (an emulator answering in a second under a
+/// loaded run gets twenty of its answers), while a fast store that never
+/// gets there fails after [`DEADLINE`].
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let started = tokio::time::Instant::now();
+    let mut slowest = Duration::ZERO;
     loop {
+        let asked = tokio::time::Instant::now();
         if let Some(value) = check().await {
             return value;
         }
+        slowest = slowest.max(asked.elapsed());
+        let patience = DEADLINE.max(slowest * 20);
         assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {DEADLINE:?}"
+            started.elapsed() < patience,
+            "{what}: not within {patience:?} (its slowest check took {slowest:?})"
         );
         tokio::time::sleep(POLL).await;
     }
