@@ -422,7 +422,7 @@ pub async fn completing_all_at_once_completes_each_when_the_transaction_commits<
 /// A lease fences by its owner alone: the holder's own renewal through the
 /// store while its completion, or its checkpoint, waits in an open
 /// transaction never refuses the commit, and a checkpoint committed so
-/// leaves the lease as renewed. The renewal is given [`RIVAL`] to land
+/// leaves the lease as renewed. The renewal is given 300 ms to land
 /// before the commit (a store that locks the record makes it wait for the
 /// commit instead, and it lands after).
 pub async fn a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit<
