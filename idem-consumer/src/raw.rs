@@ -108,6 +108,22 @@ impl RawMessage {
         }
     }
 
+    /// The inbound message and, when it could not be read whole, why:
+    /// [`read`](Self::read)'s answer as a source's delivery keeps it (what
+    /// [`Delivery::malformed`](crate::Delivery::malformed) then says).
+    ///
+    /// ```
+    /// let (message, why) = idem_consumer::RawMessage::new(None, "t", Vec::new()).read_or_salvage();
+    /// assert_eq!(why.as_deref(), Some("it has no message id"));
+    /// assert!(message.id().as_str().starts_with("malformed:"));
+    /// ```
+    pub fn read_or_salvage(self) -> (InboundMessage, Option<String>) {
+        match self.read() {
+            Ok(message) => (message, None),
+            Err(Malformed { message, reason }) => (*message, Some(reason)),
+        }
+    }
+
     /// Every part as it is, or why one cannot be.
     fn whole(&self) -> Result<InboundMessage, String> {
         let id = self.id.as_deref().ok_or("it has no message id")?;

@@ -6,9 +6,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, AckKind, Context};
 use futures_util::StreamExt;
-use idem_consumer::{
-    BrokerError, Delivery, Malformed, RawMessage, RedeliveryHorizon, Source, async_trait,
-};
+use idem_consumer::{BrokerError, Delivery, RawMessage, RedeliveryHorizon, Source, async_trait};
 use idem_core::store::{InboundMessage, Timestamp};
 
 use crate::{AGGREGATE_HEADER, BROKER, SEQUENCE_HEADER};
@@ -203,14 +201,7 @@ impl std::fmt::Debug for JetStreamDelivery {
 
 impl JetStreamDelivery {
     fn new(message: jetstream::Message) -> Self {
-        let (inbound, malformed) = match inbound(&message) {
-            Ok(inbound) => (inbound, None),
-            Err(Malformed {
-                message: salvaged,
-                reason,
-                ..
-            }) => (*salvaged, Some(reason)),
-        };
+        let (inbound, malformed) = inbound(&message);
         let info = message.info().ok().map(|info| {
             let millis = info.published.unix_timestamp_nanos() / 1_000_000;
             let published = i64::try_from(millis).ok().map(Timestamp::from_unix_millis);
@@ -234,7 +225,7 @@ fn header<'a>(message: &'a jetstream::Message, name: &str) -> Option<&'a str> {
 
 /// The message as the consumer reads it: whole, or why it cannot be and
 /// what of it can be kept.
-fn inbound(message: &jetstream::Message) -> Result<InboundMessage, Malformed> {
+fn inbound(message: &jetstream::Message) -> (InboundMessage, Option<String>) {
     let id = match header(message, MSG_ID_HEADER) {
         Some(id) => Some(id.to_string()),
         None => message
@@ -261,7 +252,7 @@ fn inbound(message: &jetstream::Message) -> Result<InboundMessage, Malformed> {
             }
         }
     }
-    raw.read()
+    raw.read_or_salvage()
 }
 
 #[async_trait]

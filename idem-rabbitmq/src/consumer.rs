@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem_consumer::{
-    BrokerError, Delivery, Malformed, RawMessage, RedeliveryHorizon, Source, async_trait,
-};
+use idem_consumer::{BrokerError, Delivery, RawMessage, RedeliveryHorizon, Source, async_trait};
 use idem_core::InvalidInput;
 use idem_core::store::{InboundMessage, Timestamp};
 use lapin::message::Delivery as AmqpDelivery;
@@ -410,7 +408,7 @@ fn shown(value: &AMQPValue) -> String {
 
 /// The delivery as the consumer reads it: whole, or why it cannot be and
 /// what of it can be kept.
-fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, Malformed> {
+fn inbound(delivery: &AmqpDelivery) -> (InboundMessage, Option<String>) {
     let properties = &delivery.properties;
     let id = properties.message_id().as_ref().map(|id| id.as_str());
     let kind = match properties.kind() {
@@ -420,7 +418,7 @@ fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, Malformed> {
     let mut raw = RawMessage::new(id, kind, delivery.data.clone());
     let headers = properties.headers().as_ref().map(FieldTable::inner);
     let Some(headers) = headers else {
-        return raw.read();
+        return raw.read_or_salvage();
     };
     if let Some(aggregate) = headers.get(AGGREGATE_HEADER).and_then(text) {
         let version = headers.get(SEQUENCE_HEADER).map(shown);
@@ -439,19 +437,12 @@ fn inbound(delivery: &AmqpDelivery) -> Result<InboundMessage, Malformed> {
             raw = raw.with_header(name, &value);
         }
     }
-    raw.read()
+    raw.read_or_salvage()
 }
 
 impl RabbitDelivery {
     fn new(delivery: AmqpDelivery, unsettled: &Unsettled) -> Self {
-        let (inbound, malformed) = match inbound(&delivery) {
-            Ok(inbound) => (inbound, None),
-            Err(Malformed {
-                message: salvaged,
-                reason,
-                ..
-            }) => (*salvaged, Some(reason)),
-        };
+        let (inbound, malformed) = inbound(&delivery);
         locked(unsettled).insert(delivery.delivery_tag);
         let counted = delivery
             .properties
