@@ -20,6 +20,9 @@ use tracing::Instrument;
 
 use crate::publisher::Publisher;
 
+/// The first look again after a wake-up that read nothing.
+const FIRST_RECHECK: Duration = Duration::from_millis(10);
+
 /// The most batches one relay keeps in flight per partition.
 pub const MAX_IN_FLIGHT: usize = 16;
 
@@ -943,13 +946,31 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
     /// at the poll interval, with a warning. Gauges (with the `metrics`
     /// feature) are refreshed after each drain. At the shutdown the relay
     /// releases its partitions, so another relay takes them at once.
+    ///
+    /// A wake-up whose drain reads nothing is looked at again after 10 ms,
+    /// then at doubling intervals up to the poll interval: a store may hold
+    /// a committed message back while an older transaction still runs (the
+    /// Postgres outbox does), and the wake-up was its only notice.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut next_purge = tokio::time::Instant::now();
+        // Set while a wake-up found nothing: the next look's delay.
+        let mut chasing: Option<Duration> = None;
+        let mut woken = false;
         loop {
-            if let Err(error) = self.drain().await {
-                tracing::warn!(%error, "the outbox relay could not make a pass");
-            }
+            let read = match self.drain().await {
+                Ok(pass) => pass.read,
+                Err(error) => {
+                    tracing::warn!(%error, "the outbox relay could not make a pass");
+                    0
+                }
+            };
+            chasing = if read > 0 || !woken {
+                None
+            } else {
+                let next = chasing.map_or(FIRST_RECHECK, |delay| delay * 2);
+                (next < self.options.poll_interval).then_some(next)
+            };
             self.refresh_gauges().await;
             if tokio::time::Instant::now() >= next_purge {
                 next_purge = tokio::time::Instant::now() + self.options.purge_every;
@@ -960,8 +981,10 @@ impl<S: OutboxStore + ?Sized, P: Publisher + ?Sized + 'static> Relay<S, P> {
                     self.release().await;
                     return;
                 }
-                () = self.wake.notified() => {}
-                () = tokio::time::sleep(self.options.poll_interval) => {}
+                () = self.wake.notified() => woken = true,
+                () = tokio::time::sleep(chasing.unwrap_or(self.options.poll_interval)) => {
+                    woken = chasing.is_some();
+                }
             }
         }
     }

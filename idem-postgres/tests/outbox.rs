@@ -591,6 +591,61 @@ async fn the_listener_wakes_a_relay_when_a_message_commits() {
     drop(listener);
 }
 
+/// A wake-up whose message an older transaction still holds back (the
+/// read stops below the oldest running transaction) is looked at again:
+/// the relay polling once a minute publishes it soon after that
+/// transaction ends, with no second notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_held_back_by_an_older_transaction_is_looked_at_again() {
+    let outbox = outbox().await;
+    let (reads, mut read) = watch::channel(0u64);
+    let store = Arc::new(Counted {
+        inner: outbox.clone(),
+        reads,
+    });
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        store,
+        Arc::clone(&recorder),
+        relay_options(Duration::from_secs(60)),
+    );
+    let listener = outbox.listen(relay.waker()).await.unwrap();
+    let (stop, task) = spawn_relay(relay);
+    tokio::time::timeout(DEADLINE, read.wait_for(|n| *n >= 1))
+        .await
+        .expect("the relay's first pass")
+        .unwrap();
+
+    // An older transaction with an id of its own, running across the
+    // message's commit.
+    let mut older = outbox.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *older)
+        .await
+        .unwrap();
+    let before = *read.borrow();
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let placed = outbox
+        .enqueue_in(&mut tx, &message("order-1", "placed"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // The wake-up's pass ran, and read nothing: the message is held back.
+    tokio::time::timeout(DEADLINE, read.wait_for(|n| *n > before))
+        .await
+        .expect("the wake-up's pass")
+        .unwrap();
+    assert!(recorder.got().is_empty());
+
+    older.commit().await.unwrap();
+    let got = recorder.wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(got[0].id(), placed.id());
+
+    let _ = stop.send(true);
+    task.await.unwrap();
+    drop(listener);
+}
+
 /// A relay whose lease lapsed while it published moves no cursor: the
 /// relay that took the partition over publishes again, and settles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
