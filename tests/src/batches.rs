@@ -486,3 +486,136 @@ pub async fn a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_
         );
     }
 }
+
+/// A write completed in a transaction is not completed again: a second
+/// completion of its lease there (claimed in the transaction or through
+/// the store) never replaces the first, which is what commits (or nothing
+/// does, the second refused at the commit).
+pub async fn a_completion_in_a_transaction_is_never_replaced_by_a_second<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    for claimed_in_the_transaction in [true, false] {
+        let scope = fresh_scope();
+        let mut tx = begin(&*batching).await;
+        let lease = if claimed_in_the_transaction {
+            claimed(&mut tx, &scope).await
+        } else {
+            let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&scope, b"x")).await
+            else {
+                panic!("the store claims a fresh scope");
+            };
+            lease
+        };
+        tx.complete(&lease, &StoredResponse::new(200, "first"))
+            .await
+            .expect("the first completion");
+        let second = tx
+            .complete(&lease, &StoredResponse::new(200, "second"))
+            .await;
+        assert!(
+            matches!(second, Ok(()) | Err(StoreError::LostLease)),
+            "a second completion is a lost lease, or refused at the commit: {second:?}"
+        );
+        let committed = tx.commit().await;
+        if let Ok(()) = committed {
+            assert_eq!(
+                completed_body(store, &scope).await.as_deref(),
+                Some(&b"first"[..]),
+                "the second completion replaced the first (claimed in the transaction: \
+                 {claimed_in_the_transaction})"
+            );
+        } else {
+            assert!(
+                second.is_ok() && matches!(committed, Err(StoreError::LostLease)),
+                "a commit refused for a second completion accepted before: {committed:?}"
+            );
+        }
+    }
+}
+
+/// A lease that no longer holds at the commit refuses it, and the refused
+/// commit wrote nothing: the holder completes its record through the store
+/// while its completion waits in a transaction (alone or among others,
+/// with `complete_all`), and exactly one of the two applies. The outside
+/// completion is given 300 ms to land before the commit (a store that
+/// locks the record makes it wait for the commit instead, and then it is
+/// the one refused).
+pub async fn a_lease_completed_elsewhere_before_the_commit_refuses_the_commit<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    for all_at_once in [false, true] {
+        let (scope, other) = (fresh_scope(), fresh_scope());
+        let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request(&scope, b"x")).await
+        else {
+            panic!("the store claims a fresh scope");
+        };
+        let mut tx = begin(&*batching).await;
+        // Another scope of the transaction's own: a refused commit
+        // leaves it unwritten too.
+        let own = claimed(&mut tx, &other).await;
+        let inside = StoredResponse::new(200, "inside");
+        if all_at_once {
+            tx.complete_all(&[
+                (own, StoredResponse::new(200, "other")),
+                (lease.clone(), inside),
+            ])
+            .await
+            .expect("complete_all");
+        } else {
+            tx.complete(&own, &StoredResponse::new(200, "other"))
+                .await
+                .expect("complete the transaction's own claim");
+            tx.complete(&lease, &inside)
+                .await
+                .expect("complete in the transaction");
+        }
+        let outside = {
+            let batching = batching.clone();
+            let lease = lease.clone();
+            tokio::spawn(async move {
+                batching
+                    .store()
+                    .complete(&lease, &StoredResponse::new(200, "outside"))
+                    .await
+            })
+        };
+        let _ = tokio::time::timeout(RIVAL, async {
+            while !outside.is_finished() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        let committed = tx.commit().await;
+        let outside = outside.await.expect("the outside completion's task");
+        assert!(
+            committed.is_ok() != outside.is_ok(),
+            "exactly one completion applies (complete_all: {all_at_once}): \
+             commit {committed:?}, outside {outside:?}"
+        );
+        if let Err(error) = committed {
+            assert!(
+                matches!(error, StoreError::LostLease),
+                "a lease that no longer holds is a lost lease: {error:?}"
+            );
+            assert_eq!(
+                completed_body(store, &scope).await.as_deref(),
+                Some(&b"outside"[..])
+            );
+            assert!(
+                store.get(&other).await.expect("get").is_none(),
+                "a refused commit wrote another scope of its transaction"
+            );
+        } else {
+            assert_eq!(
+                completed_body(store, &scope).await.as_deref(),
+                Some(&b"inside"[..])
+            );
+            assert_eq!(
+                completed_body(store, &other).await.as_deref(),
+                Some(&b"other"[..])
+            );
+        }
+    }
+}

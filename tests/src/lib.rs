@@ -441,6 +441,7 @@ macro_rules! __outbox_cases {
             a_read_answers_the_log_after_a_position_in_order,
             a_read_names_the_blocked_aggregates_and_skips_the_lane,
             a_read_starts_after_the_position_asked_not_the_cursor,
+            a_reader_racing_enqueues_skips_none,
             a_parked_message_blocks_its_aggregate_in_a_read_until_dropped,
             acquire_takes_the_lowest_free_partition,
             a_lapsed_partition_is_acquired_again_at_its_cursor,
@@ -454,6 +455,7 @@ macro_rules! __outbox_cases {
             the_last_failure_parks_the_message_and_its_aggregate_only,
             held_messages_follow_their_aggregates_first,
             an_advance_delivered_twice_changes_nothing_more,
+            a_hold_or_a_send_changes_only_a_message_in_its_place,
             an_advance_and_read_reads_the_log_as_the_advance_left_it,
             a_lost_lease_advances_and_reads_nothing,
             due_takes_each_aggregates_first_oldest_first,
@@ -463,6 +465,7 @@ macro_rules! __outbox_cases {
             a_dropped_message_keeps_its_reason_and_frees_its_aggregate,
             only_a_parked_message_is_retried_or_dropped,
             parked_messages_are_listed_oldest_first_in_pages,
+            parked_messages_of_one_enqueue_time_page_by_id,
             purge_deletes_only_sent_messages_at_least_as_old_as_asked,
             purge_deletes_up_to_its_limit,
             a_dropped_message_is_purged_aged_from_its_drop,
@@ -608,6 +611,8 @@ macro_rules! __batch_cases {
             claiming_all_at_once_answers_as_claiming_each_in_turn,
             completing_all_at_once_completes_each_when_the_transaction_commits,
             a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit,
+            a_completion_in_a_transaction_is_never_replaced_by_a_second,
+            a_lease_completed_elsewhere_before_the_commit_refuses_the_commit,
         ]}
     };
 }

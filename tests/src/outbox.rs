@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use idem_core::StoreError;
 use idem_core::store::{
-    Advance, LogBatch, LogPosition, MAX_OUTBOX_BATCH, MessageState, NewMessage, OutboxMessage,
-    OutboxStore, OwnerToken, PageAfter, PartitionLease, PublishFailure, partition_of,
+    Advance, LogBatch, LogPosition, MAX_OUTBOX_BATCH, MessageId, MessageState, NewMessage,
+    OutboxMessage, OutboxStore, OwnerToken, PageAfter, PartitionLease, PublishFailure,
+    partition_of,
 };
 
 use crate::support::{LONG_LEASE, RACERS, SHORT_LEASE, assert_lost, eventually, outlive};
@@ -301,6 +302,55 @@ pub async fn a_read_starts_after_the_position_asked_not_the_cursor<S: OutboxStor
         ids(&[first, second]),
         "read after the cursor, not the position asked"
     );
+}
+
+/// Log: a read never answers a message that something still uncommitted
+/// could precede, so a reader going on from the last message it read
+/// skips nothing while enqueues race it: every message enqueued is read.
+pub async fn a_reader_racing_enqueues_skips_none<S: OutboxStore + ?Sized>(store: Arc<S>) {
+    const WRITERS: usize = 4;
+    const EACH: usize = 12;
+    let count = partitions(&*store).await;
+    let partition = partition_of("order-1", count);
+    let aggregates: Vec<String> = (1..)
+        .map(|i| format!("order-{i}"))
+        .filter(|aggregate| partition_of(aggregate, count) == partition)
+        .take(WRITERS)
+        .collect();
+    let writers: Vec<_> = aggregates
+        .into_iter()
+        .map(|aggregate| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let mut ids = Vec::with_capacity(EACH);
+                for at in 0..EACH {
+                    ids.push(enqueued(&*store, &aggregate, &format!("e{at}")).await.id());
+                }
+                ids
+            })
+        })
+        .collect();
+    let (mut after, mut seen) = (LogPosition::START, std::collections::HashSet::new());
+    let deadline = Instant::now() + READ_PATIENCE;
+    while seen.len() < WRITERS * EACH && Instant::now() < deadline {
+        let batch = store
+            .read(partition, after, MAX_OUTBOX_BATCH)
+            .await
+            .expect("read");
+        for message in &batch.messages {
+            assert!(seen.insert(message.id()), "a message read twice");
+            after = message.parts().position;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for writer in writers {
+        for id in writer.await.expect("a writer") {
+            assert!(
+                seen.contains(&id),
+                "a message enqueued while a reader went on was skipped"
+            );
+        }
+    }
 }
 
 /// Log: a parked message blocks its aggregate's later messages in a read
@@ -676,6 +726,69 @@ pub async fn an_advance_delivered_twice_changes_nothing_more<S: OutboxStore + ?S
     assert_eq!(state(&*store, &second).await.state(), MessageState::Waiting);
 }
 
+/// Advance: a hold moves only a message of the log and a send marks only a
+/// waiting one, so neither skips a message nor frees a parked one: a hold
+/// of a waiting message leaves its back-off, a hold or a send of a parked
+/// one leaves it parked, and a send of a log message not yet published
+/// leaves it in the log to be read.
+pub async fn a_hold_or_a_send_changes_only_a_message_in_its_place<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (a, b) = same_partition(partitions(&*store).await);
+    let waiting = enqueued(&*store, &a, "placed").await;
+    let parked = enqueued(&*store, &b, "placed").await;
+    let lease = holding(&*store, &waiting).await;
+    let partition = waiting.parts().partition;
+    let lease = advance(
+        &*store,
+        &lease,
+        Advance::to(parked.parts().position)
+            .failed(failure(&waiting, false))
+            .failed(failure(&parked, true)),
+    )
+    .await;
+    let waited = state(&*store, &waiting).await;
+    assert_eq!(waited.state(), MessageState::Waiting);
+    let unpublished = enqueued(&*store, &a, "paid").await;
+    let lease = advance(
+        &*store,
+        &lease,
+        Advance::default()
+            .held(waiting.id())
+            .held(parked.id())
+            .sent(parked.id())
+            .sent(unpublished.id()),
+    )
+    .await;
+    let still = state(&*store, &waiting).await;
+    assert_eq!(
+        (
+            still.state(),
+            still.parts().attempts,
+            still.parts().available_at
+        ),
+        (
+            MessageState::Waiting,
+            waited.parts().attempts,
+            waited.parts().available_at
+        ),
+        "a hold moved a waiting message"
+    );
+    let still = state(&*store, &parked).await;
+    assert_eq!(
+        (still.state(), still.parts().sent_at),
+        (MessageState::Parked, None),
+        "a hold or a send freed a parked message"
+    );
+    assert_eq!(
+        state(&*store, &unpublished).await.state(),
+        MessageState::Pending,
+        "a send marked a message never published"
+    );
+    let log = read(&*store, partition, lease.cursor(), 1).await;
+    assert_eq!(ids(&log.messages), ids(&[unpublished]));
+}
+
 // ---- Advance and read ------------------------------------------------------
 
 /// Advance and read: the read sees the log as the advance left it: a
@@ -892,6 +1005,28 @@ pub async fn parked_messages_are_listed_oldest_first_in_pages<S: OutboxStore + ?
     let last = first.last().expect("a first page");
     let next = store.parked(Some(PageAfter::of(last)), 2).await.unwrap();
     assert_eq!(ids(&next), ids(&parked[2..]));
+}
+
+/// Operator: parked messages enqueued at one time are ordered by their id,
+/// so a page that ends among them goes on with the rest: after a place at
+/// a parked message's enqueue time and a lower id it is listed, after one
+/// with a higher id it is not.
+pub async fn parked_messages_of_one_enqueue_time_page_by_id<S: OutboxStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let parked = parked_message(&*store, "order-1").await;
+    let at = parked.parts().enqueued_at;
+    let lowest = PageAfter::new(at, MessageId::from_uuid(uuid::Uuid::nil()));
+    let highest = PageAfter::new(at, MessageId::from_uuid(uuid::Uuid::max()));
+    assert_eq!(
+        ids(&store.parked(Some(lowest), 10).await.unwrap()),
+        ids(&[parked]),
+        "a message enqueued at the page's last time, with a higher id, was skipped"
+    );
+    assert!(
+        store.parked(Some(highest), 10).await.unwrap().is_empty(),
+        "a message enqueued at the page's last time, with a lower id, was listed again"
+    );
 }
 
 /// A message parked at its first failure, with "broker down".

@@ -45,20 +45,26 @@ fn correct_own_transactions_pass_every_case() {
 
 #[test]
 fn each_defect_fails_exactly_the_cases_of_its_sentence() {
-    let expected: [(BatchDefect, &[&str]); 13] = [
+    let expected: [(BatchDefect, &[&str]); 15] = [
         (
             // A claim written at once is there before the commit, and
-            // after a rollback (of the transaction or to a savepoint).
+            // after a rollback (of the transaction or to a savepoint, or a
+            // refused commit).
             BatchDefect::ClaimWritesAtOnce,
             &[
                 "a_claim_in_a_transaction_takes_effect_only_if_it_commits",
+                "a_lease_completed_elsewhere_before_the_commit_refuses_the_commit",
                 "a_rollback_to_a_savepoint_undoes_only_what_was_written_since",
                 "savepoints_nest_and_each_operation_names_the_latest_open",
             ],
         ),
         (
+            // Its fenced writes too: over a completion made meanwhile.
             BatchDefect::CommitOverwritesARacingClaim,
-            &["two_transactions_claiming_one_scope_never_both_apply"],
+            &[
+                "a_lease_completed_elsewhere_before_the_commit_refuses_the_commit",
+                "two_transactions_claiming_one_scope_never_both_apply",
+            ],
         ),
         (
             // Claiming many at once claims each in turn, seeing the earlier.
@@ -98,7 +104,10 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
         ),
         (
             BatchDefect::CompleteAllOnlyTheFirst,
-            &["completing_all_at_once_completes_each_when_the_transaction_commits"],
+            &[
+                "a_lease_completed_elsewhere_before_the_commit_refuses_the_commit",
+                "completing_all_at_once_completes_each_when_the_transaction_commits",
+            ],
         ),
         (
             BatchDefect::CommitRefusesItsOwnRenewal,
@@ -115,6 +124,14 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
         (
             BatchDefect::ClaimAllIgnoresItsOwn,
             &["claiming_all_at_once_answers_as_claiming_each_in_turn"],
+        ),
+        (
+            BatchDefect::CompletesItsCompletionAgain,
+            &["a_completion_in_a_transaction_is_never_replaced_by_a_second"],
+        ),
+        (
+            BatchDefect::CommitFencesByOwnerAlone,
+            &["a_lease_completed_elsewhere_before_the_commit_refuses_the_commit"],
         ),
     ];
     for (defect, cases) in expected {

@@ -61,8 +61,12 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
         ],
     ),
     (
+        // A reader going on from its last message reads it again.
         OutboxDefect::ReadIncludesAfter,
-        &["a_read_answers_the_log_after_a_position_in_order"],
+        &[
+            "a_read_answers_the_log_after_a_position_in_order",
+            "a_reader_racing_enqueues_skips_none",
+        ],
     ),
     (
         OutboxDefect::ReadsTheLane,
@@ -187,6 +191,26 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
     (
         OutboxDefect::DropLosesReason,
         &["a_dropped_message_keeps_its_reason_and_frees_its_aggregate"],
+    ),
+    (
+        OutboxDefect::ParkedPagesByTimeAlone,
+        &["parked_messages_of_one_enqueue_time_page_by_id"],
+    ),
+    (
+        OutboxDefect::EnqueueLandsLate,
+        &["a_reader_racing_enqueues_skips_none"],
+    ),
+    (
+        OutboxDefect::HoldsAnyMessage,
+        &["a_hold_or_a_send_changes_only_a_message_in_its_place"],
+    ),
+    (
+        // A send delivered twice stamps the sent message again.
+        OutboxDefect::SendsAnyMessage,
+        &[
+            "a_hold_or_a_send_changes_only_a_message_in_its_place",
+            "an_advance_delivered_twice_changes_nothing_more",
+        ],
     ),
     (
         OutboxDefect::DropKeepsBlocking,
@@ -512,6 +536,26 @@ fn retry_clears_error_fails_exactly_its_sentence() {
 #[test]
 fn drop_loses_reason_fails_exactly_its_sentence() {
     assert_caught_exactly(OutboxDefect::DropLosesReason);
+}
+
+#[test]
+fn parked_pages_by_time_alone_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::ParkedPagesByTimeAlone);
+}
+
+#[test]
+fn enqueue_lands_late_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::EnqueueLandsLate);
+}
+
+#[test]
+fn holds_any_message_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::HoldsAnyMessage);
+}
+
+#[test]
+fn sends_any_message_fails_exactly_its_sentence() {
+    assert_caught_exactly(OutboxDefect::SendsAnyMessage);
 }
 
 #[test]

@@ -274,8 +274,9 @@ pub trait Transaction: Send + 'static {
     ///
     /// # Errors
     ///
-    /// [`StoreError::LostLease`] if a fenced write found another owner (then
-    /// nothing was written); [`StoreError::Rejected`] if the caller's own
+    /// [`StoreError::LostLease`] if a fenced write's lease no longer held:
+    /// another owner took its record, or its record was completed or
+    /// released meanwhile (then nothing was written, of any record); [`StoreError::Rejected`] if the caller's own
     /// writes were refused (nothing was written);
     /// [`StoreError::Unavailable`] if the outcome is unknown.
     async fn commit(self) -> Result<(), StoreError>

@@ -103,12 +103,22 @@ pub enum OutboxDefect {
     RetryClearsError,
     /// Drops a message without keeping the reason.
     DropLosesReason,
+    /// Gives every other message its place in the log at once but lets it
+    /// be read only later, so a read racing it passes its place.
+    EnqueueLandsLate,
+    /// Holds a message whatever its state, as if it were in the log.
+    HoldsAnyMessage,
+    /// Marks a message sent whatever its state.
+    SendsAnyMessage,
     /// Drops the message but leaves its aggregate blocked behind it.
     DropKeepsBlocking,
     /// Drops and retries messages that are not parked.
     OperatorIgnoresState,
     /// Lists parked messages newest first.
     ParkedNewestFirst,
+    /// Pages parked messages by their enqueue time alone, skipping the
+    /// rest of a page's last time.
+    ParkedPagesByTimeAlone,
     /// Purges whatever is old, sent or not.
     PurgesUnsent,
     /// Ignores `older_than` when purging.
@@ -234,6 +244,59 @@ impl OwnOutbox {
         self.defect == defect
     }
 
+    /// `message` placed in the log, and whether it lands late (written
+    /// by the caller after a while; [`OutboxDefect::EnqueueLandsLate`]).
+    fn place(&self, message: &NewMessage) -> (OutboxMessage, bool) {
+        let now = self.clock.now();
+        let mut state = self.locked();
+        if !self.is(OutboxDefect::DuplicateIds)
+            && let Some(existing) = state.messages.iter().find(|m| m.id() == message.id())
+        {
+            return (state.shown(existing), false);
+        }
+        let aggregate = message.aggregate().to_string();
+        let sequence = if self.is(OutboxDefect::GlobalSequence) {
+            state.last_sequence += 1;
+            state.last_sequence
+        } else if self.is(OutboxDefect::SequenceRestartsAfterPurge) {
+            let stored = state
+                .messages
+                .iter()
+                .filter(|m| m.message().aggregate() == aggregate)
+                .count();
+            stored as u64 + 1
+        } else {
+            let last = state.sequences.entry(aggregate.clone()).or_insert(0);
+            *last += 1;
+            *last
+        };
+        let partition = if self.is(OutboxDefect::PartitionByLength) {
+            (aggregate.len() as u32) % OWN_PARTITIONS
+        } else {
+            partition_of(&aggregate, OWN_PARTITIONS)
+        };
+        state.last_position += 1;
+        let stored = OutboxMessage::new(
+            message.clone(),
+            MessageParts {
+                sequence,
+                partition,
+                position: LogPosition::new(state.last_position, 0),
+                state: MessageState::Pending,
+                attempts: 0,
+                last_error: None,
+                enqueued_at: now,
+                available_at: now,
+                sent_at: None,
+            },
+        );
+        let late = self.is(OutboxDefect::EnqueueLandsLate) && state.last_position % 2 == 1;
+        if !late {
+            state.messages.push(stored.clone());
+        }
+        (stored, late)
+    }
+
     fn limit(&self, limit: usize) -> Result<usize, StoreError> {
         if self.is(OutboxDefect::LimitUnchecked) {
             return Ok(limit.max(1));
@@ -311,50 +374,13 @@ impl OwnOutbox {
 #[async_trait]
 impl OutboxStore for OwnOutbox {
     async fn enqueue(&self, message: &NewMessage) -> Result<OutboxMessage, StoreError> {
-        let now = self.clock.now();
-        let mut state = self.locked();
-        if !self.is(OutboxDefect::DuplicateIds)
-            && let Some(existing) = state.messages.iter().find(|m| m.id() == message.id())
-        {
-            return Ok(state.shown(existing));
+        let (stored, late) = self.place(message);
+        if late {
+            // Placed in the log now, visible later: what a log ordered by a
+            // sequence taken before the commit does.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            self.locked().messages.push(stored.clone());
         }
-        let aggregate = message.aggregate().to_string();
-        let sequence = if self.is(OutboxDefect::GlobalSequence) {
-            state.last_sequence += 1;
-            state.last_sequence
-        } else if self.is(OutboxDefect::SequenceRestartsAfterPurge) {
-            let stored = state
-                .messages
-                .iter()
-                .filter(|m| m.message().aggregate() == aggregate)
-                .count();
-            stored as u64 + 1
-        } else {
-            let last = state.sequences.entry(aggregate.clone()).or_insert(0);
-            *last += 1;
-            *last
-        };
-        let partition = if self.is(OutboxDefect::PartitionByLength) {
-            (aggregate.len() as u32) % OWN_PARTITIONS
-        } else {
-            partition_of(&aggregate, OWN_PARTITIONS)
-        };
-        state.last_position += 1;
-        let stored = OutboxMessage::new(
-            message.clone(),
-            MessageParts {
-                sequence,
-                partition,
-                position: LogPosition::new(state.last_position, 0),
-                state: MessageState::Pending,
-                attempts: 0,
-                last_error: None,
-                enqueued_at: now,
-                available_at: now,
-                sent_at: None,
-            },
-        );
-        state.messages.push(stored.clone());
         Ok(stored)
     }
 
@@ -523,7 +549,7 @@ impl OutboxStore for OwnOutbox {
             let counts = self.is(OutboxDefect::HoldCountsAttempt);
             if let Some(m) = state.find(*id)
                 && ours(m)
-                && m.state() == MessageState::Pending
+                && (m.state() == MessageState::Pending || self.is(OutboxDefect::HoldsAnyMessage))
             {
                 *m = edited(m, |p| {
                     p.state = MessageState::Waiting;
@@ -539,7 +565,8 @@ impl OutboxStore for OwnOutbox {
             if let Some(m) = state.find(*id)
                 && ours(m)
                 && (m.state() == MessageState::Waiting
-                    || (restamps && m.state() == MessageState::Sent))
+                    || (restamps && m.state() == MessageState::Sent)
+                    || self.is(OutboxDefect::SendsAnyMessage))
             {
                 *m = edited(m, |p| {
                     p.state = MessageState::Sent;
@@ -615,7 +642,14 @@ impl OutboxStore for OwnOutbox {
             .messages
             .iter()
             .filter(|m| m.state() == MessageState::Parked)
-            .filter(|m| after.is_none_or(|after| after.precedes(m)))
+            .filter(|m| {
+                after.is_none_or(
+                    |after| match self.is(OutboxDefect::ParkedPagesByTimeAlone) {
+                        true => after.enqueued_at < m.parts().enqueued_at,
+                        false => after.precedes(m),
+                    },
+                )
+            })
             .cloned()
             .collect();
         parked.sort_by_key(|m| (m.parts().enqueued_at, m.id()));

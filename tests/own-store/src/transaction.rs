@@ -51,6 +51,11 @@ pub enum BatchDefect {
     /// Claims many at once each against the records alone, so a scope twice
     /// in the batch is claimed twice.
     ClaimAllIgnoresItsOwn,
+    /// Completes again, replacing it, a write it already completed.
+    CompletesItsCompletionAgain,
+    /// Commits a fenced write while its owner's record is there, in flight
+    /// or not, so a completion through the store meanwhile is overwritten.
+    CommitFencesByOwnerAlone,
 }
 
 /// A record the transaction writes at its commit.
@@ -102,8 +107,9 @@ impl OwnTransaction {
         lease: &Lease,
         change: impl FnOnce(Record) -> Record,
     ) -> Result<(), StoreError> {
+        let again = self.defect == BatchDefect::CompletesItsCompletionAgain;
         if let Some(write) = self.written(lease.scope()) {
-            if write.record.owner() != lease.owner() || !write.record.is_in_flight() {
+            if write.record.owner() != lease.owner() || !(again || write.record.is_in_flight()) {
                 return Err(StoreError::LostLease);
             }
             write.record = change(write.record.clone());
@@ -166,6 +172,9 @@ impl Transaction for OwnTransaction {
                 BatchDefect::CommitOverwritesARacingClaim => true,
                 BatchDefect::ClaimWritesAtOnce if !write.fenced => true,
                 BatchDefect::CommitRefusesItsOwnRenewal => current == write.read.as_ref(),
+                BatchDefect::CommitFencesByOwnerAlone if write.fenced => {
+                    current.is_some_and(|current| current.owner() == write.record.owner())
+                }
                 // A lease fences by its owner alone.
                 _ if write.fenced => current.is_some_and(|current| {
                     current.is_in_flight() && current.owner() == write.record.owner()
