@@ -26,8 +26,11 @@
 //! acknowledgements and a prefetch as an `idem_consumer::Source`, so an
 //! `idem_consumer::Consumer` applies each message once (its inbox),
 //! requeues a failure after a delay and parks it at its last delivery; it
-//! reconnects when its connection is lost. [`bound_queue`] declares a queue
-//! that takes every message of an exchange.
+//! reconnects when its connection is lost. [`declare`] declares the
+//! exchange and a queue taking every message of it, in one call
+//! ([`bound_queue`]: the queue alone, on an exchange of one's own); this
+//! crate re-exports [`lapin`], so a service needs no dependency of its own
+//! on it.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -47,6 +50,10 @@
 mod consumer;
 
 pub use consumer::{RabbitDelivery, RabbitSource, RabbitSourceOptions};
+/// The AMQP client this crate is built on, at the version it uses: its
+/// connections, channels and field tables are what [`declare`] and
+/// [`RabbitPublisher::new`] take.
+pub use lapin;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -639,6 +646,48 @@ impl Publisher for RabbitPublisher {
         }
         results
     }
+}
+
+/// Declares all that a [`RabbitPublisher`] to `exchange` and a
+/// [`RabbitSource`] on `queue` need, in one call: the durable topic
+/// exchange `exchange`, then the durable queue `queue` bound to every
+/// routing key of it ([`bound_queue`], with `arguments`). Declaring them
+/// again as before changes nothing, so a service calls it at every start.
+///
+/// ```no_run
+/// use idem_rabbitmq::lapin::types::FieldTable;
+/// use idem_rabbitmq::lapin::{Connection, ConnectionProperties};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let connection = Connection::connect("amqp://127.0.0.1:5672/%2f", ConnectionProperties::default()).await?;
+/// let channel = connection.create_channel().await?;
+/// idem_rabbitmq::declare(&channel, "events", "shipping.orders", FieldTable::default()).await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// What the broker answers: an exchange declared before as another kind or
+/// with other options, a queue declared before with other arguments.
+pub async fn declare(
+    channel: &Channel,
+    exchange: &str,
+    queue: &str,
+    arguments: FieldTable,
+) -> Result<(), lapin::Error> {
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    bound_queue(channel, exchange, queue, arguments).await
 }
 
 /// Declares the durable queue `queue` (with `arguments`: a quorum queue's

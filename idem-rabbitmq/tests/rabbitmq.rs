@@ -152,6 +152,53 @@ async fn an_unroutable_message_is_an_error_and_the_channel_goes_on() {
     topology.delete().await;
 }
 
+/// One call declares what a publisher and a source need: a publisher to
+/// the new exchange is made (its exchange exists), what it publishes
+/// lands in the queue, and declaring again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_makes_the_exchange_and_a_bound_queue_in_one_call() {
+    use idem_rabbitmq::lapin::options::{
+        BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions,
+    };
+    use idem_rabbitmq::lapin::types::FieldTable;
+    use idem_rabbitmq::lapin::{Connection, ConnectionProperties};
+
+    let connection = Connection::connect(&common::url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let (exchange, queue) = (common::fresh("exchange"), common::fresh("queue"));
+    for _ in 0..2 {
+        idem_rabbitmq::declare(&channel, &exchange, &queue, FieldTable::default())
+            .await
+            .unwrap();
+    }
+    let publisher =
+        RabbitPublisher::connect(&common::url(), RabbitOptions::new(&exchange).unwrap())
+            .await
+            .unwrap();
+    let outbox = MemoryOutbox::new();
+    let placed = outbox
+        .enqueue(&NewMessage::new("order-1", "order.placed", b"{}".to_vec()).unwrap())
+        .await
+        .unwrap();
+    let published = publisher.publish(std::slice::from_ref(&placed)).await;
+    assert!(published.iter().all(Result::is_ok), "{published:?}");
+    let got = channel
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the message in the declared queue");
+    assert_eq!(got.delivery.data, b"{}");
+    let _ = channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = channel
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_exchange_is_refused_when_the_publisher_is_made() {
     let missing = common::fresh("missing");

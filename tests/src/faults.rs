@@ -403,7 +403,7 @@ pub struct StormReport {
     /// [`RunError::InProgress`]: non-retryable errors, calls cut by the
     /// harness's `call_limit`, panics. Each as `type: message`.
     pub unexpected: Vec<String>,
-    /// Replays whose bytes differ from what a caller was told was executed
+    /// Replays whose bytes are none of what a caller was told was executed
     /// for the same key.
     pub wrong_replays: Vec<String>,
     /// From the storm's start to the fault's end (the fault's own wait
@@ -513,6 +513,10 @@ struct Tally {
     fault_end: Option<Instant>,
     /// When the first call that started after the fault's end succeeded.
     recovered_at: Option<Instant>,
+    /// Every replay, by key: checked once the storm is over, against every
+    /// response a caller was told was executed (the call that executed a
+    /// replayed response may report after the replay's).
+    replays: Vec<(String, StoredResponse)>,
 }
 
 /// What one call ended in.
@@ -649,9 +653,28 @@ impl Storm {
 
         let mut tally = locked(&tally);
         let recovered_at = tally.recovered_at;
+        let replays = std::mem::take(&mut tally.replays);
         let report = &mut tally.report;
         report.fault_took = fault_end - started;
         report.recovery = recovered_at.map(|at| at - fault_end);
+        // A replay answers what some call executed and was told: the
+        // last told where the record was never lost, an earlier one
+        // where a restart forgot it and the key ran again.
+        for (key, response) in replays {
+            let Some(executed) = report.executed_keys.get(&key) else {
+                continue;
+            };
+            if !executed.responses.contains(&response)
+                && report.wrong_replays.len() < MAX_DESCRIPTIONS
+            {
+                let told = executed.responses.last().map(|told| told.body().to_vec());
+                report.wrong_replays.push(format!(
+                    "{key}: told executed {:?}, replayed {:?}",
+                    String::from_utf8_lossy(&told.unwrap_or_default()),
+                    String::from_utf8_lossy(response.body())
+                ));
+            }
+        }
         report.clone()
     }
 }
@@ -767,20 +790,7 @@ impl<S: IdempotencyStore + ?Sized> Caller<S> {
                     }
                     RunOutcome::Replayed(response) => {
                         report.replayed += 1;
-                        let told = report
-                            .executed_keys
-                            .get(key)
-                            .and_then(|executed| executed.responses.last());
-                        if let Some(told) = told
-                            && *told != response
-                            && report.wrong_replays.len() < MAX_DESCRIPTIONS
-                        {
-                            report.wrong_replays.push(format!(
-                                "{key}: told executed {:?}, replayed {:?}",
-                                String::from_utf8_lossy(told.body()),
-                                String::from_utf8_lossy(response.body())
-                            ));
-                        }
+                        tally.replays.push((key.to_string(), response));
                     }
                 }
                 if after_fault && tally.recovered_at.is_none() {

@@ -533,6 +533,7 @@ macro_rules! __parking_cases {
             park_keeps_the_message_its_reason_and_deliveries,
             parking_a_message_again_keeps_one_entry_with_the_new_reason,
             parking_a_message_again_moves_it_after_those_parked_since,
+            a_dropped_park_leaves_the_entry_whole,
             get_reads_an_entry_in_any_state_and_nothing_else,
             list_gives_the_consumers_parked_entries_oldest_first,
             list_of_an_aggregate_orders_it_by_version,

@@ -351,6 +351,15 @@ pub async fn a_reader_racing_enqueues_skips_none<S: OutboxStore + ?Sized>(store:
             );
         }
     }
+    let rest = store
+        .read(partition, after, MAX_OUTBOX_BATCH)
+        .await
+        .expect("read");
+    assert!(
+        rest.messages.is_empty(),
+        "read again after the last message read: {:?}",
+        ids(&rest.messages)
+    );
 }
 
 /// Log: a parked message blocks its aggregate's later messages in a read

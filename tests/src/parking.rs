@@ -149,6 +149,47 @@ pub async fn parking_a_message_again_moves_it_after_those_parked_since<S: Parkin
     assert_eq!(listed(&*store, &consumer, None).await, ["m-2", "m-1"]);
 }
 
+/// Cancellation: each operation is one write that lands whole or not at
+/// all: a park dropped after any number of polls leaves one entry, parked,
+/// with the reason and deliveries of one park (the one before, or the
+/// dropped one, even if it lands later), never none.
+pub async fn a_dropped_park_leaves_the_entry_whole<S: ParkingStore + ?Sized>(store: Arc<S>) {
+    let consumer = fresh_tenant();
+    let message = inbound("m-1", "order-1", Some(1));
+    park(&*store, &consumer, message.clone()).await;
+    // Each park's reason with its deliveries.
+    let mut parks = vec![("handler failed".to_string(), 5)];
+    for polls in 1..=8 {
+        let mut again = new_parked(&consumer, message.clone(), &format!("again {polls}"));
+        again.deliveries = 5 + polls;
+        parks.push((again.reason.clone(), again.deliveries));
+        let mut call = store.park(&again);
+        for _ in 0..polls {
+            let ready = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(call.as_mut().poll(cx).is_ready())
+            })
+            .await;
+            if ready {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(call);
+        let entry = store
+            .get(&consumer, &key("m-1"))
+            .await
+            .expect("get")
+            .unwrap_or_else(|| panic!("a park dropped after {polls} polls left no entry"));
+        assert_eq!(entry.state, ParkedState::Parked);
+        let found = (entry.parked.reason.clone(), entry.parked.deliveries);
+        assert!(
+            parks.contains(&found),
+            "an entry no park wrote whole after {polls} polls: {found:?}"
+        );
+        assert_eq!(listed(&*store, &consumer, None).await, ["m-1"]);
+    }
+}
+
 /// Get: one entry in any state; none for another consumer or id.
 pub async fn get_reads_an_entry_in_any_state_and_nothing_else<S: ParkingStore + ?Sized>(
     store: Arc<S>,

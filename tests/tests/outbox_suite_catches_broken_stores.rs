@@ -57,6 +57,7 @@ const DEFECTS: &[(OutboxDefect, &[&str])] = &[
         OutboxDefect::ReadByAggregate,
         &[
             "a_read_answers_the_log_after_a_position_in_order",
+            "a_reader_racing_enqueues_skips_none",
             "an_advance_and_read_reads_the_log_as_the_advance_left_it",
         ],
     ),

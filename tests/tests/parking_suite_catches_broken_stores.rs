@@ -118,6 +118,16 @@ fn each_defect_fails_the_cases_of_its_sentence() {
 }
 
 #[test]
+fn a_repark_in_two_writes_fails_its_case() {
+    let defect = ParkingDefect::ReparkDeletesThenInserts;
+    common::assert_caught_exactly(
+        defect,
+        &failing(defect),
+        &["a_dropped_park_leaves_the_entry_whole"],
+    );
+}
+
+#[test]
 fn a_repark_that_keeps_its_first_time_fails_its_case() {
     let defect = ParkingDefect::ReparkKeepsParkedAt;
     common::assert_caught_exactly(

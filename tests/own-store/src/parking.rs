@@ -49,6 +49,9 @@ pub enum ParkingDefect {
     ReparkKeepsParkedAt,
     /// Keeps one entry per id, whatever the consumer.
     IgnoresConsumerInKey,
+    /// Parks again in two writes, deleting the entry and then writing the
+    /// new one, so a call dropped between them leaves none.
+    ReparkDeletesThenInserts,
 }
 
 /// The parking store: a list under one lock, on the system clock.
@@ -111,6 +114,12 @@ impl OwnParking {
 #[async_trait]
 impl ParkingStore for OwnParking {
     async fn park(&self, parked: &NewParked) -> Result<ParkedMessage, StoreError> {
+        if self.is(ParkingDefect::ReparkDeletesThenInserts) {
+            self.locked()
+                .retain(|e| !self.matches(e, &parked.consumer, parked.message.id()));
+            // The second write's round trip.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
         let now = self.clock.now();
         let mut entries = self.locked();
         let existing = entries
