@@ -2,6 +2,7 @@
 //! into a console with the one part a command needs.
 
 use std::sync::Arc;
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::time::Duration;
 
 use idem_admin::{Admin, ConsumerParking};
@@ -35,11 +36,15 @@ pub(crate) enum ConnectError {
     #[error("{0}")]
     Usage(String),
     /// The store did not answer.
+    // A DynamoDB client connects at its first call: with DynamoDB alone
+    // built in, connecting never fails this way.
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     #[error("{0}")]
     Unavailable(String),
 }
 
 /// How long the command line waits to connect to a store.
+#[cfg(any(feature = "postgres", feature = "redis"))]
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The console of the store at `url` with `part`; `table` names the
@@ -49,11 +54,22 @@ pub(crate) async fn console(
     table: Option<&str>,
     part: &Part,
 ) -> Result<Admin, ConnectError> {
+    #[cfg(not(any(feature = "postgres", feature = "redis")))]
+    let _ = table;
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     match scheme {
+        #[cfg(feature = "postgres")]
         Some("postgres" | "postgresql") => postgres(url, table, part).await,
+        #[cfg(feature = "redis")]
         Some("redis" | "rediss") => redis(url, table, part).await,
+        #[cfg(feature = "dynamodb")]
         Some("dynamodb") => dynamo(url, part).await,
+        #[cfg(not(feature = "postgres"))]
+        Some("postgres" | "postgresql") => Err(built_without("postgres")),
+        #[cfg(not(feature = "redis"))]
+        Some("redis" | "rediss") => Err(built_without("redis")),
+        #[cfg(not(feature = "dynamodb"))]
+        Some("dynamodb") => Err(built_without("dynamodb")),
         _ if url.starts_with("memory") => Err(ConnectError::Usage(
             "an in-memory store lives inside its process: use the service's admin route".into(),
         )),
@@ -61,6 +77,15 @@ pub(crate) async fn console(
             "not a store URL: {url:?} (postgres://…, redis://…, dynamodb://TABLE?endpoint=…&region=…)"
         ))),
     }
+}
+
+/// A store of a backend this build left out.
+#[cfg(not(all(feature = "postgres", feature = "redis", feature = "dynamodb")))]
+fn built_without(feature: &str) -> ConnectError {
+    ConnectError::Usage(format!(
+        "this idem was built without the {feature} backend: \
+         cargo install idem-cli --features {feature}"
+    ))
 }
 
 fn usage(error: impl std::fmt::Display) -> ConnectError {
@@ -96,6 +121,7 @@ fn with_part(
     .ok_or_else(|| absent(backend, part))
 }
 
+#[cfg(feature = "postgres")]
 async fn postgres(url: &str, table: Option<&str>, part: &Part) -> Result<Admin, ConnectError> {
     use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use idem_postgres::*;
@@ -137,6 +163,7 @@ async fn postgres(url: &str, table: Option<&str>, part: &Part) -> Result<Admin, 
     with_part(part, records, outbox, parking, journal, "postgres")
 }
 
+#[cfg(feature = "redis")]
 async fn redis(url: &str, prefix: Option<&str>, part: &Part) -> Result<Admin, ConnectError> {
     use idem_redis::*;
     let client = redis::Client::open(url).map_err(usage)?;
@@ -171,6 +198,7 @@ async fn redis(url: &str, prefix: Option<&str>, part: &Part) -> Result<Admin, Co
     with_part(part, records, None, None, journal, "redis")
 }
 
+#[cfg(feature = "dynamodb")]
 /// `dynamodb://TABLE?endpoint=URL&region=NAME`: the table is the part's;
 /// the endpoint is optional (AWS's by default), the region is the URL's or
 /// `AWS_REGION`'s; credentials come from `AWS_ACCESS_KEY_ID`,
@@ -237,4 +265,23 @@ async fn dynamo(url: &str, part: &Part) -> Result<Admin, ConnectError> {
         Part::Outbox => {}
     }
     with_part(part, records, None, parking, journal, "dynamodb")
+}
+
+#[cfg(all(test, not(feature = "redis")))]
+mod tests {
+    use super::*;
+
+    /// A URL of a backend this build left out is a usage error naming the
+    /// feature to build with (not "not a store URL").
+    #[tokio::test]
+    async fn a_url_of_a_backend_left_out_names_its_feature() {
+        let refused = console("redis://127.0.0.1:6379", None, &Part::Records).await;
+        match refused {
+            Err(ConnectError::Usage(message)) => {
+                assert!(message.contains("--features redis"), "{message}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a console over a backend left out"),
+        }
+    }
 }

@@ -20,6 +20,17 @@
 //!
 //! Every action is traced to standard error with the operator
 //! (`--operator`, `IDEM_OPERATOR`, or `USER`) and the key's hash.
+//!
+//! Every backend is built in by default (`cargo install idem-cli`); one
+//! feature per backend (`postgres`, `redis`, `dynamodb`) builds only what
+//! is used: `cargo install idem-cli --no-default-features --features
+//! postgres` leaves out Redis and the AWS SDK. A URL of a backend left out
+//! is a usage error that says which feature to build with.
+
+#[cfg(not(any(feature = "postgres", feature = "redis", feature = "dynamodb")))]
+compile_error!(
+    "idem-cli needs a backend: build it with at least one of the features postgres, redis, dynamodb"
+);
 
 mod connect;
 mod print;

@@ -43,6 +43,26 @@ impl Env {
         }
     }
 
+    /// The same, its real-time lease and window stretched to `store`'s
+    /// measured latency: an emulator under load (moto serves one request
+    /// at a time) answers in hundreds of milliseconds, and a case must
+    /// still make its calls within a lease, and before a window passes.
+    async fn fitted<S: JournalStore + ?Sized>(mut self, store: &Arc<S>) -> Self {
+        if !matches!(self.time, Time::Real) {
+            return self;
+        }
+        let journal = Journal::new(Arc::clone(store), "journal-latency-probe").unwrap();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            journal.get(&operation("probe")).await.unwrap();
+            slowest = slowest.max(started.elapsed());
+        }
+        self.lease = self.lease.max(slowest * 50);
+        self.short_window = self.short_window.max(slowest * 15);
+        self
+    }
+
     /// A journal in a namespace of the test's own, and a provider whose
     /// keys live a day.
     fn setup<S: JournalStore + ?Sized>(&self, store: Arc<S>) -> (Journal<S>, FakeProvider) {
@@ -601,7 +621,9 @@ macro_rules! journal_tests {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     let env = $env;
-                    super::$case(super::$make(&env).await, env).await;
+                    let store = super::$make(&env).await;
+                    let env = env.fitted(&store).await;
+                    super::$case(store, env).await;
                 }
             )*
 
@@ -609,6 +631,7 @@ macro_rules! journal_tests {
             async fn a_recreated_store_never_reuses_a_key() {
                 let env = $env;
                 let (before, after) = (super::$make(&env).await, super::$make(&env).await);
+                let env = env.fitted(&before).await;
                 super::a_recreated_store_never_reuses_a_key(before, after, env).await;
             }
         }

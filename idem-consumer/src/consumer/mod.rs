@@ -38,7 +38,9 @@ use crate::options::ConsumerOptions;
 /// receiving.
 pub const WAITING_PER_SLOT: usize = 8;
 
-/// What a handler found a message to be, after its writes.
+/// What a handler found a message to be, after its writes: the handler's
+/// verdict, which it returns. What the consumer then made of the delivery
+/// (committed and acknowledged, retried, parked...) is a [`Consumed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Handled {
@@ -176,7 +178,8 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// What became of one delivery.
+/// What became of one delivery: the consumer's outcome, from the
+/// handler's verdict ([`Handled`]), the inbox and the broker's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Consumed {

@@ -100,6 +100,11 @@ name_type!(
     ///
     /// Keys may be secrets (some clients put tokens in them), so `Debug` shows
     /// only a short hash; [`as_str`](Self::as_str) gives the key itself.
+    /// There is no `Display` on purpose: a key in a `{}` (a log line, a
+    /// trace field, an error message) would be written out whole. Write
+    /// [`as_str`](Self::as_str) where the key belongs (a database column, a
+    /// header to a provider) and [`redacted`](Self::redacted) everywhere
+    /// else.
     ///
     /// ```
     /// use idem_core::IdempotencyKey;
