@@ -8,7 +8,7 @@ use idem_core::store::{ClaimOutcome, ClaimRequest, Lease, Transaction};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 use sqlx::{PgConnection, Postgres};
 
-use crate::error::{classify, classify_commit};
+use crate::error::{STORE, classify, classify_commit};
 use crate::fenced::Fenced;
 use crate::options::TableName;
 
@@ -41,6 +41,10 @@ pub struct PgTransaction {
     /// what is written lands in it, and is kept or rolled back with the
     /// savepoint around it, as it would be once released.
     release_pending: bool,
+    /// A statement of its own failed on the server (or was cut off): the
+    /// server has aborted the transaction, and a `COMMIT` would end it as a
+    /// rollback that the driver reports as a success.
+    failed: bool,
 }
 
 impl PgTransaction {
@@ -54,6 +58,7 @@ impl PgTransaction {
             table,
             tx,
             release_pending: false,
+            failed: false,
         }
     }
 }
@@ -70,6 +75,22 @@ const RELEASE_THEN_ROLLBACK_TO_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_message
      ROLLBACK TO SAVEPOINT idem_message; RELEASE SAVEPOINT idem_message";
 
 impl PgTransaction {
+    /// `result`, the transaction marked failed where the error can have
+    /// aborted it on the server (a statement's error, a cut-off call);
+    /// what this side decided alone (a lost lease, a value too large)
+    /// leaves it usable.
+    fn noted<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(error) = &result
+            && !matches!(
+                error,
+                StoreError::LostLease | StoreError::InvalidInput(_) | StoreError::TooLarge { .. }
+            )
+        {
+            self.failed = true;
+        }
+        result
+    }
+
     /// Sends `sql` after the pending release, if there is one.
     async fn savepoint_statement(&mut self, sql: &'static str) -> Result<(), StoreError> {
         let sql = match (std::mem::take(&mut self.release_pending), sql) {
@@ -82,7 +103,8 @@ impl PgTransaction {
 
     async fn send(&mut self, sql: &'static str) -> Result<(), StoreError> {
         let tx = &mut *self.tx;
-        self.fenced
+        let sent = self
+            .fenced
             .layer
             .call(Operation::Transaction, None, async move {
                 sqlx::raw_sql(sql)
@@ -91,7 +113,8 @@ impl PgTransaction {
                     .map(drop)
                     .map_err(|e| classify(Operation::Transaction, e))
             })
-            .await
+            .await;
+        self.noted(sent)
     }
 }
 
@@ -125,10 +148,12 @@ impl Transaction for PgTransaction {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let done = self.fenced.complete_on(&mut *self.tx, lease, response);
-        self.fenced
+        let completed = self
+            .fenced
             .layer
             .call_under(Operation::Complete, lease, done)
-            .await
+            .await;
+        self.noted(completed)
     }
 
     async fn checkpoint(
@@ -137,10 +162,12 @@ impl Transaction for PgTransaction {
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
         let done = self.fenced.checkpoint_on(&mut *self.tx, lease, checkpoint);
-        self.fenced
+        let written = self
+            .fenced
             .layer
             .call_under(Operation::Checkpoint, lease, done)
-            .await
+            .await;
+        self.noted(written)
     }
 
     fn batches(&self) -> bool {
@@ -149,7 +176,8 @@ impl Transaction for PgTransaction {
 
     async fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let claim = crate::claim::claim(&self.fenced.sql.claim, &mut *self.tx, request);
-        self.fenced.layer.claim(request, claim).await
+        let claimed = self.fenced.layer.claim(request, claim).await;
+        self.noted(claimed)
     }
 
     async fn claim_all(
@@ -160,7 +188,8 @@ impl Transaction for PgTransaction {
             return Ok(Vec::new());
         }
         let claims = crate::claim::claim_all(&self.fenced.sql.claim_all, &mut *self.tx, requests);
-        self.fenced.layer.call(Operation::Claim, None, claims).await
+        let claimed = self.fenced.layer.call(Operation::Claim, None, claims).await;
+        self.noted(claimed)
     }
 
     async fn complete_all(
@@ -175,10 +204,12 @@ impl Transaction for PgTransaction {
             return Ok(());
         }
         let done = self.fenced.complete_all_on(&mut *self.tx, completions);
-        self.fenced
+        let completed = self
+            .fenced
             .layer
             .call(Operation::Complete, None, done)
-            .await
+            .await;
+        self.noted(completed)
     }
 
     async fn savepoint(&mut self) -> Result<(), StoreError> {
@@ -197,8 +228,25 @@ impl Transaction for PgTransaction {
         Ok(())
     }
 
+    /// A transaction one of whose own statements failed is rolled back,
+    /// and the commit refused: Postgres would end it as a rollback that
+    /// the driver reports as a commit.
     async fn commit(self) -> Result<(), StoreError> {
-        let Self { fenced, tx, .. } = self;
+        let Self {
+            fenced, tx, failed, ..
+        } = self;
+        if failed {
+            // Dropped, the transaction is rolled back.
+            drop(tx);
+            return Err(StoreError::Rejected {
+                store: STORE,
+                operation: Operation::Transaction,
+                message: "a statement of the transaction failed before its commit: \
+                          nothing was written"
+                    .into(),
+                source: None,
+            });
+        }
         fenced
             .layer
             .call(Operation::Transaction, None, async {

@@ -336,6 +336,30 @@ pub async fn a_released_savepoint_keeps_what_was_written_since<S: BatchingStore>
     );
 }
 
+/// A released savepoint is closed: a rollback to it afterwards has no
+/// savepoint open, an error (at once, or at the commit where the store
+/// defers it), and never undoes what was written.
+pub async fn a_released_savepoint_is_closed<S: BatchingStore>(batching: Arc<S>) {
+    let scope = fresh_scope();
+    let mut tx = begin(&*batching).await;
+    tx.savepoint().await.unwrap();
+    claim_and_complete(&mut tx, &scope, "kept").await;
+    tx.release_savepoint().await.unwrap();
+    let rolled_back = tx.rollback_to_savepoint().await;
+    let committed = tx.commit().await;
+    assert!(
+        rolled_back.is_err() || committed.is_err(),
+        "a rollback to a released savepoint went through"
+    );
+    if committed.is_ok() {
+        assert_eq!(
+            completed_body(batching.store(), &scope).await.as_deref(),
+            Some(&b"kept"[..]),
+            "a refused rollback undid what was written"
+        );
+    }
+}
+
 /// Claiming many at once answers as claiming each in turn would, in their
 /// order: a completed record its response, another owner's live lease in
 /// progress, no record a claim, and a scope claimed earlier in the batch

@@ -540,6 +540,7 @@ macro_rules! __parking_cases {
             list_holds_at_most_its_limit,
             resolve_settles_a_parked_entry_once,
             purge_deletes_only_resolved_entries_older_than_asked,
+            purge_deletes_up_to_its_limit,
             count_counts_a_consumers_parked_entries,
             parking_limits_out_of_range_are_invalid_input,
         ]}
@@ -609,6 +610,7 @@ macro_rules! __batch_cases {
             a_rollback_to_a_savepoint_undoes_only_what_was_written_since,
             savepoints_nest_and_each_operation_names_the_latest_open,
             a_released_savepoint_keeps_what_was_written_since,
+            a_released_savepoint_is_closed,
             claiming_all_at_once_answers_as_claiming_each_in_turn,
             completing_all_at_once_completes_each_when_the_transaction_commits,
             a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit,

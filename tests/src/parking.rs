@@ -225,8 +225,13 @@ pub async fn list_gives_the_consumers_parked_entries_oldest_first<S: ParkingStor
     store: Arc<S>,
 ) {
     let consumer = fresh_tenant();
-    for (id, aggregate) in [("m-b", "order-2"), ("m-a", "order-1"), ("m-c", "order-1")] {
-        park(&*store, &consumer, inbound(id, aggregate, None)).await;
+    // Versions opposite to the age: a consumer's listing is by age alone.
+    for (id, aggregate, version) in [
+        ("m-b", "order-2", Some(9)),
+        ("m-a", "order-1", Some(2)),
+        ("m-c", "order-1", Some(3)),
+    ] {
+        park(&*store, &consumer, inbound(id, aggregate, version)).await;
         tick().await;
     }
     park(
@@ -427,6 +432,18 @@ pub async fn purge_deletes_only_resolved_entries_older_than_asked<S: ParkingStor
         0
     );
     assert_eq!(listed(&*store, &consumer, None).await, ["parked"]);
+}
+
+/// Purge: at most `limit` entries at a time.
+pub async fn purge_deletes_up_to_its_limit<S: ParkingStore + ?Sized>(store: Arc<S>) {
+    let consumer = fresh_tenant();
+    for id in ["m-1", "m-2", "m-3"] {
+        park(&*store, &consumer, inbound(id, "order-1", None)).await;
+        let entry = Scope::new(consumer.clone(), key(id));
+        assert!(store.resolve(&entry, &Resolution::Replayed).await.unwrap());
+    }
+    assert_eq!(store.purge_resolved(Duration::ZERO, 2).await.unwrap(), 2);
+    assert_eq!(store.purge_resolved(Duration::ZERO, 2).await.unwrap(), 1);
 }
 
 /// Count: a consumer's parked entries.

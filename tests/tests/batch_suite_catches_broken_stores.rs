@@ -45,7 +45,7 @@ fn correct_own_transactions_pass_every_case() {
 
 #[test]
 fn each_defect_fails_exactly_the_cases_of_its_sentence() {
-    let expected: [(BatchDefect, &[&str]); 15] = [
+    let expected: [(BatchDefect, &[&str]); 16] = [
         (
             // A claim written at once is there before the commit, and
             // after a rollback (of the transaction or to a savepoint, or a
@@ -94,6 +94,7 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
             // Nesting is seen through a release too.
             BatchDefect::ReleaseUndoesWrites,
             &[
+                "a_released_savepoint_is_closed",
                 "a_released_savepoint_keeps_what_was_written_since",
                 "savepoints_nest_and_each_operation_names_the_latest_open",
             ],
@@ -124,6 +125,10 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
         (
             BatchDefect::ClaimAllIgnoresItsOwn,
             &["claiming_all_at_once_answers_as_claiming_each_in_turn"],
+        ),
+        (
+            BatchDefect::ReleaseLeavesItOpen,
+            &["a_released_savepoint_is_closed"],
         ),
         (
             BatchDefect::CompletesItsCompletionAgain,

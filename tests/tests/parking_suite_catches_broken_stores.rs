@@ -118,6 +118,22 @@ fn each_defect_fails_the_cases_of_its_sentence() {
 }
 
 #[test]
+fn a_consumers_listing_by_version_fails_its_case() {
+    let defect = ParkingDefect::ListsByVersion;
+    common::assert_caught_exactly(
+        defect,
+        &failing(defect),
+        &["list_gives_the_consumers_parked_entries_oldest_first"],
+    );
+}
+
+#[test]
+fn a_purge_past_its_limit_fails_its_case() {
+    let defect = ParkingDefect::PurgesPastItsLimit;
+    common::assert_caught_exactly(defect, &failing(defect), &["purge_deletes_up_to_its_limit"]);
+}
+
+#[test]
 fn a_repark_in_two_writes_fails_its_case() {
     let defect = ParkingDefect::ReparkDeletesThenInserts;
     common::assert_caught_exactly(

@@ -277,7 +277,10 @@ pub trait Transaction: Send + 'static {
     /// [`StoreError::LostLease`] if a fenced write's lease no longer held:
     /// another owner took its record, or its record was completed or
     /// released meanwhile (then nothing was written, of any record); [`StoreError::Rejected`] if the caller's own
-    /// writes were refused (nothing was written);
+    /// writes were refused, or an operation of the transaction failed
+    /// before it where the failure spoils the whole transaction (Postgres:
+    /// any statement's error), so that nothing was written: a commit never
+    /// answers `Ok` for a transaction the store rolled back;
     /// [`StoreError::Unavailable`] if the outcome is unknown.
     async fn commit(self) -> Result<(), StoreError>
     where

@@ -52,6 +52,10 @@ pub enum ParkingDefect {
     /// Parks again in two writes, deleting the entry and then writing the
     /// new one, so a call dropped between them leaves none.
     ReparkDeletesThenInserts,
+    /// Lists a consumer's entries by version too, not by age alone.
+    ListsByVersion,
+    /// Purges one entry more than its limit.
+    PurgesPastItsLimit,
 }
 
 /// The parking store: a list under one lock, on the system clock.
@@ -180,7 +184,8 @@ impl ParkingStore for OwnParking {
             .filter(|e| aggregate.is_none() || e.parked.message.aggregate() == aggregate)
             .cloned()
             .collect();
-        let by_version = aggregate.is_some() && !self.is(ParkingDefect::IgnoresVersions);
+        let by_version = (aggregate.is_some() || self.is(ParkingDefect::ListsByVersion))
+            && !self.is(ParkingDefect::IgnoresVersions);
         found.sort_by_key(|e| {
             let version = by_version.then(|| e.parked.message.version().unwrap_or(u64::MAX));
             (version, e.parked_at)
@@ -226,7 +231,8 @@ impl ParkingStore for OwnParking {
                 }
                 None => self.is(ParkingDefect::PurgesParked),
             };
-            if old && purged < limit {
+            let room = limit + usize::from(self.is(ParkingDefect::PurgesPastItsLimit));
+            if old && purged < room {
                 purged += 1;
                 return false;
             }

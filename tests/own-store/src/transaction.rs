@@ -53,6 +53,8 @@ pub enum BatchDefect {
     ClaimAllIgnoresItsOwn,
     /// Completes again, replacing it, a write it already completed.
     CompletesItsCompletionAgain,
+    /// Releases a savepoint but leaves it open for a later rollback.
+    ReleaseLeavesItOpen,
     /// Commits a fenced write while its owner's record is there, in flight
     /// or not, so a completion through the store meanwhile is overwritten.
     CommitFencesByOwnerAlone,
@@ -333,6 +335,9 @@ impl Transaction for OwnTransaction {
     }
 
     async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        if self.defect == BatchDefect::ReleaseLeavesItOpen {
+            return self.savepoints.last().map(|_| ()).ok_or_else(no_savepoint);
+        }
         let latest = self.savepoints.pop().ok_or_else(no_savepoint)?;
         if self.defect == BatchDefect::ReleaseUndoesWrites {
             self.writes = latest;
