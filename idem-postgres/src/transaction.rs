@@ -41,8 +41,8 @@ pub struct PgTransaction {
     /// what is written lands in it, and is kept or rolled back with the
     /// savepoint around it, as it would be once released.
     release_pending: bool,
-    /// A statement of its own failed on the server (or was cut off): the
-    /// server has aborted the transaction, and a `COMMIT` would end it as a
+    /// A statement of its own failed on the server: the server has
+    /// aborted the transaction, and a `COMMIT` would end it as a
     /// rollback that the driver reports as a success.
     failed: bool,
 }
@@ -75,18 +75,21 @@ const RELEASE_THEN_ROLLBACK_TO_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_message
      ROLLBACK TO SAVEPOINT idem_message; RELEASE SAVEPOINT idem_message";
 
 impl PgTransaction {
-    /// `result`, the transaction marked failed where the error can have
-    /// aborted it on the server (a statement's error, a cut-off call);
-    /// what this side decided alone (a lost lease, a value too large)
-    /// leaves it usable.
+    /// `result`, the transaction marked failed where the server refused
+    /// one of its statements (which aborts the transaction there); what
+    /// this side decided alone (a lost lease, a value too large) and a
+    /// call given up on (its outcome unknown: the commit says so itself)
+    /// leave it as it is.
     fn noted<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(error) = &result
-            && !matches!(
-                error,
-                StoreError::LostLease | StoreError::InvalidInput(_) | StoreError::TooLarge { .. }
-            )
-        {
-            self.failed = true;
+        if let Err(error) = &result {
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+            while let Some(now) = cause {
+                if let Some(sqlx::Error::Database(_)) = now.downcast_ref::<sqlx::Error>() {
+                    self.failed = true;
+                    break;
+                }
+                cause = now.source();
+            }
         }
         result
     }
