@@ -79,6 +79,40 @@ impl NewMessage {
         })
     }
 
+    /// A message whose payload is `event` written as JSON, with the header
+    /// `content-type: application/json`: a typed event, read back on the
+    /// consuming side with
+    /// [`InboundMessage::json`](crate::store::InboundMessage::json).
+    ///
+    /// ```
+    /// use idem_core::store::NewMessage;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct OrderPlaced { order: String, total_cents: u64 }
+    ///
+    /// let event = OrderPlaced { order: "order-7".into(), total_cents: 1250 };
+    /// let message = NewMessage::json("order-7", "order.placed", &event)?;
+    /// assert_eq!(message.payload(), br#"{"order":"order-7","total_cents":1250}"#);
+    /// assert_eq!(message.headers()[0], ("content-type".to_string(), "application/json".to_string()));
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`InvalidInput::Malformed`] for a value
+    /// `serde_json` cannot write (a map with keys that are not strings).
+    pub fn json<T: serde::Serialize + ?Sized>(
+        aggregate: &str,
+        kind: &str,
+        event: &T,
+    ) -> Result<Self, InvalidInput> {
+        let payload = serde_json::to_vec(event).map_err(|e| InvalidInput::Malformed {
+            field: "payload",
+            reason: format!("not writable as JSON: {e}"),
+        })?;
+        Self::new(aggregate, kind, payload)?.with_header("content-type", "application/json")
+    }
+
     /// The same with a header (name: 1 to 255 bytes without control
     /// characters; value without control characters).
     ///

@@ -136,6 +136,35 @@ impl InboundMessage {
     pub fn payload(&self) -> &[u8] {
         &self.payload
     }
+
+    /// Its payload read as JSON into a `T`: the typed event a publisher
+    /// wrote with [`NewMessage::json`](crate::store::NewMessage::json).
+    /// A payload that is not a `T` will never be one: a handler answers
+    /// it as permanent, and the consumer parks it at once.
+    ///
+    /// ```
+    /// use idem_core::store::{InboundMessage, NewMessage};
+    ///
+    /// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    /// struct OrderPlaced { order: String, total_cents: u64 }
+    ///
+    /// let event = OrderPlaced { order: "order-7".into(), total_cents: 1250 };
+    /// let sent = NewMessage::json("order-7", "order.placed", &event)?;
+    /// let got = InboundMessage::new("m-1", "order.placed", sent.payload().to_vec())?;
+    /// assert_eq!(got.json::<OrderPlaced>()?, event);
+    /// assert!(got.json::<Vec<u8>>().is_err());
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::Malformed`] when the payload is not JSON of a `T`.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, InvalidInput> {
+        serde_json::from_slice(&self.payload).map_err(|e| InvalidInput::Malformed {
+            field: "payload",
+            reason: format!("not the JSON of a {}: {e}", std::any::type_name::<T>()),
+        })
+    }
 }
 
 impl fmt::Debug for InboundMessage {
