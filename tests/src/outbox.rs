@@ -1110,6 +1110,12 @@ pub async fn a_dropped_message_is_purged_aged_from_its_drop<S: OutboxStore + ?Si
     if dropping.elapsed() < wait {
         assert_eq!(purged, 0, "a drop aged from its enqueue");
     }
+    // On a slow store the drop and this purge can take the whole wait: it
+    // was then old enough already, and is gone.
+    if purged > 0 {
+        assert_eq!(purged, 1);
+        return;
+    }
     let purged = eventually("the drop to age", || {
         let store = Arc::clone(&store);
         async move {
