@@ -551,11 +551,18 @@ impl OutboxStore for Counted {
     }
 }
 
-/// A relay polling once a minute publishes a committed message within
-/// seconds: the listener woke it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_listener_wakes_a_relay_when_a_message_commits() {
-    let outbox = outbox().await;
+/// A relay polling once a minute over `outbox`, its listener, and its
+/// reads counted, once its first pass found nothing: it now sleeps for a
+/// minute unless something wakes it.
+async fn listening_relay(
+    outbox: &PostgresOutbox,
+) -> (
+    Arc<Recorder>,
+    watch::Receiver<u64>,
+    idem_postgres::OutboxListener,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
     let (reads, mut read) = watch::channel(0u64);
     let store = Arc::new(Counted {
         inner: outbox.clone(),
@@ -569,12 +576,20 @@ async fn the_listener_wakes_a_relay_when_a_message_commits() {
     );
     let listener = outbox.listen(relay.waker()).await.unwrap();
     let (stop, task) = spawn_relay(relay);
-    // The relay's first pass found nothing; it now sleeps for a minute
-    // unless something wakes it.
-    tokio::time::timeout(DEADLINE, read.wait_for(|n| *n >= 1))
+    let mut first = read.clone();
+    tokio::time::timeout(DEADLINE, first.wait_for(|n| *n >= 1))
         .await
         .expect("the relay's first pass")
         .unwrap();
+    (recorder, read, listener, stop, task)
+}
+
+/// A relay polling once a minute publishes a committed message within
+/// seconds: the listener woke it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_wakes_a_relay_when_a_message_commits() {
+    let outbox = outbox().await;
+    let (recorder, mut read, listener, stop, task) = listening_relay(&outbox).await;
 
     let mut tx = outbox.pool().begin().await.unwrap();
     let placed = outbox
@@ -598,23 +613,7 @@ async fn the_listener_wakes_a_relay_when_a_message_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_up_held_back_by_an_older_transaction_is_looked_at_again() {
     let outbox = outbox().await;
-    let (reads, mut read) = watch::channel(0u64);
-    let store = Arc::new(Counted {
-        inner: outbox.clone(),
-        reads,
-    });
-    let recorder = Arc::new(Recorder::default());
-    let relay = Relay::new(
-        store,
-        Arc::clone(&recorder),
-        relay_options(Duration::from_secs(60)),
-    );
-    let listener = outbox.listen(relay.waker()).await.unwrap();
-    let (stop, task) = spawn_relay(relay);
-    tokio::time::timeout(DEADLINE, read.wait_for(|n| *n >= 1))
-        .await
-        .expect("the relay's first pass")
-        .unwrap();
+    let (recorder, mut read, listener, stop, task) = listening_relay(&outbox).await;
 
     // An older transaction with an id of its own, running across the
     // message's commit.
