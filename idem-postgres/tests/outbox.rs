@@ -563,7 +563,7 @@ async fn listening_relay(
     watch::Sender<bool>,
     tokio::task::JoinHandle<()>,
 ) {
-    let (reads, mut read) = watch::channel(0u64);
+    let (reads, read) = watch::channel(0u64);
     let store = Arc::new(Counted {
         inner: outbox.clone(),
         reads,
@@ -589,7 +589,7 @@ async fn listening_relay(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_wakes_a_relay_when_a_message_commits() {
     let outbox = outbox().await;
-    let (recorder, mut read, listener, stop, task) = listening_relay(&outbox).await;
+    let (recorder, _read, listener, stop, task) = listening_relay(&outbox).await;
 
     let mut tx = outbox.pool().begin().await.unwrap();
     let placed = outbox
