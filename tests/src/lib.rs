@@ -42,6 +42,8 @@ pub mod faults;
 #[cfg(feature = "nats")]
 pub mod jetstream;
 pub mod journal;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod outbox;
 pub mod parking;
 pub mod relays;

@@ -1,7 +1,9 @@
 //! `idem-bench-consumer`: a consumer with its inbox and commit measured
 //! against a bare consumer that only acks, side by side in one run, on the
-//! same broker: RabbitMQ (`idem_rabbitmq::RabbitSource`) and NATS
-//! JetStream (`idem_nats::JetStreamSource`).
+//! same broker: RabbitMQ (`idem_rabbitmq::RabbitSource`), NATS
+//! JetStream (`idem_nats::JetStreamSource`) and Kafka
+//! (`idem_kafka::KafkaSource`, `--broker kafka` or `all`: a topic of four
+//! partitions, a consumer group of the run's own).
 //!
 //! ```text
 //! cargo run --release -p idem-bench --bin idem-bench-consumer -- --broker both --messages 2000 --concurrency 1,4,16 --batch 1,10,100
@@ -53,6 +55,10 @@ use idem_core::store::{
     InboundMessage, LogPosition, MessageParts, MessageState, NewMessage, OutboxMessage, Timestamp,
 };
 use idem_core::{HandlerError, StoreError};
+use idem_kafka::rdkafka::ClientConfig;
+use idem_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use idem_kafka::rdkafka::client::DefaultClientContext;
+use idem_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
 use idem_memory::MemoryParking;
 use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
 use idem_outbox::Publisher;
@@ -68,7 +74,11 @@ use tokio::sync::Notify;
 enum Broker {
     Rabbitmq,
     Nats,
+    Kafka,
+    /// RabbitMQ and NATS.
     Both,
+    /// All three.
+    All,
 }
 
 /// Consumer throughput with the inbox against a bare consumer.
@@ -400,6 +410,9 @@ async fn inbox_consumer(
     Ok((consumer, done))
 }
 
+/// A Kafka run's topic's partitions: the 100 aggregates spread over them.
+const KAFKA_PARTITIONS: i32 = 4;
+
 /// RabbitMQ's prefetch in every run: room for every delivery the consumer
 /// holds at the largest figures measured (16 batches of 100).
 const PREFETCH: u16 = 2000;
@@ -554,6 +567,58 @@ async fn rabbitmq(
     Ok(row)
 }
 
+async fn kafka(
+    brokers: &str,
+    pool: &PgPool,
+    count: usize,
+    figures: &[Run],
+    count_commits: bool,
+) -> Result<Row, Fail> {
+    let mut row = Row::new("kafka", cpu::KAFKA);
+    for kind in figures.iter().copied() {
+        // A client of its own per topic, gone before the next: tansu
+        // 0.6.0 answers a metadata refresh after a topic's deletion in a
+        // way that crashes librdkafka 2.12 (a null topic name).
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()?;
+        let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let topic = format!("bench-consumer-{run}");
+        for created in admin
+            .create_topics(
+                &[NewTopic::new(
+                    &topic,
+                    KAFKA_PARTITIONS,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new(),
+            )
+            .await?
+        {
+            created.map_err(|(topic, code)| format!("topic {topic}: {code}"))?;
+        }
+        let publisher = KafkaPublisher::new(brokers, KafkaOptions::new(&topic)?)?;
+        // The member joins its group before the clock starts (tansu
+        // forms a new group in about half its session timeout, hence the
+        // short one): it takes one message published first, then the
+        // measured ones are published.
+        let mut config = KafkaSource::config(brokers, &run);
+        config.set("session.timeout.ms", "6000");
+        let mut source = KafkaSource::subscribe(&config, &[&topic])?;
+        publish(&publisher, &messages(1)?).await?;
+        let first = tokio::time::timeout(Duration::from_secs(60), source.next()).await??;
+        first.ok_or("the source closed")?.ack().await?;
+        publish(&publisher, &messages(count)?).await?;
+        row.measure(kind, pool, &mut source, count, &run, count_commits)
+            .await?;
+        source.close().await;
+        drop(publisher);
+        admin.delete_topics(&[&topic], &AdminOptions::new()).await?;
+        drop_tables(pool, &run).await?;
+    }
+    Ok(row)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Fail> {
     let args = Args::parse();
@@ -561,6 +626,8 @@ async fn main() -> Result<(), Fail> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let nats_url =
         std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let kafka_brokers =
+        std::env::var("IDEM_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let amqp_url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
@@ -575,16 +642,26 @@ async fn main() -> Result<(), Fail> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let brokers: &[Broker] = match args.broker {
         Broker::Both => &[Broker::Rabbitmq, Broker::Nats],
-        one => std::slice::from_ref(match one {
-            Broker::Rabbitmq => &Broker::Rabbitmq,
-            _ => &Broker::Nats,
-        }),
+        Broker::All => &[Broker::Rabbitmq, Broker::Nats, Broker::Kafka],
+        Broker::Rabbitmq => &[Broker::Rabbitmq],
+        Broker::Nats => &[Broker::Nats],
+        Broker::Kafka => &[Broker::Kafka],
     };
     for broker in brokers {
         let row = match broker {
             Broker::Rabbitmq => {
                 rabbitmq(
                     &amqp_url,
+                    &pool,
+                    args.messages,
+                    &figures,
+                    args.count_commits,
+                )
+                .await?
+            }
+            Broker::Kafka => {
+                kafka(
+                    &kafka_brokers,
                     &pool,
                     args.messages,
                     &figures,

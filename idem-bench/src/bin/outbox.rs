@@ -1,7 +1,10 @@
 //! `idem-bench-outbox`: the transactional outbox's relay measured against
 //! the raw broker client, side by side in one run, for RabbitMQ
-//! (`idem-rabbitmq` over lapin) and NATS JetStream (`idem-nats` over
-//! async-nats).
+//! (`idem-rabbitmq` over lapin), NATS JetStream (`idem-nats` over
+//! async-nats) and, with `--broker kafka` or `all`, Kafka (`idem-kafka`
+//! over rdkafka: a topic of four partitions; the raw baseline is an
+//! rdkafka producer configured as `KafkaPublisher`'s, awaiting every
+//! delivery report of a batch before the next).
 //!
 //! ```text
 //! cargo run --release -p idem-bench --bin idem-bench-outbox -- --broker both --messages 20000 --duration 5 --in-flight 4
@@ -107,6 +110,16 @@ use idem_dynamo::aws_sdk_dynamodb;
 use idem_dynamo::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use idem_dynamo::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use idem_dynamo::{DynamoOutbox, DynamoOutboxOptions};
+use idem_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use idem_kafka::rdkafka::client::DefaultClientContext;
+use idem_kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
+use idem_kafka::rdkafka::error::KafkaError;
+use idem_kafka::rdkafka::message::{
+    Header as KafkaHeader, Headers as _, Message as _, OwnedHeaders,
+};
+use idem_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use idem_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use idem_kafka::{KafkaOptions, KafkaPublisher};
 use idem_nats::{JetStreamOptions, JetStreamPublisher};
 use idem_outbox::{PublishError, Published, Publisher, Relay, RelayOptions, async_trait};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -192,7 +205,11 @@ enum StoreChoice {
 enum BrokerChoice {
     Rabbitmq,
     Nats,
+    Kafka,
+    /// RabbitMQ and NATS.
     Both,
+    /// All three.
+    All,
 }
 
 /// The outbox relay against the raw broker client.
@@ -948,6 +965,7 @@ async fn dead_rows(pg: &Pg, name: &str) -> Result<(i64, i64), BenchError> {
 enum Broker {
     Rabbit(Rabbit),
     Nats(Nats),
+    Kafka(Kafka),
 }
 
 struct Rabbit {
@@ -964,6 +982,12 @@ struct Nats {
     prefix: String,
 }
 
+struct Kafka {
+    brokers: String,
+    topic: String,
+    admin: AdminClient<DefaultClientContext>,
+}
+
 /// What a raw baseline measured.
 struct RawRun {
     elapsed: Duration,
@@ -978,6 +1002,7 @@ impl Broker {
         match self {
             Self::Rabbit(_) => idem_rabbitmq::BROKER,
             Self::Nats(_) => idem_nats::BROKER,
+            Self::Kafka(_) => idem_kafka::BROKER,
         }
     }
 
@@ -987,6 +1012,7 @@ impl Broker {
         match self {
             Self::Rabbit(_) => cpu::RABBITMQ,
             Self::Nats(_) => cpu::NATS,
+            Self::Kafka(_) => cpu::KAFKA,
         }
     }
 
@@ -1054,6 +1080,29 @@ impl Broker {
         }))
     }
 
+    /// A topic of four partitions (the aggregates spread over them).
+    async fn kafka(id: &str) -> Result<Self, BenchError> {
+        let brokers = env("IDEM_KAFKA_BROKERS")?;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()?;
+        let topic = format!("idem-bench-outbox-{id}");
+        for created in admin
+            .create_topics(
+                &[NewTopic::new(&topic, 4, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await?
+        {
+            created.map_err(|(topic, code)| format!("topic {topic}: {code}"))?;
+        }
+        Ok(Self::Kafka(Kafka {
+            brokers,
+            topic,
+            admin,
+        }))
+    }
+
     /// A relay's publisher, on a connection of its own.
     async fn publisher(&self) -> Result<Arc<dyn Publisher>, BenchError> {
         Ok(match self {
@@ -1063,6 +1112,10 @@ impl Broker {
             Self::Nats(n) => Arc::new(
                 JetStreamPublisher::connect(&n.url, JetStreamOptions::new(&n.prefix)?).await?,
             ),
+            Self::Kafka(k) => Arc::new(KafkaPublisher::new(
+                &k.brokers,
+                KafkaOptions::new(&k.topic)?,
+            )?),
         })
     }
 
@@ -1079,6 +1132,9 @@ impl Broker {
             Self::Nats(n) => {
                 n.context.get_stream(&n.stream).await?.purge().await?;
             }
+            // Nothing: each consumer reads from the partitions' ends as it
+            // starts, and the topic goes at the end of the run.
+            Self::Kafka(_) => {}
         }
         Ok(())
     }
@@ -1097,6 +1153,7 @@ impl Broker {
         match self {
             Self::Rabbit(r) => r.raw(messages, aggregates, batch, floor).await,
             Self::Nats(n) => n.raw(messages, aggregates, batch, floor).await,
+            Self::Kafka(k) => k.raw(messages, aggregates, batch, floor).await,
         }
     }
 
@@ -1127,6 +1184,7 @@ impl Broker {
                     }
                 })
             }
+            Self::Kafka(k) => k.consume(sender).await?,
             Self::Nats(n) => {
                 let mut messages = n
                     .context
@@ -1175,6 +1233,11 @@ impl Broker {
             }
             Self::Nats(n) => {
                 n.context.delete_stream(&n.stream).await?;
+            }
+            Self::Kafka(k) => {
+                k.admin
+                    .delete_topics(&[&k.topic], &AdminOptions::new())
+                    .await?;
             }
         }
         Ok(())
@@ -1300,6 +1363,122 @@ impl Nats {
             elapsed: started.elapsed(),
             failed,
         })
+    }
+}
+
+impl Kafka {
+    /// As `KafkaPublisher` publishes: one producer configured as its own,
+    /// records keyed by aggregate with its headers, each batch handed over
+    /// whole and every delivery report awaited.
+    async fn raw(
+        &self,
+        messages: usize,
+        aggregates: usize,
+        batch: usize,
+        mut floor: Option<&mut Floor>,
+    ) -> Result<RawRun, BenchError> {
+        let options = KafkaOptions::new(&self.topic)?;
+        let producer: FutureProducer = options.producer_config(&self.brokers).create()?;
+        // Connected, with its producer id and the topic's metadata, before
+        // the clock starts, as the relay's publisher is once its first
+        // batch went out (the first batch, run alone, is not timed).
+        producer
+            .send(
+                FutureRecord::to(&self.topic).key("warm-up").payload("{}"),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(error, _)| error.to_string())?;
+        let mut reports = Vec::with_capacity(batch);
+        let mut failed = 0;
+        let started = Instant::now();
+        for first in (0..messages).step_by(batch) {
+            let publish = async {
+                for i in first..(first + batch).min(messages) {
+                    let (aggregate, payload) = (aggregate(i, aggregates), payload(i));
+                    let (id, sequence) = (
+                        MessageId::generate().to_string(),
+                        (i / aggregates + 1).to_string(),
+                    );
+                    let mut headers = OwnedHeaders::new_with_capacity(4);
+                    for (key, value) in [
+                        (idem_kafka::ID_HEADER, id.as_str()),
+                        (idem_kafka::TYPE_HEADER, KIND),
+                        (idem_kafka::AGGREGATE_HEADER, aggregate.as_str()),
+                        (idem_kafka::SEQUENCE_HEADER, sequence.as_str()),
+                    ] {
+                        headers = headers.insert(KafkaHeader {
+                            key,
+                            value: Some(value),
+                        });
+                    }
+                    let record = FutureRecord::to(&self.topic)
+                        .key(&aggregate)
+                        .payload(&payload)
+                        .headers(headers);
+                    reports.push(
+                        producer
+                            .send_result(record)
+                            .map_err(|(error, _)| error.to_string())?,
+                    );
+                }
+                for report in reports.drain(..) {
+                    if !matches!(report.await, Ok(Ok(_))) {
+                        failed += 1;
+                    }
+                }
+                Ok::<_, BenchError>(())
+            };
+            beside(publish, floor.as_deref_mut()).await?;
+            if started.elapsed() > PATIENCE {
+                return Err("the raw Kafka baseline ran out of time".into());
+            }
+        }
+        Ok(RawRun {
+            elapsed: started.elapsed(),
+            failed,
+        })
+    }
+
+    /// A reader of every partition from its end now (assigned, with no
+    /// group, at the offsets the broker gives as the ends), stamping each
+    /// arrival.
+    async fn consume(
+        &self,
+        sender: mpsc::UnboundedSender<(String, Instant)>,
+    ) -> Result<JoinHandle<()>, BenchError> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", "idem-bench-arrivals")
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let topic = self.topic.clone();
+        let consumer = tokio::task::spawn_blocking(move || {
+            let mut ends = TopicPartitionList::new();
+            for partition in 0..4 {
+                let (_, end) =
+                    consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))?;
+                ends.add_partition_offset(&topic, partition, Offset::Offset(end))?;
+            }
+            consumer.assign(&ends)?;
+            Ok::<_, KafkaError>(consumer)
+        })
+        .await??;
+        Ok(tokio::spawn(async move {
+            while let Ok(message) = consumer.recv().await {
+                let at = Instant::now();
+                let id = message.headers().and_then(|headers| {
+                    headers
+                        .iter()
+                        .find(|header| header.key == idem_kafka::ID_HEADER)
+                        .and_then(|header| header.value)
+                        .map(|value| String::from_utf8_lossy(value).into_owned())
+                });
+                if let Some(id) = id {
+                    let _ = sender.send((id, at));
+                }
+            }
+        }))
     }
 }
 
@@ -2175,12 +2354,19 @@ async fn run(args: &Args) -> Result<Vec<Line>, BenchError> {
     let mut outcome = Ok(());
     let kinds: &[BrokerChoice] = match args.broker {
         BrokerChoice::Both => &[BrokerChoice::Rabbitmq, BrokerChoice::Nats],
+        BrokerChoice::All => &[
+            BrokerChoice::Rabbitmq,
+            BrokerChoice::Nats,
+            BrokerChoice::Kafka,
+        ],
         BrokerChoice::Rabbitmq => &[BrokerChoice::Rabbitmq],
         BrokerChoice::Nats => &[BrokerChoice::Nats],
+        BrokerChoice::Kafka => &[BrokerChoice::Kafka],
     };
     for kind in kinds {
         let broker = match kind {
             BrokerChoice::Nats => Broker::nats(&id).await,
+            BrokerChoice::Kafka => Broker::kafka(&id).await,
             _ => Broker::rabbit(&id).await,
         };
         let broker = match broker {

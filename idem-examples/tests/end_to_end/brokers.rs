@@ -1,6 +1,6 @@
 //! The brokers the end-to-end scenario runs on: JetStream on a private
 //! `nats-server` it kills and starts again, RabbitMQ behind a proxy that
-//! cuts it off.
+//! cuts it off, Kafka on a private tansu it kills and starts again.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -10,8 +10,13 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
 use idem_conformance::faults::FaultProxy;
+use idem_conformance::kafka::{PrivateTansu, member_config};
 use idem_conformance::relays::wait_until;
 use idem_consumer::{Source, async_trait};
+use idem_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use idem_kafka::rdkafka::error::KafkaError;
+use idem_kafka::rdkafka::{Offset, TopicPartitionList};
+use idem_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
 use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
 use idem_outbox::Publisher;
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
@@ -395,5 +400,124 @@ impl Broker for Rabbit {
 
     async fn delete(&self) {
         self.topology.delete().await;
+    }
+}
+
+/// Kafka on a private tansu keeping its data in S3 (moto), which the
+/// scenario kills and starts again on that data: a topic of four
+/// partitions and the shipping consumer's group; every source a member of
+/// its own (a rebalance each time one joins or leaves).
+pub(crate) struct Kafka {
+    server: PrivateTansu,
+    topic: String,
+}
+
+impl Kafka {
+    pub(crate) async fn new(run: &str) -> Self {
+        let server = PrivateTansu::start().await;
+        let topic = format!("e2e-{run}");
+        idem_conformance::kafka::create_topic(&server.brokers(), &topic, 4).await;
+        Self { server, topic }
+    }
+
+    /// The shipping group's committed offsets and the partitions' ends.
+    fn positions(&self) -> Result<Vec<(i64, i64)>, KafkaError> {
+        let consumer: BaseConsumer = member_config(&self.server.brokers(), CONSUMER).create()?;
+        let mut partitions = TopicPartitionList::new();
+        for partition in 0..4 {
+            partitions.add_partition(&self.topic, partition);
+        }
+        let committed = consumer.committed_offsets(partitions, Duration::from_secs(5))?;
+        let mut positions = Vec::new();
+        for element in committed.elements() {
+            let (_, end) = consumer.fetch_watermarks(
+                &self.topic,
+                element.partition(),
+                Duration::from_secs(5),
+            )?;
+            let at = match element.offset() {
+                Offset::Offset(at) => at,
+                _ => 0,
+            };
+            positions.push((at, end));
+        }
+        Ok(positions)
+    }
+}
+
+#[async_trait]
+impl Broker for Kafka {
+    type Source = KafkaSource;
+
+    const NAME: &'static str = "kafka";
+
+    async fn publisher(&self) -> Arc<dyn Publisher> {
+        let options = KafkaOptions::new(&self.topic)
+            .unwrap()
+            .with_timeout(PUBLISH_TIMEOUT)
+            .unwrap();
+        Arc::new(KafkaPublisher::new(&self.server.brokers(), options).unwrap())
+    }
+
+    async fn source(&self) -> KafkaSource {
+        KafkaSource::subscribe(
+            &member_config(&self.server.brokers(), CONSUMER),
+            &[&self.topic],
+        )
+        .unwrap()
+    }
+
+    /// Leaves the group: the next member reads from the last commit.
+    async fn kill(&self, source: KafkaSource) {
+        source.close().await;
+    }
+
+    /// A member of its own: an aborted process's member leaves the group
+    /// as its source is dropped, and what it never settled is read again
+    /// by the next owner of its partitions.
+    async fn process_source(&self, _prefetch: u16) -> (KafkaSource, Option<FaultProxy>) {
+        (self.source().await, None)
+    }
+
+    async fn go_down(&self) {
+        self.server.kill().await;
+    }
+
+    async fn come_back(&self) {
+        self.server.spawn().await;
+    }
+
+    /// What the group has not committed past.
+    async fn outstanding(&self) -> u64 {
+        let positions = answered("the group's offsets", || async {
+            tokio::task::block_in_place(|| self.positions())
+        })
+        .await;
+        positions
+            .iter()
+            .map(|(at, end)| u64::try_from(end - at).unwrap_or(0))
+            .sum()
+    }
+
+    async fn stored(&self) -> Option<u64> {
+        let positions = answered("the partitions' ends", || async {
+            tokio::task::block_in_place(|| self.positions())
+        })
+        .await;
+        Some(
+            positions
+                .iter()
+                .map(|(_, end)| u64::try_from(*end).unwrap_or(0))
+                .sum(),
+        )
+    }
+
+    fn deduplicates(&self) -> bool {
+        false
+    }
+
+    async fn delete(&self) {
+        idem_conformance::kafka::delete_topic(&self.server.brokers(), &self.topic).await;
+        self.server.kill().await;
     }
 }
