@@ -101,12 +101,16 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// [`StoreError::Unavailable`] or [`StoreError::Backend`].
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError>;
 
-    /// Deletes records past retention and returns how many it deleted.
+    /// Deletes records past retention and returns how many it deleted, for
+    /// an operator's log.
     ///
     /// # Contract
     ///
     /// Never deletes a live record. Stores whose server expires records by
-    /// itself may find nothing left to delete.
+    /// itself may find nothing left to delete. The count is not part of the
+    /// contract: it covers the whole store (every tenant's records) and may
+    /// be 0 where the server expired them first, so no caller can check it
+    /// against what it wrote.
     ///
     /// # Errors
     ///
