@@ -243,7 +243,7 @@ async fn a_crash_between_report_and_cursor_move_is_applied_once_by_the_consumer(
     assert_eq!((applied, duplicates), (10, 10), "{outcomes:?}");
     assert_eq!(shop.effects().await.len(), 10);
     source.close().await;
-    drop(enqueued);
+    drop((enqueued, stalling, second));
     kafka.delete().await;
 }
 

@@ -109,9 +109,20 @@ impl Kafka {
         KafkaSource::subscribe(&member_config(&self.brokers, &group), &[&self.topic]).unwrap()
     }
 
-    /// Deletes the topic.
+    /// Deletes the topic, once this broker's own clients are gone (tansu
+    /// 0.6.0 answers a client's metadata refresh after a deletion in a way
+    /// that crashes librdkafka 2.12): a test deletes it last, after its
+    /// sources are closed and its publishers dropped.
     pub async fn delete(self) {
-        delete_topic(&self.brokers, &self.topic).await;
+        let Self {
+            brokers,
+            topic,
+            publisher,
+            raw,
+            ..
+        } = self;
+        drop((publisher, raw));
+        delete_topic(&brokers, &topic).await;
     }
 }
 
