@@ -59,6 +59,7 @@ impl State {
             Partition {
                 epoch,
                 handed: BTreeMap::new(),
+                committing: None,
             },
         );
         epoch
@@ -94,6 +95,7 @@ impl State {
             *settled = true;
         }
         if let Some(next) = partition.release_settled() {
+            partition.committing = Some(next);
             commits.insert(place.clone(), next);
         }
     }
@@ -104,6 +106,8 @@ struct Partition {
     epoch: u64,
     /// Each handed-out offset, and whether it is settled.
     handed: BTreeMap<i64, bool>,
+    /// The offset last asked to be committed (in the background).
+    committing: Option<i64>,
 }
 
 impl Partition {
@@ -137,8 +141,9 @@ struct Tracking {
 impl ClientContext for Tracking {}
 
 impl ConsumerContext for Tracking {
-    /// Before partitions go: commits what is settled of them, and forgets
-    /// them (a delivery of theirs still held settles nothing).
+    /// Before partitions go (a rebalance, or the member's close): commits
+    /// what is settled of them, waiting for the answer, and forgets them (a
+    /// delivery of theirs still held settles nothing).
     fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(revoked) = rebalance else {
             return;
@@ -148,8 +153,10 @@ impl ConsumerContext for Tracking {
             let mut state = self.shared.state();
             for element in revoked.elements() {
                 let place = (element.topic().to_string(), element.partition());
+                // Again, and waited for: a commit asked in the background may
+                // not have reached the broker before the partition goes.
                 if let Some(mut partition) = state.partitions.remove(&place)
-                    && let Some(next) = partition.release_settled()
+                    && let Some(next) = partition.release_settled().or(partition.committing)
                 {
                     let _ = commits.add_partition_offset(&place.0, place.1, Offset::Offset(next));
                 }

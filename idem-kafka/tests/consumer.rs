@@ -139,7 +139,8 @@ async fn a_retry_is_delivered_again_after_its_delay_while_the_partition_flows() 
     let first = consumers::next(&mut source).await;
     assert_eq!(first.message().id().as_str(), sent[0].id().to_string());
     assert_eq!(first.deliveries(), 1);
-    let delay = Duration::from_millis(300);
+    // Long beside the later message's delivery, fetched with the first.
+    let delay = Duration::from_secs(1);
     let asked = tokio::time::Instant::now();
     first.retry(delay).await.unwrap();
     let second = consumers::next(&mut source).await;
