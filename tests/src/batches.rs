@@ -272,6 +272,47 @@ pub async fn within_one_transaction_a_scope_claimed_and_completed_answers_comple
     );
 }
 
+/// Within one transaction a claim delivered again answers as it did the
+/// first time (claimed, the same lease), and another owner's claim of the
+/// scope answers in progress while that lease lives; the claim's holder
+/// then completes it.
+pub async fn within_one_transaction_a_claim_delivered_again_answers_as_the_first<
+    S: BatchingStore,
+>(
+    batching: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let first = request(&scope, b"x");
+    let mut tx = begin(&*batching).await;
+    let lease = match tx.claim(&first).await {
+        Ok(ClaimOutcome::Claimed { lease, .. }) => lease,
+        other => panic!("no record is a claim: {other:?}"),
+    };
+    match tx.claim(&first).await {
+        Ok(ClaimOutcome::Claimed { lease: again, .. }) => assert_eq!(
+            (again.owner(), again.attempt()),
+            (lease.owner(), lease.attempt()),
+            "the same claim answers the same lease"
+        ),
+        other => panic!("a claim delivered again in the transaction: {other:?}"),
+    }
+    assert!(
+        matches!(
+            tx.claim(&request(&scope, b"x")).await,
+            Ok(ClaimOutcome::InProgress { .. })
+        ),
+        "another owner's claim while the lease lives"
+    );
+    tx.complete(&lease, &StoredResponse::new(200, "once"))
+        .await
+        .expect("the holder completes");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        completed_body(batching.store(), &scope).await.as_deref(),
+        Some(&b"once"[..])
+    );
+}
+
 /// A rollback to a savepoint undoes what was written since (claims,
 /// completed or not, and completions), and what was written before it
 /// stays.

@@ -609,6 +609,7 @@ macro_rules! __batch_cases {
             a_claim_in_a_transaction_takes_effect_only_if_it_commits,
             two_transactions_claiming_one_scope_never_both_apply,
             within_one_transaction_a_scope_claimed_and_completed_answers_completed,
+            within_one_transaction_a_claim_delivered_again_answers_as_the_first,
             a_rollback_to_a_savepoint_undoes_only_what_was_written_since,
             savepoints_nest_and_each_operation_names_the_latest_open,
             a_released_savepoint_keeps_what_was_written_since,

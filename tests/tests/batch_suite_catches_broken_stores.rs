@@ -45,7 +45,7 @@ fn correct_own_transactions_pass_every_case() {
 
 #[test]
 fn each_defect_fails_exactly_the_cases_of_its_sentence() {
-    let expected: [(BatchDefect, &[&str]); 16] = [
+    let expected: [(BatchDefect, &[&str]); 17] = [
         (
             // A claim written at once is there before the commit, and
             // after a rollback (of the transaction or to a savepoint, or a
@@ -73,6 +73,10 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
                 "within_one_transaction_a_scope_claimed_and_completed_answers_completed",
                 "claiming_all_at_once_answers_as_claiming_each_in_turn",
             ],
+        ),
+        (
+            BatchDefect::ClaimRefusesItsOwnAgain,
+            &["within_one_transaction_a_claim_delivered_again_answers_as_the_first"],
         ),
         (
             BatchDefect::ClaimIgnoresFingerprint,

@@ -337,7 +337,14 @@ pub trait Transaction: Send + 'static {
     /// retryable [`StoreError::Unavailable`] (claimed again, the scope then
     /// answers the first's completion). Within one
     /// transaction a scope claimed and completed before answers
-    /// `Completed`.
+    /// `Completed`; a claim delivered again answers as it did the first
+    /// time (`Claimed`, the same lease), and another owner's claim of a
+    /// scope claimed in it answers `InProgress` while that lease lives.
+    /// Past the lease a store may let the other owner take the scope over
+    /// (the first holder's completion is then a lost lease, as through
+    /// the store: Postgres) or keep answering `InProgress` (a store that
+    /// writes an item once per transaction: DynamoDB); either way one
+    /// holder completes it.
     ///
     /// # Errors
     ///

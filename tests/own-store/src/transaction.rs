@@ -58,6 +58,9 @@ pub enum BatchDefect {
     /// Commits a fenced write while its owner's record is there, in flight
     /// or not, so a completion through the store meanwhile is overwritten.
     CommitFencesByOwnerAlone,
+    /// Answers a claim it holds, delivered again, in progress: its own
+    /// claim taken for another owner's.
+    ClaimRefusesItsOwnAgain,
 }
 
 /// A record the transaction writes at its commit.
@@ -234,7 +237,10 @@ impl Transaction for OwnTransaction {
             let outcome = decide(Some(&write.record), request, now).outcome;
             // The record it writes takes no second owner.
             return Ok(match outcome {
-                ClaimOutcome::Claimed { .. } if write.record.owner() != request.owner() => {
+                ClaimOutcome::Claimed { .. }
+                    if write.record.owner() != request.owner()
+                        || defect == BatchDefect::ClaimRefusesItsOwnAgain =>
+                {
                     ClaimOutcome::InProgress {
                         retry_after: Duration::from_millis(1),
                     }
