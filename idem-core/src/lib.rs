@@ -58,10 +58,12 @@ pub use inbound::outcome::{
 pub use inbound::record::{Checkpoint, MAX_CHECKPOINT_BYTES, StoredResponse};
 pub use inbound::runner::{Idempotency, NoTransaction, RunContext};
 pub use inbound::sweeper::Sweeper;
+pub use outbox::message::Event;
 pub use plumbing::clock::ManualClock;
 pub use plumbing::error::{BoxError, InvalidInput, Operation, StoreError};
 pub use plumbing::options::StoreOptions;
 pub use plumbing::scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant, redacted};
+pub use plumbing::service::{PartOutput, Service, ServiceError, Shutdown};
 
 /// Re-exported so store crates and their users agree on one version.
 pub use async_trait::async_trait;

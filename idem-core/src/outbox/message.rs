@@ -113,6 +113,38 @@ impl NewMessage {
         Self::new(aggregate, kind, payload)?.with_header("content-type", "application/json")
     }
 
+    /// A message of the event `event`, of its type's kind
+    /// ([`Event::KIND`]), its payload `event` as JSON
+    /// ([`json`](Self::json)): the type names the event on the wire, and
+    /// [`InboundMessage::event`](crate::store::InboundMessage::event)
+    /// reads it back as that type.
+    ///
+    /// ```
+    /// use idem_core::Event;
+    /// use idem_core::store::NewMessage;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct OrderPlaced { order: String }
+    ///
+    /// impl Event for OrderPlaced {
+    ///     const KIND: &'static str = "order.placed";
+    /// }
+    ///
+    /// let message = NewMessage::event("order-7", &OrderPlaced { order: "order-7".into() })?;
+    /// assert_eq!(message.kind(), "order.placed");
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`json`](Self::json).
+    pub fn event<E: Event + serde::Serialize>(
+        aggregate: &str,
+        event: &E,
+    ) -> Result<Self, InvalidInput> {
+        Self::json(aggregate, E::KIND, event)
+    }
+
     /// The same with a header (name: 1 to 255 bytes without control
     /// characters; value without control characters).
     ///
@@ -365,4 +397,24 @@ impl OutboxMessage {
         edit(&mut parts);
         Self::new(self.message.clone(), parts)
     }
+}
+
+/// A type of event, with the name it travels under: the kind of each
+/// message made of it ([`NewMessage::event`]), by which a consumer knows
+/// it ([`InboundMessage::event`](crate::store::InboundMessage::event)).
+/// The name is written once, by the type; keep it stable, as messages of
+/// the old name are still in brokers and outboxes after a rename.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct OrderPaid { order: String, cents: u64 }
+///
+/// impl idem_core::Event for OrderPaid {
+///     const KIND: &'static str = "order.paid";
+/// }
+/// ```
+pub trait Event {
+    /// The event's name: a message's kind (1 to 255 bytes, no control
+    /// characters), the suffix of its routing key or subject.
+    const KIND: &'static str;
 }

@@ -165,6 +165,40 @@ impl InboundMessage {
             reason: format!("not the JSON of a {}: {e}", std::any::type_name::<T>()),
         })
     }
+
+    /// Its payload as the event `E`, when it is of `E`'s kind
+    /// ([`Event::KIND`](crate::Event::KIND)); `None` for a message of
+    /// another kind, so a handler of many event types tries each.
+    ///
+    /// ```
+    /// use idem_core::Event;
+    /// use idem_core::store::{InboundMessage, NewMessage};
+    ///
+    /// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    /// struct OrderPlaced { order: String }
+    /// impl Event for OrderPlaced { const KIND: &'static str = "order.placed"; }
+    ///
+    /// let sent = NewMessage::event("order-7", &OrderPlaced { order: "order-7".into() })?;
+    /// let got = InboundMessage::new("m-1", sent.kind(), sent.payload().to_vec())?;
+    /// assert_eq!(got.event::<OrderPlaced>()?, Some(OrderPlaced { order: "order-7".into() }));
+    /// let other = InboundMessage::new("m-2", "order.paid", b"{}".to_vec())?;
+    /// assert_eq!(other.event::<OrderPlaced>()?, None);
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::Malformed`] when it is of `E`'s kind and its
+    /// payload is not JSON of an `E`: it never will be (a handler answers
+    /// it as permanent, and the consumer parks it at once).
+    pub fn event<E: crate::Event + serde::de::DeserializeOwned>(
+        &self,
+    ) -> Result<Option<E>, InvalidInput> {
+        if self.kind() != E::KIND {
+            return Ok(None);
+        }
+        self.json().map(Some)
+    }
 }
 
 impl fmt::Debug for InboundMessage {

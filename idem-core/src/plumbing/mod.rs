@@ -11,3 +11,4 @@ pub(crate) mod layer;
 pub(crate) mod limits;
 pub(crate) mod options;
 pub(crate) mod scope;
+pub(crate) mod service;
