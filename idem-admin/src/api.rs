@@ -23,6 +23,7 @@ use crate::view::Page;
 /// The API's routes, under `api/`.
 pub(crate) fn routes() -> Router<Shared> {
     Router::new()
+        .route("/api/openapi.json", get(openapi))
         .route("/api/summary", get(summary))
         .route("/api/records/read", post(read_record))
         .route("/api/records/delete", post(delete_record))
@@ -66,6 +67,14 @@ fn answer<T: Serialize>(result: Result<T, AdminError>) -> Response {
         Ok(value) => Json(value).into_response(),
         Err(error) => error.into_response(),
     }
+}
+
+async fn openapi() -> Response {
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        crate::OPENAPI,
+    )
+        .into_response()
 }
 
 async fn summary(State(shared): State<Shared>) -> Response {

@@ -55,6 +55,19 @@
 //! }
 //! # let _ = admin_routes(Idempotency::new(Arc::new(MemoryStore::new())), Arc::new(MemoryOutbox::new()));
 //! ```
+#![doc = include_str!("../GUIDE.md")]
+
+/// The console's JSON API as an OpenAPI 3.1 document: every route under
+/// `api/`, its parameters, bodies and answers. The router serves it at
+/// `api/openapi.json`, behind the same authorization check.
+///
+/// ```
+/// let api: serde_json::Value = serde_json::from_str(idem_admin::OPENAPI)?;
+/// assert_eq!(api["openapi"], "3.1.0");
+/// assert!(api["paths"]["/api/summary"]["get"].is_object());
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+pub const OPENAPI: &str = include_str!("../openapi.json");
 
 mod admin;
 mod api;

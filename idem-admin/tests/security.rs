@@ -43,6 +43,7 @@ fn routes(id: &str) -> Vec<(&'static str, String, String)> {
         ("GET", "/journals/billing".into(), String::new()),
         ("POST", "/records".into(), "tenant=t&key=k&csrf=x".into()),
         ("POST", "/act".into(), form),
+        ("GET", "/api/openapi.json".into(), String::new()),
         ("GET", "/api/summary".into(), String::new()),
         ("POST", "/api/records/read".into(), json.clone()),
         ("POST", "/api/records/delete".into(), json.clone()),
