@@ -93,6 +93,7 @@
 //! With the `metrics` feature, every claim counts as a hit
 //! (`idem_cache_hits_total`) or a miss (`idem_cache_misses_total`), labelled
 //! with the inner store's name; see [`idem_core::observability`].
+#![doc = include_str!("../GUIDE.md")]
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

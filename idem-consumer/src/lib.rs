@@ -49,6 +49,7 @@
 //! [`IN_FLIGHT`] (gauge, deliveries being handled in batches). Each
 //! delivery is an INFO span, `idem.consume`; each batch one too,
 //! `idem.consume_batch`, with its `size` and its `commits`.
+#![doc = include_str!("../GUIDE.md")]
 
 mod consumer;
 mod delivery;

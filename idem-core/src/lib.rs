@@ -43,6 +43,7 @@
 //! # Ok::<(), RunError>(())
 //! # }).unwrap();
 //! ```
+#![doc = include_str!("../GUIDE.md")]
 
 mod canonical;
 mod inbound;

@@ -134,6 +134,7 @@
 //! and expressions); for a consumer, `parking` (the parking store, its
 //! table and item) and `versions` (the version check); `outbox` (the
 //! outbox store, its table, items and enqueue in a transaction).
+#![doc = include_str!("../GUIDE.md")]
 
 mod claim;
 mod clock;

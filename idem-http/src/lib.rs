@@ -55,6 +55,7 @@
 //! through.
 //!
 //! Keys can be personal data: the layer logs a hash of a key, never the key.
+#![doc = include_str!("../GUIDE.md")]
 
 mod body;
 mod config;

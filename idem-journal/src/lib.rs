@@ -40,6 +40,7 @@
 //! Redis and DynamoDB journals (the contract, and the suite every journal
 //! store passes, are `idem_core::store::JournalStore` and
 //! `idem_conformance::journal_suite!`).
+#![doc = include_str!("../GUIDE.md")]
 
 mod error;
 mod journal;

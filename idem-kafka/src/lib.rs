@@ -48,6 +48,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![doc = include_str!("../GUIDE.md")]
 
 mod consumer;
 

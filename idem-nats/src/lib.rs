@@ -40,6 +40,22 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A consumer reads a stream through a durable consumer of its own name
+//! (created with unlimited deliveries and its ack wait):
+//!
+//! ```no_run
+//! use idem_nats::JetStreamSource;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let context = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+//! let config = JetStreamSource::durable("shipping", std::time::Duration::from_secs(30));
+//! let mut source = JetStreamSource::attach(&context, "ORDERS", config).await?;
+//! // then consumer.run(&mut source, shutdown): see idem-consumer's guide
+//! # let _ = &mut source;
+//! # Ok(())
+//! # }
+//! ```
 
 mod consumer;
 

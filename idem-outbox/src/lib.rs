@@ -41,6 +41,7 @@
 //! [`PARKED`] (counters), [`PUBLISH_DURATION`] (histogram, seconds, one
 //! observation per batch). Each `relay_once` and each `drain` is a DEBUG span,
 //! `idem.outbox.relay`.
+#![doc = include_str!("../GUIDE.md")]
 
 mod publisher;
 mod relay;

@@ -58,6 +58,7 @@
 //!     .await?;
 //! # let _ = outcome; Ok(()) }
 //! ```
+#![doc = include_str!("../GUIDE.md")]
 
 mod claim;
 mod codec;

@@ -180,7 +180,7 @@ fn run(command: &mut Command) {
 }
 
 /// A migrated store over `options`, whose calls end promptly when the
-/// server does not answer. The pool does not ping before use, as the README
+/// server does not answer. The pool does not ping before use, as idem-postgres's guide
 /// recommends: a connection broken by the fault fails its next statement.
 async fn store_with(options: PgConnectOptions) -> Arc<PostgresStore> {
     let pool = idem_postgres::guarded(PgPoolOptions::new())

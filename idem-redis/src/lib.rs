@@ -35,6 +35,7 @@
 //! let idem = Idempotency::new(Arc::new(store));
 //! # let _ = idem; Ok(()) }
 //! ```
+#![doc = include_str!("../GUIDE.md")]
 
 mod claim;
 mod codec;

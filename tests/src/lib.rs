@@ -23,7 +23,7 @@
 //! them all, each on a fresh store as the macro does, and names those that
 //! failed (this crate's own tests use it to prove that deliberately broken
 //! stores fail).
-
+#![doc = include_str!("../GUIDE.md")]
 // A test suite reports failure by panicking, like `assert!`.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
