@@ -71,6 +71,7 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
             BatchDefect::ClaimIgnoresItsOwnWrites,
             &[
                 "within_one_transaction_a_scope_claimed_and_completed_answers_completed",
+                "within_one_transaction_a_claim_delivered_again_answers_as_the_first",
                 "claiming_all_at_once_answers_as_claiming_each_in_turn",
             ],
         ),

@@ -63,6 +63,13 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// Takes the broker away from every client.
     async fn go_down(&self);
 
+    /// How long after the faults every member that died without leaving
+    /// is expired, where a consumer joining after that is needed to share
+    /// out what those held (Kafka on tansu); `None` elsewhere.
+    fn member_expiry(&self) -> Option<Duration> {
+        None
+    }
+
     /// Brings it back.
     async fn come_back(&self);
 
@@ -521,6 +528,18 @@ impl Broker for Kafka {
 
     async fn go_down(&self) {
         self.server.kill().await;
+    }
+
+    /// tansu 0.6.0 expires a member whose heartbeats stopped (one whose
+    /// last heartbeat before the broker's restart is older than the session
+    /// timeout once it is back) without starting a new generation: the
+    /// group is not rebalanced, the partitions assigned to that member stay
+    /// its, and no member reads them. A member joining starts a new
+    /// generation, in which the live members share every partition.
+    /// (Later tansu starts one on the expiry itself; Apache Kafka always
+    /// has.) The members' session timeout and two seconds more.
+    fn member_expiry(&self) -> Option<Duration> {
+        Some(Duration::from_secs(8))
     }
 
     async fn come_back(&self) {

@@ -306,6 +306,12 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     let committed: HashMap<String, Vec<u64>> = produced.committed.lock().unwrap().clone();
     let committed_total: usize = committed.values().map(Vec::len).sum();
     let faults_for = started.elapsed();
+    // Where the broker keeps a dead member's partitions assigned to it
+    // until another member joins: one joins once every dead one expired.
+    if let Some(expiry) = broker.member_expiry() {
+        tokio::time::sleep(expiry).await;
+        processes.push(Process::start(&*broker, &backend, shape).await);
+    }
 
     // Caught up: every change applied, the poisoned ones parked.
     let watcher = backend.shipping_service(options(shape)).await;
