@@ -354,13 +354,15 @@ async fn consume<B: Broker, K: Backend>(
 
 /// The shipping consumer's options: a version gap (a later event
 /// delivered while its predecessor waits out the killed consumer's ack
-/// wait) is retried for seconds before it would park; four deliveries at
-/// once (of four aggregates), as a consumer that keeps up with its broker
-/// runs.
+/// wait, or on Kafka a rebalance that gives its partition to the next
+/// member) is retried for about 22 s before it would park (0.1 s doubling
+/// to 4 s over ten deliveries; at most 1 s, it was 7.5 s, which a
+/// rebalance on a loaded machine outlasted); four deliveries at once (of
+/// four aggregates), as a consumer that keeps up with its broker runs.
 fn shipping_options() -> ConsumerOptions {
     ConsumerOptions::default()
         .max_deliveries(MAX_DELIVERIES)
-        .backoff(Duration::from_millis(100), Duration::from_secs(1))
+        .backoff(Duration::from_millis(100), Duration::from_secs(4))
         .concurrency(4)
 }
 
@@ -616,8 +618,9 @@ async fn on_jetstream_in_batches_of_100_every_committed_change_applies_once_in_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "on Kafka the soak stalls in some runs (consumption stops after the kills, the broker \
-            still holding most changes); run it with --run-ignored all while that is found"]
+#[ignore = "on a loaded machine the private tansu (on moto's S3) times out the first produce; \
+            run it with --run-ignored all (tansu 0.6.0's stall after a member expires is worked \
+            around: Broker::member_expiry)"]
 async fn on_kafka_in_batches_of_100_every_committed_change_applies_once_in_order_through_kills_rebalances_and_a_restart()
  {
     let run = run();
