@@ -185,7 +185,9 @@ async fn place(
     Ok((StatusCode::CREATED, id))
 }
 
-/// A failure whose text stays out of the answer.
-fn unavailable(_: impl std::fmt::Debug) -> StatusCode {
+/// A failure whose text stays out of the answer: the service's own log
+/// has it, the client a fixed status.
+fn unavailable(error: impl std::fmt::Debug) -> StatusCode {
+    eprintln!("POST /orders: {error:?}");
     StatusCode::SERVICE_UNAVAILABLE
 }
