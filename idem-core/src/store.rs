@@ -22,7 +22,7 @@ pub use crate::inbound::codec::{
 };
 pub use crate::inbound::decision::{Decision, decide};
 pub use crate::inbound::record::{Lease, Record, RecordState};
-pub use crate::inbound::store::{AsDynStore, IdempotencyStore, Transaction};
+pub use crate::inbound::store::{AsDynStore, IdempotencyStore, Transaction, once_each};
 pub use crate::journal::operation::{
     Holder, JournalParts, JournalRecord, MAX_LIST, NewOperation, OperationId, OperationKey,
     OperationState,

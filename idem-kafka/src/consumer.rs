@@ -21,6 +21,15 @@ use crate::{AGGREGATE_HEADER, BROKER, ID_HEADER, KafkaSetupError, SEQUENCE_HEADE
 /// librdkafka's `max.poll.interval.ms` unless the configuration sets it.
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 
+/// How long after a commit asked in the background the source commits
+/// the same offsets again, waiting for the broker's answer. librdkafka
+/// reports nothing of a commit asked in the background, and one lost on
+/// its way (its retries spent while the broker restarts) is otherwise
+/// never made again once no later delivery of its partition settles: the
+/// group's committed offset stays behind what was applied, and every
+/// message after it is delivered again to the partition's next owner.
+const RECOMMIT_AFTER: Duration = Duration::from_secs(2);
+
 /// A partition of a topic.
 type Place = (String, i32);
 
@@ -48,6 +57,11 @@ struct State {
     /// Retries waiting for their time, by time and then order scheduled.
     retries: BTreeMap<(Instant, u64), Retry>,
     scheduled: u64,
+    /// When the commits not yet confirmed are made again, while any may
+    /// be outstanding.
+    recommit_at: Option<Instant>,
+    /// A commit made again is waiting for the broker's answer.
+    recommitting: bool,
 }
 
 impl State {
@@ -60,6 +74,7 @@ impl State {
                 epoch,
                 handed: BTreeMap::new(),
                 committing: None,
+                committed: None,
             },
         );
         epoch
@@ -97,6 +112,45 @@ impl State {
         if let Some(next) = partition.release_settled() {
             partition.committing = Some(next);
             commits.insert(place.clone(), next);
+            self.recommit_at
+                .get_or_insert_with(|| Instant::now() + RECOMMIT_AFTER);
+        }
+    }
+
+    /// The broker confirmed `offset` as `place`'s committed offset (a
+    /// commit made again, answered).
+    fn confirmed(&mut self, place: &Place, offset: i64) {
+        if let Some(partition) = self.partitions.get_mut(place) {
+            partition.committed = partition.committed.max(Some(offset));
+        }
+    }
+
+    /// The commits asked and not confirmed, when their time to be made
+    /// again has come and no commit made again is still unanswered; the
+    /// next such time is set while any is left.
+    fn due_recommits(&mut self, now: Instant) -> Vec<(Place, i64)> {
+        if self.recommitting || self.recommit_at.is_none_or(|at| at > now) {
+            return Vec::new();
+        }
+        let due: Vec<(Place, i64)> = self
+            .partitions
+            .iter()
+            .filter_map(|(place, partition)| {
+                let asked = partition.committing?;
+                (partition.committed < Some(asked)).then(|| (place.clone(), asked))
+            })
+            .collect();
+        self.recommit_at = (!due.is_empty()).then(|| now + RECOMMIT_AFTER);
+        self.recommitting = !due.is_empty();
+        due
+    }
+
+    /// A commit made again was answered: `Ok` with the offsets it
+    /// committed.
+    fn recommitted(&mut self, committed: Option<&[(Place, i64)]>) {
+        self.recommitting = false;
+        for (place, offset) in committed.unwrap_or_default() {
+            self.confirmed(place, *offset);
         }
     }
 }
@@ -108,6 +162,8 @@ struct Partition {
     handed: BTreeMap<i64, bool>,
     /// The offset last asked to be committed (in the background).
     committing: Option<i64>,
+    /// The offset the broker last confirmed as committed.
+    committed: Option<i64>,
 }
 
 impl Partition {
@@ -196,7 +252,13 @@ type Inner = StreamConsumer<Tracking>;
 ///   consumer that dies, or a partition that moves to another member,
 ///   redelivers from there: what was settled after it comes again as
 ///   duplicates, never is anything skipped. [`Delivery::ack_all`] commits
-///   once per partition for its batch.
+///   once per partition for its batch. 2 s after a commit asked in the
+///   background the source makes it again, waiting for the broker's
+///   answer on a blocking thread, and again every 2 s while the source is
+///   read until one is answered or the partition goes: a commit lost on
+///   its way (in a broker's restart, say) is made again, and the group's
+///   committed offsets catch up with what was settled even when nothing
+///   more arrives.
 /// - Kafka has no negative acknowledgement: a retry keeps the message in
 ///   this source, which delivers it again after the delay (its
 ///   [`deliveries`](Delivery::deliveries) one more), while the partition's
@@ -356,6 +418,31 @@ impl KafkaSource {
         }
     }
 
+    /// Commits `offsets` again on a blocking thread, waiting for the
+    /// broker's answer (librdkafka's commit blocks), and records what it
+    /// confirmed; a failed one is made again at the next time.
+    fn recommit(&self, offsets: Vec<(Place, i64)>) {
+        let shared = Arc::clone(&self.shared);
+        let consumer = self
+            .consumer
+            .as_ref()
+            .map_or_else(Weak::new, Arc::downgrade);
+        drop(tokio::task::spawn_blocking(move || {
+            let committed = consumer.upgrade().is_some_and(|consumer| {
+                commit(
+                    &consumer,
+                    offsets.iter().cloned(),
+                    CommitMode::Sync,
+                    "commit",
+                )
+                .is_ok()
+            });
+            shared
+                .state()
+                .recommitted(committed.then_some(offsets.as_slice()));
+        }));
+    }
+
     /// A retry whose time has come and whose partition is still this
     /// member's, or else when the next one is due.
     fn due_retry(&self) -> Result<KafkaDelivery, Option<Instant>> {
@@ -493,17 +580,29 @@ fn settle(batch: &[&KafkaDelivery]) -> Result<(), BrokerError> {
         .consumer
         .upgrade()
         .ok_or_else(|| unavailable("ack")("the source is closed".to_string()))?;
+    // In the background: a commit lost with the process leaves its
+    // messages to be delivered again, as duplicates; one lost on the way
+    // is made again (`RECOMMIT_AFTER`).
+    commit(&consumer, commits, CommitMode::Async, "ack")
+}
+
+/// Commits each partition's offset: in the background (`Async`), or
+/// waiting for the broker's answer (`Sync`, which blocks).
+fn commit(
+    consumer: &Inner,
+    commits: impl IntoIterator<Item = (Place, i64)>,
+    mode: CommitMode,
+    operation: &'static str,
+) -> Result<(), BrokerError> {
     let mut offsets = TopicPartitionList::new();
     for ((topic, partition), next) in commits {
         offsets
             .add_partition_offset(&topic, partition, Offset::Offset(next))
-            .map_err(|e| unavailable("ack")(e.to_string()))?;
+            .map_err(|e| unavailable(operation)(e.to_string()))?;
     }
-    // In the background: a commit lost with the process leaves its
-    // messages to be delivered again, as duplicates.
     consumer
-        .commit(&offsets, CommitMode::Async)
-        .map_err(|e| unavailable("ack")(format!("commit: {e}")))
+        .commit(&offsets, mode)
+        .map_err(|e| unavailable(operation)(format!("commit: {e}")))
 }
 
 #[async_trait]
@@ -569,8 +668,13 @@ impl Source for KafkaSource {
                 Ok(delivery) => return Ok(Some(delivery)),
                 Err(due) => due,
             };
+            let recommits = self.shared.state().due_recommits(Instant::now());
+            if !recommits.is_empty() {
+                self.recommit(recommits);
+            }
+            let wake = due.into_iter().chain(self.shared.state().recommit_at).min();
             let later = tokio::time::sleep_until(
-                due.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)),
+                wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)),
             );
             tokio::select! {
                 received = consumer.recv() => {
@@ -586,7 +690,7 @@ impl Source for KafkaSource {
                     };
                     return Ok(Some(self.delivery(message, 1, epoch)));
                 }
-                () = later, if due.is_some() => {}
+                () = later, if wake.is_some() => {}
                 () = self.shared.retried.notified() => {}
             }
         }
@@ -594,5 +698,86 @@ impl Source for KafkaSource {
 
     fn horizon(&self) -> RedeliveryHorizon {
         self.horizon.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code fails loudly
+
+    use super::*;
+
+    fn place(partition: i32) -> Place {
+        ("orders".to_string(), partition)
+    }
+
+    /// A partition handed `offsets`, all settled: the commit it asks for.
+    fn settled(state: &mut State, partition: i32, offsets: std::ops::Range<i64>) -> i64 {
+        let epoch = state.epoch_of(&place(partition));
+        let mut commits = HashMap::new();
+        for offset in offsets.clone() {
+            state
+                .partitions
+                .get_mut(&place(partition))
+                .unwrap()
+                .handed
+                .insert(offset, false);
+        }
+        for offset in offsets {
+            state.settle(&place(partition), epoch, offset, &mut commits);
+        }
+        commits[&place(partition)]
+    }
+
+    fn past(at: Instant) -> Instant {
+        at + RECOMMIT_AFTER + Duration::from_millis(1)
+    }
+
+    #[test]
+    fn a_commit_is_made_again_after_its_time_until_one_is_answered() {
+        let mut state = State::default();
+        assert_eq!(settled(&mut state, 0, 0..3), 3);
+        let now = Instant::now();
+        assert_eq!(state.due_recommits(now), Vec::new(), "not before its time");
+        let later = past(now);
+        assert_eq!(state.due_recommits(later), vec![(place(0), 3)]);
+        assert_eq!(
+            state.due_recommits(past(later)),
+            Vec::new(),
+            "not again while one is unanswered"
+        );
+        state.recommitted(None);
+        let again = past(past(later));
+        assert_eq!(
+            state.due_recommits(again),
+            vec![(place(0), 3)],
+            "a failed one"
+        );
+        state.recommitted(Some(&[(place(0), 3)]));
+        assert_eq!(state.due_recommits(past(again)), Vec::new());
+        assert_eq!(state.recommit_at, None, "nothing left to make again");
+    }
+
+    #[test]
+    fn only_partitions_whose_last_commit_is_unanswered_are_committed_again() {
+        let mut state = State::default();
+        settled(&mut state, 0, 0..2);
+        settled(&mut state, 1, 0..5);
+        // An older answer does not cover the later commit.
+        state.confirmed(&place(0), 1);
+        state.confirmed(&place(1), 5);
+        assert_eq!(
+            state.due_recommits(past(Instant::now())),
+            vec![(place(0), 2)]
+        );
+    }
+
+    #[test]
+    fn a_partition_gone_is_not_committed_again() {
+        let mut state = State::default();
+        settled(&mut state, 0, 0..2);
+        state.partitions.remove(&place(0));
+        assert_eq!(state.due_recommits(past(Instant::now())), Vec::new());
+        assert_eq!(state.recommit_at, None);
     }
 }

@@ -154,3 +154,99 @@ BEGIN
     RAISE EXCEPTION 'idem: claim did not settle after 8 laps' USING ERRCODE = '40001';
 END
 $$;
+
+-- Claims many records and completes at once, with one response, each it
+-- claims (the inbox of a consumer's batch): one round trip, one write per
+-- free record. One INSERT writes the free ones completed, in key order
+-- (two batches never wait on each other in a cycle); a record that was
+-- there is read back through the claim function, which takes a fresh
+-- snapshot (it sees what a racing batch committed while the INSERT waited
+-- for it), and completed if that claim claims it (a lapsed lease, past
+-- retention). Answers in the requests' order: 'recorded', or the claim's
+-- answer. Each scope appears once among the requests (the caller checks).
+CREATE OR REPLACE FUNCTION idem_records_claim_completed(
+    p_tenants        text[],
+    p_keys           text[],
+    p_fingerprints   bytea[],
+    p_owners         uuid[],
+    p_lease_ms       bigint[],
+    p_retention_ms   bigint[],
+    p_status         integer,
+    p_header_names   bytea[],
+    p_header_values  bytea[],
+    p_body           bytea
+)
+RETURNS TABLE (
+    o_outcome                text,
+    o_attempt                integer,
+    o_lease_expires_ms       bigint,
+    o_checkpoint_name        text,
+    o_checkpoint_data        text,
+    o_response_status        integer,
+    o_response_header_names  bytea[],
+    o_response_header_values bytea[],
+    o_response_body          bytea,
+    o_retry_after_ms         bigint
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_now      timestamptz := date_trunc('milliseconds', clock_timestamp());
+    v_recorded bigint[];
+    v_claim    record;
+BEGIN
+    WITH q AS (
+        SELECT * FROM unnest(p_tenants, p_keys, p_fingerprints, p_owners, p_retention_ms)
+            WITH ORDINALITY AS q(tenant, key, fingerprint, owner, retention_ms, n)
+    ), done AS (
+        INSERT INTO idem_records AS r
+            (tenant, key, fingerprint, owner, attempt, status, lease_expires_at, expires_at,
+             response_status, response_header_names, response_header_values, response_body)
+        SELECT q.tenant, q.key, q.fingerprint, q.owner, 1, 'completed', NULL,
+            v_now + q.retention_ms * interval '1 millisecond',
+            p_status, p_header_names, p_header_values, p_body
+        FROM q ORDER BY q.tenant, q.key
+        ON CONFLICT (tenant, key) DO NOTHING
+        RETURNING r.tenant, r.key
+    )
+    SELECT coalesce(array_agg(q.n), '{}') INTO v_recorded
+    FROM q JOIN done ON done.tenant = q.tenant AND done.key = q.key;
+
+    -- Every one recorded (a consumer's batch, as a rule): one answer for all.
+    IF coalesce(array_length(v_recorded, 1), 0) = coalesce(array_length(p_keys, 1), 0) THEN
+        RETURN QUERY SELECT 'recorded', 1, NULL::bigint, NULL::text, NULL::text,
+            NULL::integer, NULL::bytea[], NULL::bytea[], NULL::bytea, NULL::bigint
+        FROM generate_series(1, coalesce(array_length(p_keys, 1), 0));
+        RETURN;
+    END IF;
+
+    FOR i IN 1..coalesce(array_length(p_keys, 1), 0) LOOP
+        IF i = ANY (v_recorded) THEN
+            RETURN QUERY SELECT 'recorded', 1, NULL::bigint, NULL::text, NULL::text,
+                NULL::integer, NULL::bytea[], NULL::bytea[], NULL::bytea, NULL::bigint;
+            CONTINUE;
+        END IF;
+        SELECT * INTO v_claim FROM idem_records_claim(p_tenants[i], p_keys[i],
+            p_fingerprints[i], p_owners[i], p_lease_ms[i], p_retention_ms[i]);
+        IF v_claim.o_outcome = 'claimed' THEN
+            UPDATE idem_records AS r
+            SET status = 'completed', lease_expires_at = NULL,
+                expires_at = date_trunc('milliseconds', clock_timestamp())
+                    + p_retention_ms[i] * interval '1 millisecond',
+                response_status = p_status, response_header_names = p_header_names,
+                response_header_values = p_header_values, response_body = p_body,
+                checkpoint_name = NULL, checkpoint_data = NULL
+            WHERE r.tenant = p_tenants[i] AND r.key = p_keys[i] AND r.owner = p_owners[i];
+            RETURN QUERY SELECT 'recorded', v_claim.o_attempt, NULL::bigint, NULL::text,
+                NULL::text, NULL::integer, NULL::bytea[], NULL::bytea[], NULL::bytea,
+                NULL::bigint;
+        ELSE
+            RETURN QUERY SELECT v_claim.o_outcome, v_claim.o_attempt,
+                v_claim.o_lease_expires_ms, v_claim.o_checkpoint_name,
+                v_claim.o_checkpoint_data, v_claim.o_response_status,
+                v_claim.o_response_header_names, v_claim.o_response_header_values,
+                v_claim.o_response_body, v_claim.o_retry_after_ms;
+        END IF;
+    END LOOP;
+END
+$$;

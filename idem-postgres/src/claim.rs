@@ -4,10 +4,13 @@
 
 use idem_core::Operation;
 use idem_core::StoreError;
+use idem_core::StoredResponse;
 use idem_core::store::{ClaimOutcome, ClaimRequest, millis};
-use sqlx::{AssertSqlSafe, PgExecutor};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, PgExecutor, Postgres, Row};
 
-use crate::codec::claim_outcome;
+use crate::codec::{bind_response, claim_outcome};
 use crate::error::classify;
 
 /// Runs the claim function on `executor` (a pool, or the caller's connection).
@@ -30,13 +33,11 @@ pub(crate) async fn claim<'e>(
     claim_outcome(&row, request, owner)
 }
 
-/// Runs the claim function on each request at once, in their order, on
-/// `executor` (the caller's transaction): one statement for them all.
-pub(crate) async fn claim_all<'e>(
+/// `sql` with the requests' columns bound, one array each, in their order.
+fn bound_requests<'q>(
     sql: &std::sync::Arc<str>,
-    executor: impl PgExecutor<'e>,
-    requests: &[ClaimRequest],
-) -> Result<Vec<ClaimOutcome>, StoreError> {
+    requests: &'q [ClaimRequest],
+) -> Query<'q, Postgres, PgArguments> {
     let tenants: Vec<&str> = requests
         .iter()
         .map(|r| r.scope().tenant().as_str())
@@ -49,13 +50,23 @@ pub(crate) async fn claim_all<'e>(
     let owners: Vec<_> = requests.iter().map(|r| r.owner().as_uuid()).collect();
     let leases: Vec<i64> = requests.iter().map(|r| millis(r.lease())).collect();
     let retentions: Vec<i64> = requests.iter().map(|r| millis(r.retention())).collect();
-    let rows = sqlx::query(AssertSqlSafe(sql.clone()))
+    sqlx::query(AssertSqlSafe(sql.clone()))
         .bind(tenants)
         .bind(keys)
         .bind(fingerprints)
         .bind(owners)
         .bind(leases)
         .bind(retentions)
+}
+
+/// The rows of a function answering one per request, or why there are not
+/// as many.
+async fn one_row_each<'e>(
+    query: Query<'_, Postgres, PgArguments>,
+    executor: impl PgExecutor<'e>,
+    requests: &[ClaimRequest],
+) -> Result<Vec<PgRow>, StoreError> {
+    let rows = query
         .fetch_all(executor)
         .await
         .map_err(|e| classify(Operation::Claim, e))?;
@@ -70,8 +81,45 @@ pub(crate) async fn claim_all<'e>(
             ),
         ));
     }
+    Ok(rows)
+}
+
+/// Runs the claim function on each request at once, in their order, on
+/// `executor` (the caller's transaction): one statement for them all.
+pub(crate) async fn claim_all<'e>(
+    sql: &std::sync::Arc<str>,
+    executor: impl PgExecutor<'e>,
+    requests: &[ClaimRequest],
+) -> Result<Vec<ClaimOutcome>, StoreError> {
+    let rows = one_row_each(bound_requests(sql, requests), executor, requests).await?;
     rows.iter()
         .zip(requests)
         .map(|(row, request)| claim_outcome(row, request, request.owner()))
+        .collect()
+}
+
+/// Runs the `<table>_claim_completed` function on `executor` (the
+/// caller's transaction): each free request's record written once,
+/// completed with `response`; `None` for those, the claim's answer for the
+/// others. The requests name each scope once (the caller checks).
+pub(crate) async fn claim_completed_all<'e>(
+    sql: &std::sync::Arc<str>,
+    executor: impl PgExecutor<'e>,
+    requests: &[ClaimRequest],
+    response: &StoredResponse,
+) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
+    let query = bind_response(bound_requests(sql, requests), response);
+    let rows = one_row_each(query, executor, requests).await?;
+    rows.iter()
+        .zip(requests)
+        .map(|(row, request)| {
+            let outcome: String = row
+                .try_get("o_outcome")
+                .map_err(|e| classify(Operation::Claim, e))?;
+            if outcome == "recorded" {
+                return Ok(None);
+            }
+            claim_outcome(row, request, request.owner()).map(Some)
+        })
         .collect()
 }

@@ -9,6 +9,7 @@ use crate::options::TableName;
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
     pub(crate) claim_all: Arc<str>,
+    pub(crate) claim_completed_all: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) complete_all: Arc<str>,
     pub(crate) renew: Arc<str>,
@@ -42,6 +43,11 @@ impl Statements {
                  CROSS JOIN LATERAL {claim_fn}(q.tenant, q.key, q.fingerprint, q.owner, \
                    q.lease_ms, q.retention_ms) AS c \
                  ORDER BY q.n"
+            )
+            .into(),
+            claim_completed_all: format!(
+                "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                table.derived("_claim_completed")
             )
             .into(),
             // How many of the records, each live, in flight and its

@@ -4,9 +4,12 @@
 //! the same database as the business data, so the effect and the record of
 //! it can commit together.
 //!
-//! - [`PostgresStore::new`] takes your `sqlx::PgPool`, best built with
-//!   [`guarded`] (a connection a dropped future left inside a transaction
-//!   block is rolled back before anyone borrows it); [`PostgresStore::migrate`]
+//! - [`PostgresStore::new`] takes your `sqlx::PgPool`. Where code of yours
+//!   that can be cut off opens transactions on it with sqlx's `begin`,
+//!   build it with [`guarded`] (a connection a dropped future left inside a
+//!   transaction block is rolled back before anyone borrows it), or open
+//!   them with [`begin`], as the stores do, and it needs no guard;
+//!   [`PostgresStore::migrate`]
 //!   creates the table and the claim function ([`PostgresStore::migration_sql`]
 //!   gives the same SQL to your own migration tool).
 //! - Every claim is one round trip for every outcome: a call of a PL/pgSQL
@@ -85,7 +88,7 @@ pub use options::{
 };
 pub use outbox::{OutboxListener, PostgresOutbox};
 pub use parking::PostgresParking;
-pub use pool::{guarded, release_check};
+pub use pool::{begin, guarded, release_check};
 pub use store::PostgresStore;
 pub use transaction::PgTransaction;
 pub use versions::VersionedTable;

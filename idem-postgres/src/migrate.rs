@@ -13,7 +13,7 @@ use crate::error::classify;
 /// otherwise).
 pub(crate) async fn migrate(pool: &PgPool, lock: i64, sql: String) -> Result<(), StoreError> {
     let fail = |e| classify(Operation::Setup, e);
-    let mut tx = crate::pool::begin_whole(pool).await.map_err(fail)?;
+    let mut tx = crate::pool::begin(pool).await.map_err(fail)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(lock)
         .execute(&mut *tx)

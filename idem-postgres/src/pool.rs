@@ -16,7 +16,19 @@ const PROBE: &str = "SELECT 1 /* idem: released inside a transaction block? */";
 
 /// `options` with a release check that heals a connection left inside a
 /// transaction block: the one call that gives a pool of yours the guard
-/// the pools of idem's examples, tests and tools have.
+/// the pools of idem's examples and tools have.
+///
+/// A pool needs it only where code that can be cut off opens transactions
+/// with sqlx's own `begin` (a handler under a timeout, a task that may be
+/// aborted). idem's stores open every transaction whole ([`begin`]), so a
+/// pool that only they, and code opening its transactions with
+/// [`begin`], use never lends a connection inside a stale block, and
+/// needs no guard: each store call is then its statement's one round
+/// trip (and sqlx's own ping on release, which carries no statement).
+/// The guard costs every release one more round trip, a read-only
+/// transaction of its own: sqlx 0.9 keeps the session's transaction
+/// status to itself, so the check cannot be skipped for a connection
+/// whose last use ended cleanly.
 ///
 /// A future dropped while it opens a transaction (a task aborted, a
 /// timeout) can leave its connection inside a transaction block that the
@@ -111,12 +123,32 @@ async fn heal(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     }
 }
 
-/// Opens a transaction on `pool` in a task of its own, so that dropping
-/// the caller's future (a timeout, an abort) never cuts `BEGIN` off
-/// between its request and its reply: the task finishes it, and a
-/// transaction nobody is waiting for any more is then dropped and rolled
-/// back as the driver tracks it. Outside a Tokio runtime it opens inline.
-pub(crate) async fn begin_whole(
+/// Opens a transaction on `pool` whole: `BEGIN` runs in a task of its
+/// own, so dropping the caller's future (a timeout, an abort) never cuts
+/// it off between its request and its reply; the task finishes it, and a
+/// transaction nobody waits for any more is dropped and rolled back as
+/// the driver tracks it. Outside a Tokio runtime it opens inline.
+///
+/// Every transaction of idem's stores opens so, which is why a pool that
+/// only they use needs no [`guarded`] release check. Open your own
+/// transactions with it too, instead of sqlx's `Pool::begin`, and a pool
+/// you share with the stores needs none either: no store call then pays
+/// the guard's round trip on release.
+///
+/// ```no_run
+/// use idem_postgres::sqlx::{self, PgPool};
+///
+/// # async fn example(pool: PgPool) -> Result<(), sqlx::Error> {
+/// let mut tx = idem_postgres::begin(&pool).await?;
+/// sqlx::query("INSERT INTO orders (id) VALUES (1)").execute(&mut *tx).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// The driver's, when no connection can be had or `BEGIN` fails.
+pub async fn begin(
     pool: &sqlx::Pool<Postgres>,
 ) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
     if tokio::runtime::Handle::try_current().is_err() {

@@ -218,8 +218,8 @@ impl PostgresStore {
                 .layer
                 .call(Operation::Transaction, None, async {
                     // Whole, in a task of its own: a timeout here must not cut
-                    // BEGIN off mid-flight (see `pool::begin_whole`).
-                    crate::pool::begin_whole(&pool)
+                    // BEGIN off mid-flight (see `pool::begin`).
+                    crate::pool::begin(&pool)
                         .await
                         .map_err(|e| classify(Operation::Transaction, e))
                 })

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, Lease, Transaction};
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Lease, Transaction, check_response_size, once_each,
+};
 use idem_core::{Checkpoint, Operation, StoreError, StoredResponse, async_trait};
 use sqlx::{PgConnection, Postgres};
 
@@ -193,6 +195,26 @@ impl Transaction for PgTransaction {
         let claims = crate::claim::claim_all(&self.fenced.sql.claim_all, &mut *self.tx, requests);
         let claimed = self.fenced.layer.call(Operation::Claim, None, claims).await;
         self.noted(claimed)
+    }
+
+    async fn claim_completed_all(
+        &mut self,
+        requests: &[ClaimRequest],
+        response: &StoredResponse,
+    ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
+        once_each(requests)?;
+        check_response_size(response, self.fenced.max_response_bytes())?;
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = &self.fenced.sql.claim_completed_all;
+        let recorded = crate::claim::claim_completed_all(sql, &mut *self.tx, requests, response);
+        let recorded = self
+            .fenced
+            .layer
+            .call(Operation::Claim, None, recorded)
+            .await;
+        self.noted(recorded)
     }
 
     async fn complete_all(

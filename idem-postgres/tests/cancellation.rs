@@ -55,29 +55,40 @@ async fn outside_any_block(conn: &mut PgConnection) -> bool {
     row.get::<bool, _>(0)
 }
 
-/// A guarded pool of `max` connections to `options` whose every hand-out
+/// A pool of `max` connections to `options`, with the guard or without
+/// (the pools of these rounds only idem's own code uses, which opens
+/// every transaction whole and so needs no guard), whose every hand-out
 /// of an idle connection is checked: one handed out inside a transaction
 /// block is counted in `inside`.
-async fn watched_pool(max: u32, options: PgConnectOptions) -> (PgPool, Arc<AtomicU64>) {
+async fn watched_pool(
+    max: u32,
+    options: PgConnectOptions,
+    guarded: bool,
+) -> (PgPool, Arc<AtomicU64>) {
     let inside = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&inside);
-    let pool = idem_postgres::guarded(
-        PgPoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(Duration::from_secs(30)),
-    )
-    .before_acquire(move |conn, _| {
-        let counter = Arc::clone(&counter);
-        Box::pin(async move {
-            if !outside_any_block(conn).await {
-                counter.fetch_add(1, Ordering::SeqCst);
-            }
-            Ok(true)
+    let base = PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .test_before_acquire(false);
+    let base = if guarded {
+        idem_postgres::guarded(base)
+    } else {
+        base
+    };
+    let pool = base
+        .before_acquire(move |conn, _| {
+            let counter = Arc::clone(&counter);
+            Box::pin(async move {
+                if !outside_any_block(conn).await {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(true)
+            })
         })
-    })
-    .connect_with(options)
-    .await
-    .unwrap();
+        .connect_with(options)
+        .await
+        .unwrap();
     (pool, inside)
 }
 
@@ -253,8 +264,8 @@ where
 /// transaction block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_aborted_at_random_leave_every_completed_key_with_exactly_its_writes() {
-    for max in [1, 2, 1, 2] {
-        let (pool, inside) = watched_pool(max, server_options()).await;
+    for (max, guarded) in [(1, true), (2, false), (1, false), (2, true)] {
+        let (pool, inside) = watched_pool(max, server_options(), guarded).await;
         let store = PostgresStore::new(pool.clone());
         store.migrate().await.unwrap();
         let table = common::business_table(&pool, "tenant text NOT NULL, key text NOT NULL").await;
@@ -408,8 +419,8 @@ async fn each_version_applied_once(pool: &PgPool, table: &str, aggregates: u64, 
 async fn version_checked_deliveries_aborted_at_random_apply_each_version_once_in_order() {
     const AGGREGATES: usize = 4;
     const VERSIONS: u64 = 6;
-    for max in [1, 2] {
-        let (pool, inside) = watched_pool(max, server_options()).await;
+    for (max, guarded) in [(1, false), (2, true)] {
+        let (pool, inside) = watched_pool(max, server_options(), guarded).await;
         let (store, table, versions) = versioned_tables(&pool, "vc").await;
         let idem: Idempotency =
             Idempotency::new(Arc::new(store.clone()) as Arc<dyn IdempotencyStore>)
@@ -508,8 +519,8 @@ async fn outbox_on(pool: PgPool) -> PostgresOutbox {
 /// are numbered 1, 2, 3... with nothing missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueues_aborted_at_random_commit_each_event_exactly_with_its_change() {
-    for max in [1, 2] {
-        let (pool, inside) = watched_pool(max, server_options()).await;
+    for (max, guarded) in [(1, false), (2, true)] {
+        let (pool, inside) = watched_pool(max, server_options(), guarded).await;
         let outbox = Arc::new(outbox_on(pool.clone()).await);
         let table = common::business_table(&pool, "aggregate text NOT NULL").await;
         let tasks: Vec<_> = (0..40)
@@ -581,8 +592,8 @@ async fn enqueues_aborted_at_random_commit_each_event_exactly_with_its_change() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_aborted_at_random_publish_every_message_in_order() {
     const MESSAGES: u64 = 120;
-    for max in [1, 2] {
-        let (pool, inside) = watched_pool(max, server_options()).await;
+    for (max, guarded) in [(1, false), (2, true)] {
+        let (pool, inside) = watched_pool(max, server_options(), guarded).await;
         let outbox = Arc::new(outbox_on(pool.clone()).await);
         for n in 0..MESSAGES {
             let event = NewMessage::new(&format!("order-{}", n % 6), "event", vec![]).unwrap();
@@ -650,7 +661,7 @@ async fn relays_aborted_at_random_publish_every_message_in_order() {
 /// entry, with the reason and delivery count of its last parking.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parkings_aborted_at_random_leave_one_entry_per_message_with_its_last_reason() {
-    let (pool, inside) = watched_pool(1, server_options()).await;
+    let (pool, inside) = watched_pool(1, server_options(), true).await;
     let table = format!("pc_{}", uuid::Uuid::new_v4().simple());
     let parking = Arc::new(
         PostgresParking::with_options(
@@ -772,7 +783,7 @@ fn source(broker: &Broker) -> TestSource {
 /// mid-delivery; the broker delivers again what was never settled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_aborted_at_random_apply_every_version_once_in_order() {
-    let (pool, inside) = watched_pool(2, server_options()).await;
+    let (pool, inside) = watched_pool(2, server_options(), false).await;
     let (inbox, table, versions) = versioned_tables(&pool, "cc").await;
     let handler = Orders {
         inbox: inbox.clone(),

@@ -9,9 +9,10 @@ mod proxy;
 use std::time::Duration;
 
 use idem_conformance::support::{cost_of_each_operation, fresh_scope, long};
-use idem_core::store::{ClaimOutcome, Transaction};
+use idem_core::store::{ClaimOutcome, IdempotencyStore, Transaction};
 use idem_core::{StoreError, StoredResponse};
 use idem_postgres::PostgresStore;
+use idem_postgres::sqlx::{self, Row};
 use proxy::CountingProxy;
 
 /// A migrated store over one connection through a counting proxy.
@@ -273,4 +274,199 @@ async fn claim_all_and_complete_all_in_a_transaction_are_one_round_trip_each_on_
     println!("{report:#?}");
     let total: u64 = report.iter().map(|(_, n)| n).sum();
     assert_eq!(total, report.len() as u64, "{report:?}");
+}
+
+/// The inbox's claim of a batch is one round trip for every outcome, and
+/// writes each free record once, completed: its inserts, and no update,
+/// counted by the server in the transaction (`pg_stat_xact_user_tables`).
+/// A record found (completed, held, of another fingerprint) is answered
+/// in the same round trip, and one whose lease lapsed is taken and
+/// completed in it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_completed_all_is_one_round_trip_and_one_write_per_free_record_on_the_wire() {
+    let (proxy, store) = proxied_store().await;
+    let wire = |before: u64| proxy.ready() - before;
+    let consumed = StoredResponse::new(200, "consumed");
+    let (completed, held, lapsed) = (fresh_scope(), fresh_scope(), fresh_scope());
+    let other = fresh_scope();
+    for scope in [&completed, &other] {
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&long(scope, "a")).await.unwrap()
+        else {
+            panic!("claim")
+        };
+        store.complete(&lease, &consumed).await.unwrap();
+    }
+    assert!(matches!(
+        store.claim(&long(&held, "a")).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let short = long(&lapsed, "a")
+        .with_lease(Duration::from_millis(100))
+        .unwrap();
+    assert!(matches!(
+        store.claim(&short).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut tx = store.begin().await.unwrap();
+    // Warm up: prepare the statement on this connection.
+    let warm = tx
+        .claim_completed_all(&[long(&fresh_scope(), "a")], &consumed)
+        .await
+        .unwrap();
+    assert!(matches!(warm.as_slice(), [None]));
+    let mut report = Vec::new();
+
+    let fresh: Vec<_> = (0..8).map(|_| long(&fresh_scope(), "a")).collect();
+    let (inserted, updated) = written_in(&mut tx).await;
+    let before = proxy.ready();
+    let answers = tx.claim_completed_all(&fresh, &consumed).await.unwrap();
+    report.push(("claim_completed_all: 8 free", wire(before)));
+    assert!(answers.iter().all(Option::is_none), "{answers:?}");
+    let (inserted_after, updated_after) = written_in(&mut tx).await;
+    assert_eq!(inserted_after - inserted, 8, "one insert per free record");
+    assert_eq!(updated_after - updated, 0, "no record written twice");
+
+    let mut mixed: Vec<_> = (0..4).map(|_| long(&fresh_scope(), "a")).collect();
+    mixed.push(long(&completed, "a"));
+    mixed.push(long(&held, "a"));
+    mixed.push(long(&lapsed, "a"));
+    mixed.push(long(&other, "another payload"));
+    let before = proxy.ready();
+    let answers = tx.claim_completed_all(&mixed, &consumed).await.unwrap();
+    report.push((
+        "claim_completed_all: 4 free, a replay, in progress, a lapsed lease, a mismatch",
+        wire(before),
+    ));
+    assert!(answers[..4].iter().all(Option::is_none), "{answers:?}");
+    assert!(matches!(answers[4], Some(ClaimOutcome::Completed(_))));
+    assert!(matches!(answers[5], Some(ClaimOutcome::InProgress { .. })));
+    assert!(
+        answers[6].is_none(),
+        "the lapsed lease is taken: {answers:?}"
+    );
+    assert!(matches!(answers[7], Some(ClaimOutcome::Mismatch)));
+    tx.commit().await.unwrap();
+
+    // The last response's ReadyForQuery may still be in flight to the proxy.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!("{report:#?}");
+    for (what, n) in &report {
+        assert_eq!(*n, 1, "{what} took {n} round trips: {report:?}");
+    }
+}
+
+/// The rows of the records table inserted and updated so far in `tx`, as
+/// the server counts them.
+async fn written_in(tx: &mut idem_postgres::PgTransaction) -> (i64, i64) {
+    let row = sqlx::query(
+        "SELECT coalesce(sum(n_tup_ins), 0)::int8, coalesce(sum(n_tup_upd), 0)::int8 \
+         FROM pg_stat_xact_user_tables WHERE relname = 'idem_records'",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// A request's store calls on the wire, through a pool of one connection:
+/// for a fresh request (claim, complete) and a replay (claim), each call's
+/// statements, and the round trips its connection's return took (sqlx's
+/// ping, and the guard's release check on a guarded pool).
+async fn calls_on_the_wire(guarded: bool) -> Vec<(&'static str, u64, u64)> {
+    use std::sync::atomic::Ordering::SeqCst;
+
+    let (options, upstream) = common::server();
+    let proxy = CountingProxy::start(upstream).await;
+    let base = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false);
+    let base = if guarded {
+        idem_postgres::guarded(base)
+    } else {
+        base
+    };
+    let pool = base
+        .connect_with(common::via_proxy(options, proxy.port))
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool);
+    store.migrate().await.unwrap();
+    let counts = std::sync::Arc::clone(&proxy.counts);
+    let returns = move || counts.pings.load(SeqCst) + counts.checks.load(SeqCst);
+    let (statements, pings) = (|| proxy.statements(), || proxy.counts.pings.load(SeqCst));
+    // A return is over once sqlx's ping, its last round trip, is answered.
+    let returned = |pings_before: u64| async move {
+        for _ in 0..2000 {
+            if pings() > pings_before {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the connection never returned to the pool");
+    };
+    let mut report = Vec::new();
+    // The first round prepares each statement on the connection; the
+    // second is counted.
+    for _ in 0..2 {
+        report.clear();
+        let request = long(&fresh_scope(), "a");
+        let before = (statements(), returns(), pings());
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+            panic!("claim")
+        };
+        returned(before.2).await;
+        report.push((
+            "fresh: claim",
+            statements() - before.0,
+            returns() - before.1,
+        ));
+        let before = (statements(), returns(), pings());
+        store
+            .complete(&lease, &StoredResponse::new(200, "done"))
+            .await
+            .unwrap();
+        returned(before.2).await;
+        report.push((
+            "fresh: complete",
+            statements() - before.0,
+            returns() - before.1,
+        ));
+        let before = (statements(), returns(), pings());
+        assert!(matches!(
+            store.claim(&request).await.unwrap(),
+            ClaimOutcome::Completed(_)
+        ));
+        returned(before.2).await;
+        report.push((
+            "replay: claim",
+            statements() - before.0,
+            returns() - before.1,
+        ));
+    }
+    report
+}
+
+/// On a pool that only the store uses (it opens its transactions whole,
+/// so the pool needs no guard) every store call of a fresh request and of
+/// a replay is one round trip on the wire, its statement, and the
+/// connection's return costs sqlx's ping alone; the guard adds its check
+/// to every return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_call_is_one_round_trip_and_only_the_guard_adds_one_per_return() {
+    let plain = calls_on_the_wire(false).await;
+    let guarded = calls_on_the_wire(true).await;
+    println!("plain: {plain:#?}\nguarded: {guarded:#?}");
+    for (what, answered, returned) in &plain {
+        assert_eq!(*answered, 1, "{what}: {plain:?}");
+        assert_eq!(*returned, 1, "{what}: sqlx's ping alone: {plain:?}");
+    }
+    for (what, answered, returned) in &guarded {
+        assert_eq!(*answered, 1, "{what}: {guarded:?}");
+        assert_eq!(
+            *returned, 2,
+            "{what}: the ping and the guard's check: {guarded:?}"
+        );
+    }
 }

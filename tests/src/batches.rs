@@ -684,3 +684,133 @@ pub async fn a_lease_completed_elsewhere_before_the_commit_refuses_the_commit<S:
         }
     }
 }
+
+/// Claiming many and completing at once what it claims answers one entry
+/// per request, in their order: `None` for a free scope and for one whose
+/// lease lapsed, each recorded with the given response (after the commit
+/// a claim answers it completed), and what the claim answered for the
+/// others (a completed record its response, another owner's live lease in
+/// progress, another fingerprint a mismatch), leaving those as they were.
+pub async fn claiming_and_completing_all_at_once_records_each_free_scope_with_the_response<
+    S: BatchingStore,
+>(
+    batching: Arc<S>,
+) {
+    let store = batching.store();
+    let (done, held) = completed_and_held(store).await;
+    let lapsed = fresh_scope();
+    let short = request(&lapsed, b"x")
+        .with_lease(Duration::from_millis(200))
+        .expect("a valid lease");
+    assert!(matches!(
+        store.claim(&short).await,
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (first, last) = (fresh_scope(), fresh_scope());
+    let mut tx = begin(&*batching).await;
+    let requests = [&first, &done, &held, &lapsed, &last].map(|scope| request(scope, b"x"));
+    let other = request(&done, b"another payload");
+    let consumed = StoredResponse::new(200, "consumed");
+    let answers = tx
+        .claim_completed_all(&requests, &consumed)
+        .await
+        .expect("claim_completed_all");
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert!(
+        answers[0].is_none(),
+        "a free scope is recorded: {answers:?}"
+    );
+    assert!(
+        matches!(&answers[1], Some(ClaimOutcome::Completed(response)) if response.body() == b"done"),
+        "a completed record answers its response: {answers:?}"
+    );
+    assert!(
+        matches!(&answers[2], Some(ClaimOutcome::InProgress { .. })),
+        "another owner's live lease: {answers:?}"
+    );
+    assert!(answers[3].is_none(), "a lapsed lease is taken: {answers:?}");
+    assert!(
+        answers[4].is_none(),
+        "a free scope is recorded: {answers:?}"
+    );
+    let mismatch = tx
+        .claim_completed_all(std::slice::from_ref(&other), &consumed)
+        .await
+        .expect("claim_completed_all");
+    assert!(
+        matches!(mismatch.as_slice(), [Some(ClaimOutcome::Mismatch)]),
+        "another fingerprint: {mismatch:?}"
+    );
+    tx.commit().await.expect("commit");
+    for scope in [&first, &lapsed, &last] {
+        assert_eq!(
+            completed_body(store, scope).await,
+            Some(b"consumed".to_vec()),
+            "{scope:?} recorded with the response"
+        );
+        assert!(
+            matches!(
+                store.claim(&request(scope, b"x")).await,
+                Ok(ClaimOutcome::Completed(response)) if response.body() == b"consumed"
+            ),
+            "{scope:?} answers its response after the commit"
+        );
+    }
+    assert_eq!(completed_body(store, &done).await, Some(b"done".to_vec()));
+    assert!(matches!(
+        store.claim(&request(&held, b"x")).await,
+        Ok(ClaimOutcome::InProgress { .. })
+    ));
+}
+
+/// What claiming and completing at once recorded vanishes with a rollback:
+/// the scope is free again.
+pub async fn claiming_and_completing_all_at_once_takes_effect_only_if_it_commits<
+    S: BatchingStore,
+>(
+    batching: Arc<S>,
+) {
+    let scope = fresh_scope();
+    let mut tx = begin(&*batching).await;
+    let answers = tx
+        .claim_completed_all(
+            &[request(&scope, b"x")],
+            &StoredResponse::new(200, "consumed"),
+        )
+        .await
+        .expect("claim_completed_all");
+    assert!(matches!(answers.as_slice(), [None]), "{answers:?}");
+    // Dropped without a commit: rolled back.
+    drop(tx);
+    assert_eq!(completed_body(batching.store(), &scope).await, None);
+    assert!(matches!(
+        batching.store().claim(&request(&scope, b"x")).await,
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+}
+
+/// A scope named twice among the requests is refused before anything is
+/// written: the transaction commits with neither recorded.
+pub async fn claiming_and_completing_all_at_once_refuses_a_scope_twice<S: BatchingStore>(
+    batching: Arc<S>,
+) {
+    let (twice, once) = (fresh_scope(), fresh_scope());
+    let mut tx = begin(&*batching).await;
+    let requests = [&once, &twice, &twice].map(|scope| request(scope, b"x"));
+    let answered = tx
+        .claim_completed_all(&requests, &StoredResponse::new(200, "consumed"))
+        .await;
+    assert!(
+        matches!(answered, Err(StoreError::InvalidInput(_))),
+        "a scope twice: {answered:?}"
+    );
+    tx.commit().await.expect("commit");
+    for scope in [&once, &twice] {
+        assert_eq!(
+            completed_body(batching.store(), scope).await,
+            None,
+            "{scope:?}"
+        );
+    }
+}

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_consumer::{Delivery, async_trait};
-use idem_kafka::rdkafka::ClientConfig;
 use idem_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use idem_kafka::rdkafka::client::DefaultClientContext;
+use idem_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use idem_kafka::rdkafka::error::KafkaError;
 use idem_kafka::rdkafka::message::{Header, OwnedHeaders};
 use idem_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use idem_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use idem_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
 use idem_outbox::Publisher;
 
@@ -38,6 +40,38 @@ pub fn member_config(brokers: &str, group: &str) -> ClientConfig {
         .set("heartbeat.interval.ms", "500")
         .set("max.poll.interval.ms", "10000");
     config
+}
+
+/// Each of `topic`'s partitions `0..partitions`: group `group`'s committed
+/// offset on `brokers` (0 where it has none) and the partition's end. It
+/// blocks: call it on a blocking thread (`block_in_place`).
+///
+/// # Errors
+///
+/// The client's, when the broker does not answer within 5 s.
+pub fn positions(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<Vec<(i64, i64)>, KafkaError> {
+    let consumer: BaseConsumer = member_config(brokers, group).create()?;
+    let mut asked = TopicPartitionList::new();
+    for partition in 0..partitions {
+        asked.add_partition(topic, partition);
+    }
+    let committed = consumer.committed_offsets(asked, Duration::from_secs(5))?;
+    let mut positions = Vec::new();
+    for element in committed.elements() {
+        let (_, end) =
+            consumer.fetch_watermarks(topic, element.partition(), Duration::from_secs(5))?;
+        let at = match element.offset() {
+            Offset::Offset(at) => at,
+            _ => 0,
+        };
+        positions.push((at, end));
+    }
+    Ok(positions)
 }
 
 /// Creates `topic` with `partitions` on `brokers`.

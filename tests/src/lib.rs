@@ -619,6 +619,9 @@ macro_rules! __batch_cases {
             a_holders_own_renewal_while_its_write_waits_in_a_transaction_keeps_the_commit,
             a_completion_in_a_transaction_is_never_replaced_by_a_second,
             a_lease_completed_elsewhere_before_the_commit_refuses_the_commit,
+            claiming_and_completing_all_at_once_records_each_free_scope_with_the_response,
+            claiming_and_completing_all_at_once_takes_effect_only_if_it_commits,
+            claiming_and_completing_all_at_once_refuses_a_scope_twice,
         ]}
     };
 }

@@ -45,7 +45,7 @@ fn correct_own_transactions_pass_every_case() {
 
 #[test]
 fn each_defect_fails_exactly_the_cases_of_its_sentence() {
-    let expected: [(BatchDefect, &[&str]); 17] = [
+    let expected: [(BatchDefect, &[&str]); 21] = [
         (
             // A claim written at once is there before the commit, and
             // after a rollback (of the transaction or to a savepoint, or a
@@ -55,6 +55,7 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
                 "a_claim_in_a_transaction_takes_effect_only_if_it_commits",
                 "a_lease_completed_elsewhere_before_the_commit_refuses_the_commit",
                 "a_rollback_to_a_savepoint_undoes_only_what_was_written_since",
+                "claiming_and_completing_all_at_once_takes_effect_only_if_it_commits",
                 "savepoints_nest_and_each_operation_names_the_latest_open",
             ],
         ),
@@ -81,7 +82,10 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
         ),
         (
             BatchDefect::ClaimIgnoresFingerprint,
-            &["a_claim_in_a_transaction_is_decided_as_the_stores_claim"],
+            &[
+                "a_claim_in_a_transaction_is_decided_as_the_stores_claim",
+                "claiming_and_completing_all_at_once_records_each_free_scope_with_the_response",
+            ],
         ),
         (
             BatchDefect::RollsBackToTheFirstSavepoint,
@@ -142,6 +146,22 @@ fn each_defect_fails_exactly_the_cases_of_its_sentence() {
         (
             BatchDefect::CommitFencesByOwnerAlone,
             &["a_lease_completed_elsewhere_before_the_commit_refuses_the_commit"],
+        ),
+        (
+            BatchDefect::ClaimCompletedLeavesItInFlight,
+            &["claiming_and_completing_all_at_once_records_each_free_scope_with_the_response"],
+        ),
+        (
+            BatchDefect::ClaimCompletedHidesWhatItFound,
+            &["claiming_and_completing_all_at_once_records_each_free_scope_with_the_response"],
+        ),
+        (
+            BatchDefect::ClaimCompletedTakesAScopeTwice,
+            &["claiming_and_completing_all_at_once_refuses_a_scope_twice"],
+        ),
+        (
+            BatchDefect::ClaimCompletedStoresAnotherResponse,
+            &["claiming_and_completing_all_at_once_records_each_free_scope_with_the_response"],
         ),
     ];
     for (defect, cases) in expected {

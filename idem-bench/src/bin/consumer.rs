@@ -23,10 +23,14 @@
 //!   of one aggregate) and each `--batch` (deliveries per batch, gathered
 //!   for up to 5 ms) over a Postgres inbox (`PostgresStore`, a fresh
 //!   table): per batch one transaction (`PostgresStore::begin`) holding
-//!   one claim of its messages (`Transaction::claim_all`), the handler's
-//!   one insert of their rows (`Handler::handle_batch`) and one completion
-//!   of them all, one commit, then the acks together (RabbitMQ:
-//!   `multiple`; JetStream: pipelined).
+//!   one claim of its messages that writes each inbox row once, complete
+//!   (`Transaction::claim_completed_all`), the handler's one insert of
+//!   their rows (`Handler::handle_batch`), one commit, then the acks
+//!   together (RabbitMQ: `multiple`; JetStream: pipelined).
+//!
+//! `--pairs N` measures the floor and then the inbox N times, taking
+//! turns, each inbox row printed beside the floor of its own turn (so a
+//! machine's drift shows in both).
 //!
 //! RabbitMQ's prefetch is 2000 in every run (the most deliveries the
 //! largest figures hold at once: 16 batches of 100).
@@ -35,9 +39,9 @@
 //! consumer and to the floor, CPU per message split by process (this
 //! one, the broker's server, Postgres's server and backends; read from
 //! `/proc`, so other work on those processes counts too), and with `--count-commits` Postgres transactions per message
-//! (the database's `xact_commit` over the run: each batch's commit, and
-//! the pool's release check of each connection, a read-only transaction
-//! of its own) and WAL flushes to disk per message
+//! (the database's `xact_commit` over the run: each batch's commit; the
+//! pool has no release check, its transactions opening whole) and WAL
+//! flushes to disk per message
 //! (`pg_stat_wal.wal_sync`: commits flushed together count once). Other
 //! sessions on the server add to both.
 //! Everything it creates has a random name and is removed at the end.
@@ -104,6 +108,11 @@ struct Args {
     /// 11 s).
     #[arg(long)]
     count_commits: bool,
+    /// Times the floor and then the inbox at every concurrency and batch
+    /// are measured, taking turns: each inbox figure beside the floor of
+    /// its own turn.
+    #[arg(long, default_value_t = 1)]
+    pairs: usize,
 }
 
 type Fail = Box<dyn std::error::Error>;
@@ -266,7 +275,7 @@ async fn drain_floor<S: Source>(
             .iter()
             .map(|d| d.message().payload().to_vec())
             .collect();
-        let mut tx = pool.begin().await?;
+        let mut tx = idem_postgres::begin(pool).await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {inbox} (id) SELECT * FROM unnest($1::text[])"
         )))
@@ -297,17 +306,24 @@ enum Run {
     Inbox(usize, usize),
 }
 
-/// The bare consumer, the floor, then the inbox at each concurrency and
-/// batch size.
-fn runs(levels: &[usize], batches: &[usize]) -> Vec<Run> {
-    let inbox = levels
-        .iter()
-        .flat_map(|level| batches.iter().map(|batch| Run::Inbox(*level, *batch)));
-    [Run::Bare, Run::Floor].into_iter().chain(inbox).collect()
+/// The bare consumer, then `pairs` times the floor followed by the inbox
+/// at each concurrency and batch size.
+fn runs(levels: &[usize], batches: &[usize], pairs: usize) -> Vec<Run> {
+    let turn = std::iter::once(Run::Floor).chain(
+        levels
+            .iter()
+            .flat_map(|level| batches.iter().map(|batch| Run::Inbox(*level, *batch))),
+    );
+    let turns: Vec<Run> = turn.collect();
+    std::iter::once(Run::Bare)
+        .chain((0..pairs.max(1)).flat_map(|_| turns.iter().copied()))
+        .collect()
 }
 
 /// What one run with the inbox measured.
 struct Measured {
+    /// The floor measured in the same turn, and its CPU per message.
+    floor: (f64, CpuPerUnit),
     rate: f64,
     /// CPU per message, by process.
     cpu: CpuPerUnit,
@@ -351,6 +367,7 @@ async fn drain_inbox<S: Source>(
         ));
     }
     Ok(Measured {
+        floor: (0.0, CpuPerUnit::default()),
         rate,
         cpu,
         per_message,
@@ -475,7 +492,8 @@ impl Row {
                     self.processes,
                 )
                 .await?;
-                self.inbox.push((figures, measured));
+                let floor = (self.floor, self.floor_cpu);
+                self.inbox.push((figures, Measured { floor, ..measured }));
             }
         }
         Ok(())
@@ -631,8 +649,11 @@ async fn main() -> Result<(), Fail> {
     let amqp_url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
-    let figures = runs(&args.concurrency, &args.batch);
-    let pool = idem_postgres::guarded(sqlx::postgres::PgPoolOptions::new())
+    let figures = runs(&args.concurrency, &args.batch, args.pairs);
+    // Every transaction opens whole (the store's, and the floor's through
+    // `idem_postgres::begin`): the pool needs no release check.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(u32::try_from(most + 2)?)
         .connect(&pg_url)
         .await?;
@@ -685,16 +706,17 @@ async fn main() -> Result<(), Fail> {
                 || "not counted | not counted".to_string(),
                 |(commits, syncs)| format!("{commits:.2} | {syncs:.2}"),
             );
+            let (floor, floor_cpu) = measured.floor;
             println!(
                 "| {} | {:.0} | {level} | {batch} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {} | {commits} |",
                 row.broker,
                 row.bare,
                 measured.rate,
                 measured.rate / row.bare,
-                row.floor,
-                measured.rate / row.floor,
+                floor,
+                measured.rate / floor,
                 split(&measured.cpu),
-                split(&row.floor_cpu),
+                split(&floor_cpu),
             );
         }
     }

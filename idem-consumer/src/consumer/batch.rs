@@ -73,10 +73,11 @@ impl<H: Handler> Consumer<H> {
     /// acknowledged together ([`Delivery::ack_all`]). Where a savepoint
     /// costs a round trip ([`Transaction::free_savepoints`] is false:
     /// Postgres) the batch first goes at once, with no savepoint: one
-    /// claim of its messages ([`Transaction::claim_all`]), one call of
-    /// [`Handler::handle_batch`], one completion of them all
-    /// ([`Transaction::complete_all`]), one commit; only if a message must
-    /// be undone alone (a handler error, a gap, a refused completion) does
+    /// claim of its messages that records each it takes as consumed
+    /// ([`Transaction::claim_completed_all`]: on Postgres, one write per
+    /// message), one call of [`Handler::handle_batch`], one commit; only
+    /// if a message must be undone alone (a handler error, a gap, a
+    /// refused claim) does
     /// it begin again one message at a time, as below. A message twice in
     /// the batch sends it one at a time from the start.
     ///
@@ -242,10 +243,10 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// The messages not yet settled at once, with no savepoint: one claim
-    /// of them all ([`Transaction::claim_all`]), one call of the handler
-    /// ([`Handler::handle_batch`]), one completion of them all
-    /// ([`Transaction::complete_all`]), one commit. A message that has to
-    /// be undone alone (a handler error, a gap, a refused completion, a
+    /// of them all that records each it takes as consumed
+    /// ([`Transaction::claim_completed_all`]: one write per message), one
+    /// call of the handler ([`Handler::handle_batch`]), one commit. A
+    /// message that has to be undone alone (a handler error, a gap, a
     /// transaction grown too large) drops it all: [`Round::Undo`].
     pub(super) async fn at_once(
         &self,
@@ -263,22 +264,31 @@ impl<H: Handler> Consumer<H> {
                 Err(error) => return Round::Refused(error),
             }
         }
-        let outcomes = match tx.claim_all(&requests).await {
-            Ok(outcomes) if outcomes.len() == requests.len() => outcomes,
-            Ok(_) => return Round::Refused(miscounted("claim_all")),
+        let answers = match tx
+            .claim_completed_all(&requests, &consumed_response())
+            .await
+        {
+            Ok(answers) if answers.len() == requests.len() => answers,
+            Ok(_) => return Round::Refused(miscounted("claim_completed_all")),
+            Err(
+                StoreError::LostLease
+                | StoreError::Rejected { .. }
+                | StoreError::TooLarge { .. }
+                | StoreError::InvalidInput(_),
+            ) => return Round::Undo,
             Err(error) => return Round::Refused(error),
         };
         let mut done: Vec<(usize, Attempt)> = Vec::new();
-        let mut claimed: Vec<(usize, Lease)> = Vec::new();
-        for (at, outcome) in open.into_iter().zip(outcomes) {
-            match outcome {
-                ClaimOutcome::Claimed { lease, .. } => claimed.push((at, lease)),
+        let mut taken: Vec<usize> = Vec::new();
+        for (at, answer) in open.into_iter().zip(answers) {
+            match answer {
+                None => taken.push(at),
                 // The claim wrote nothing to keep.
-                other => done.push((at, self.unclaimed(other))),
+                Some(other) => done.push((at, self.unclaimed(other))),
             }
         }
-        if !claimed.is_empty() {
-            let batch: Vec<&InboundMessage> = claimed.iter().map(|(at, _)| messages[*at]).collect();
+        if !taken.is_empty() {
+            let batch: Vec<&InboundMessage> = taken.iter().map(|at| messages[*at]).collect();
             let handled = match self.parts.handler.handle_batch(&batch, tx).await {
                 Ok((next, handled)) if handled.len() == batch.len() => {
                     tx = next;
@@ -287,26 +297,10 @@ impl<H: Handler> Consumer<H> {
                 // Which message failed is found one by one.
                 _ => return Round::Undo,
             };
-            if handled.iter().any(|h| matches!(h, Handled::Gap { .. })) {
+            if handled.iter().any(|h| matches!(h, Handled::Gap { .. })) || !tx.fits() {
                 return Round::Undo;
             }
-            let completions: Vec<(Lease, StoredResponse)> = claimed
-                .iter()
-                .zip(&handled)
-                .map(|((_, lease), handled)| (lease.clone(), handled.to_stored().into_owned()))
-                .collect();
-            match tx.complete_all(&completions).await {
-                Ok(()) if tx.fits() => {}
-                Ok(())
-                | Err(
-                    StoreError::LostLease
-                    | StoreError::Rejected { .. }
-                    | StoreError::TooLarge { .. }
-                    | StoreError::InvalidInput(_),
-                ) => return Round::Undo,
-                Err(error) => return Round::Refused(error),
-            }
-            for ((at, _), handled) in claimed.into_iter().zip(handled) {
+            for (at, handled) in taken.into_iter().zip(handled) {
                 let consumed = match handled {
                     Handled::Applied => Consumed::Applied,
                     _ => Consumed::Stale,

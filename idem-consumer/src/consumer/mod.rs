@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, IdempotencyStore, InboundMessage, Lease, NewParked, ParkedMessage,
+    ClaimOutcome, ClaimRequest, IdempotencyStore, InboundMessage, NewParked, ParkedMessage,
     ParkedQuery, ParkingStore, Resolution, Transaction, VersionCheck,
 };
 use idem_core::{
@@ -75,9 +75,15 @@ impl From<VersionCheck> for Handled {
 
 impl Storable for Handled {
     fn to_stored(&self) -> Cow<'_, StoredResponse> {
-        // What a redelivery replays; only its existence matters.
-        Cow::Owned(StoredResponse::new(200, "consumed"))
+        Cow::Owned(consumed_response())
     }
+}
+
+/// What the inbox stores for every message a consumer took, whatever its
+/// handler found: a redelivery replays it, and only its existence
+/// matters (so a batch records it with the claim, in one write).
+fn consumed_response() -> StoredResponse {
+    StoredResponse::new(200, "consumed")
 }
 
 /// A consumer's handler: opens the transaction its writes and the inbox

@@ -6,7 +6,7 @@ use crate::inbound::record::{Checkpoint, Lease, Record, StoredResponse};
 use crate::observability::store_call;
 use crate::plumbing::capabilities::Capabilities;
 use crate::plumbing::clock::Timestamp;
-use crate::plumbing::error::{Operation, StoreError};
+use crate::plumbing::error::{InvalidInput, Operation, StoreError};
 use crate::plumbing::layer::Layered;
 use crate::plumbing::layer::OperationLayer;
 use crate::plumbing::scope::Scope;
@@ -396,6 +396,54 @@ pub trait Transaction: Send + 'static {
         Ok(())
     }
 
+    /// Claims each request and completes at once, with `response`, each it
+    /// claims, as part of this transaction: the inbox of a consumer, whose
+    /// stored response does not depend on what its handler did (the
+    /// handler's writes join the transaction before the commit). A store
+    /// that can writes each record once, complete, in one round trip; the
+    /// default claims them all ([`claim_all`](Self::claim_all)), then
+    /// completes the claimed ([`complete_all`](Self::complete_all)).
+    ///
+    /// # Contract
+    ///
+    /// Answers one entry per request, in their order: `None` where a claim
+    /// would have answered `Claimed` (the scope free, past its retention,
+    /// or its lease lapsed), the record now completed with `response` in
+    /// the transaction, so that after the commit a claim of it answers
+    /// `Completed` with `response`, and a rollback leaves it as it was;
+    /// `Some` with what the claim answered otherwise (`InProgress`,
+    /// `Completed`, `Mismatch`), nothing written for it. Each scope may
+    /// appear once among the requests.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidInput`] for a scope twice among the requests,
+    /// before anything is written; otherwise as
+    /// [`claim_all`](Self::claim_all) and
+    /// [`complete_all`](Self::complete_all): the transaction is then to be
+    /// rolled back.
+    async fn claim_completed_all(
+        &mut self,
+        requests: &[ClaimRequest],
+        response: &StoredResponse,
+    ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
+        once_each(requests)?;
+        let outcomes = self.claim_all(requests).await?;
+        let mut completions = Vec::new();
+        let answers = outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                ClaimOutcome::Claimed { lease, .. } => {
+                    completions.push((lease, response.clone()));
+                    None
+                }
+                other => Some(other),
+            })
+            .collect();
+        self.complete_all(&completions).await?;
+        Ok(answers)
+    }
+
     /// Marks the point [`rollback_to_savepoint`](Self::rollback_to_savepoint)
     /// returns to. Savepoints nest: the rollback and the release name the
     /// latest one still open.
@@ -433,6 +481,23 @@ pub trait Transaction: Send + 'static {
     async fn release_savepoint(&mut self) -> Result<(), StoreError> {
         Err(unbatched(Operation::Transaction))
     }
+}
+
+/// Refuses requests naming one scope twice, as
+/// [`Transaction::claim_completed_all`] does before anything is written.
+///
+/// # Errors
+///
+/// [`StoreError::InvalidInput`] for the first scope named again.
+pub fn once_each(requests: &[ClaimRequest]) -> Result<(), StoreError> {
+    let mut seen = std::collections::HashSet::with_capacity(requests.len());
+    if requests.iter().all(|request| seen.insert(request.scope())) {
+        return Ok(());
+    }
+    Err(StoreError::InvalidInput(InvalidInput::Malformed {
+        field: "requests",
+        reason: "a scope named twice in one claim_completed_all".to_string(),
+    }))
 }
 
 /// The refusal of a batch operation by a transaction that does not batch.

@@ -13,10 +13,8 @@ use idem_conformance::faults::FaultProxy;
 use idem_conformance::kafka::{PrivateTansu, member_config};
 use idem_conformance::relays::wait_until;
 use idem_consumer::{Source, async_trait};
-use idem_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use idem_kafka::rdkafka::error::KafkaError;
 use idem_kafka::rdkafka::producer::{FutureRecord, Producer};
-use idem_kafka::rdkafka::{Offset, TopicPartitionList};
 use idem_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
 use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
 use idem_outbox::Publisher;
@@ -437,26 +435,7 @@ impl Kafka {
 
     /// The shipping group's committed offsets and the partitions' ends.
     fn positions(&self) -> Result<Vec<(i64, i64)>, KafkaError> {
-        let consumer: BaseConsumer = member_config(&self.server.brokers(), CONSUMER).create()?;
-        let mut partitions = TopicPartitionList::new();
-        for partition in 0..4 {
-            partitions.add_partition(&self.topic, partition);
-        }
-        let committed = consumer.committed_offsets(partitions, Duration::from_secs(5))?;
-        let mut positions = Vec::new();
-        for element in committed.elements() {
-            let (_, end) = consumer.fetch_watermarks(
-                &self.topic,
-                element.partition(),
-                Duration::from_secs(5),
-            )?;
-            let at = match element.offset() {
-                Offset::Offset(at) => at,
-                _ => 0,
-            };
-            positions.push((at, end));
-        }
-        Ok(positions)
+        idem_conformance::kafka::positions(&self.server.brokers(), CONSUMER, &self.topic, 4)
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Clock, Lease, Record, SystemClock, Transaction, decide,
+    ClaimOutcome, ClaimRequest, Clock, Lease, Record, SystemClock, Transaction, decide, once_each,
 };
 use idem_core::{Checkpoint, Operation, Scope, StoreError, StoredResponse, async_trait};
 
@@ -61,6 +61,17 @@ pub enum BatchDefect {
     /// Answers a claim it holds, delivered again, in progress: its own
     /// claim taken for another owner's.
     ClaimRefusesItsOwnAgain,
+    /// Claims many and completes at once what it claims, but leaves the
+    /// claims in flight.
+    ClaimCompletedLeavesItInFlight,
+    /// Claims many and completes at once, answering every request as
+    /// recorded, what it found included.
+    ClaimCompletedHidesWhatItFound,
+    /// Claims many and completes at once a scope named twice.
+    ClaimCompletedTakesAScopeTwice,
+    /// Claims many and completes at once with an empty body, not the
+    /// response it was given.
+    ClaimCompletedStoresAnotherResponse,
 }
 
 /// A record the transaction writes at its commit.
@@ -310,6 +321,36 @@ impl Transaction for OwnTransaction {
             self.complete(lease, response).await?;
         }
         Ok(())
+    }
+
+    async fn claim_completed_all(
+        &mut self,
+        requests: &[ClaimRequest],
+        response: &StoredResponse,
+    ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
+        if self.defect != BatchDefect::ClaimCompletedTakesAScopeTwice {
+            once_each(requests)?;
+        }
+        let recorded = match self.defect {
+            BatchDefect::ClaimCompletedStoresAnotherResponse => StoredResponse::new(200, ""),
+            _ => response.clone(),
+        };
+        let mut answers = Vec::with_capacity(requests.len());
+        for request in requests {
+            match self.claim(request).await? {
+                ClaimOutcome::Claimed { lease, .. } => {
+                    if self.defect != BatchDefect::ClaimCompletedLeavesItInFlight {
+                        self.complete(&lease, &recorded).await?;
+                    }
+                    answers.push(None);
+                }
+                _ if self.defect == BatchDefect::ClaimCompletedHidesWhatItFound => {
+                    answers.push(None);
+                }
+                other => answers.push(Some(other)),
+            }
+        }
+        Ok(answers)
     }
 
     async fn savepoint(&mut self) -> Result<(), StoreError> {
