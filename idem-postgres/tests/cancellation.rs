@@ -67,16 +67,7 @@ async fn watched_pool(
 ) -> (PgPool, Arc<AtomicU64>) {
     let inside = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&inside);
-    let base = PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(30))
-        .test_before_acquire(false);
-    let base = if guarded {
-        idem_postgres::guarded(base)
-    } else {
-        base
-    };
-    let pool = base
+    let pool = common::pool_with_guard(max, guarded)
         .before_acquire(move |conn, _| {
             let counter = Arc::clone(&counter);
             Box::pin(async move {

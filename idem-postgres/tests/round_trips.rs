@@ -379,15 +379,7 @@ async fn calls_on_the_wire(guarded: bool) -> Vec<(&'static str, u64, u64)> {
 
     let (options, upstream) = common::server();
     let proxy = CountingProxy::start(upstream).await;
-    let base = idem_postgres::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false);
-    let base = if guarded {
-        idem_postgres::guarded(base)
-    } else {
-        base
-    };
-    let pool = base
+    let pool = common::pool_with_guard(1, guarded)
         .connect_with(common::via_proxy(options, proxy.port))
         .await
         .unwrap();

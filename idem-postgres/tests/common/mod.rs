@@ -30,6 +30,20 @@ fn pool_options(max: u32) -> PgPoolOptions {
         .acquire_timeout(Duration::from_secs(5))
 }
 
+/// Options of a pool of `max` connections with no ping before each use,
+/// with the guard's release check or without it.
+pub fn pool_with_guard(max: u32, guarded: bool) -> PgPoolOptions {
+    let base = PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .test_before_acquire(false);
+    if guarded {
+        idem_postgres::guarded(base)
+    } else {
+        base
+    }
+}
+
 /// A pool of `max` connections to `url` (see [`pool_options`]).
 pub async fn pool_for(url: &str, max: u32) -> PgPool {
     pool_options(max)
