@@ -220,13 +220,38 @@ impl Kafka {
         count: usize,
         settle: Duration,
     ) -> Vec<(String, String, u64, Vec<u8>)> {
-        let mut source = self.other_group();
-        let mut read = Vec::new();
-        let mut deliveries = Vec::new();
-        while read.len() < count {
-            deliveries.push(crate::consumers::next(&mut source).await);
-            read.push(summary(deliveries.last().unwrap().message()));
-        }
+        // A member of a fresh group each attempt: tansu 0.6.0 can leave a
+        // group's partitions to no one (a member expired without a new
+        // generation), and a reader that hears nothing for 30 s starts
+        // over from the topic's start in another group.
+        let deadline = tokio::time::Instant::now() + crate::relays::PATIENCE;
+        let (mut source, mut read) = loop {
+            let mut source = self.other_group();
+            let mut read = Vec::new();
+            while read.len() < count {
+                match tokio::time::timeout(
+                    Duration::from_secs(30),
+                    idem_consumer::Source::next(&mut source),
+                )
+                .await
+                {
+                    Ok(Ok(Some(delivery))) => read.push(summary(delivery.message())),
+                    Ok(Ok(None)) => panic!("the source closed"),
+                    // A broker's passing error, as a consumer sees them.
+                    Ok(Err(_)) => {}
+                    Err(_) => break,
+                }
+            }
+            if read.len() == count {
+                break (source, read);
+            }
+            source.close().await;
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "read {} of {count} records within the patience",
+                read.len()
+            );
+        };
         while let Ok(next) =
             tokio::time::timeout(settle, idem_consumer::Source::next(&mut source)).await
         {
