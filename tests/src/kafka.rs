@@ -237,8 +237,15 @@ impl Kafka {
                 {
                     Ok(Ok(Some(delivery))) => read.push(summary(delivery.message())),
                     Ok(Ok(None)) => panic!("the source closed"),
-                    // A broker's passing error, as a consumer sees them.
-                    Ok(Err(_)) => {}
+                    // A broker's passing error, as a consumer sees them:
+                    // asked again after a pause, within the patience.
+                    Ok(Err(error)) => {
+                        assert!(
+                            tokio::time::Instant::now() < deadline,
+                            "the broker kept failing: {error}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                     Err(_) => break,
                 }
             }
