@@ -73,7 +73,7 @@ impl Handler for Shipping {
         {
             return Err(HandlerError::from("the carrier timed out"));
         }
-        let check = self.versions.advance(&mut *tx, order, version).await?;
+        let check = self.versions.advance(tx.conn(), order, version).await?;
         if check == VersionCheck::Apply {
             sqlx::query(AssertSqlSafe(format!(
                 "INSERT INTO {} (id, version, status) VALUES ($1, $2, $3) \
@@ -83,7 +83,7 @@ impl Handler for Shipping {
             .bind(order)
             .bind(i64::try_from(version)?)
             .bind(status)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
         }
         Ok((tx, check.into()))

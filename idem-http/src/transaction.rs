@@ -24,7 +24,7 @@ use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 ///
 /// async fn create_order(Extension(tx): Extension<IdempotencyTransaction<PgTransaction>>) -> &'static str {
 ///     let Ok(mut tx) = tx.lock().await else { return "no transaction" };
-///     let _ = sqlx::query("INSERT INTO orders (id) VALUES (1)").execute(&mut **tx).await;
+///     let _ = sqlx::query("INSERT INTO orders (id) VALUES (1)").execute(tx.conn()).await;
 ///     "placed"
 /// }
 /// ```

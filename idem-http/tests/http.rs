@@ -970,7 +970,7 @@ async fn a_transactional_route_commits_its_rows_with_the_stored_response() {
             let mut tx = tx.lock().await.unwrap();
             sqlx::query(AssertSqlSafe(insert))
                 .bind(&body)
-                .execute(&mut **tx)
+                .execute(tx.conn())
                 .await
                 .unwrap();
             // The run's context: a downstream key stable across retries.

@@ -352,7 +352,7 @@ impl PostgresOutbox {
     /// let scope = Scope::parse("acme", "order-9")?;
     /// let outcome = idem
     ///     .run_in(scope, Fingerprint::of_bytes(b"..."), store.begin(), |_ctx, mut tx| async move {
-    ///         sqlx::query("INSERT INTO orders (id) VALUES (9)").execute(&mut *tx).await?;
+    ///         sqlx::query("INSERT INTO orders (id) VALUES (9)").execute(tx.conn()).await?;
     ///         let placed = NewMessage::new("order-9", "order.placed", b"{}".to_vec())?;
     ///         outbox.enqueue_in(&mut tx, &placed).await?;
     ///         Ok((tx, StoredResponse::new(201, "order 9")))

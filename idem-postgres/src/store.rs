@@ -192,7 +192,7 @@ impl PostgresStore {
     /// let scope = Scope::parse("acme", "order-9")?;
     /// let outcome = idem
     ///     .run_in(scope, Fingerprint::of_bytes(b"..."), store.begin(), |ctx, mut tx| async move {
-    ///         sqlx::query("INSERT INTO orders (id) VALUES (9)").execute(&mut *tx).await?;
+    ///         sqlx::query("INSERT INTO orders (id) VALUES (9)").execute(tx.conn()).await?;
     ///         ctx.checkpoint_in(&mut tx, "order-written", &9).await?;
     ///         Ok((tx, StoredResponse::new(201, "order 9")))
     ///     })

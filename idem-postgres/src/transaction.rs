@@ -16,7 +16,8 @@ use crate::options::TableName;
 
 /// A transaction on the store's database, from [`PostgresStore::begin`](crate::PostgresStore::begin).
 ///
-/// Write your business rows through it (`&mut *tx` is a `PgConnection`);
+/// Write your business rows through it ([`conn`](Self::conn), the
+/// `PgConnection` sqlx executes on, wherever the transaction is held);
 /// the runner completes the record inside it and commits, so the rows and
 /// the stored response commit together. Dropping it rolls back.
 ///
@@ -120,6 +121,30 @@ impl PgTransaction {
             })
             .await;
         self.noted(sent)
+    }
+}
+
+impl PgTransaction {
+    /// The connection the transaction runs on, for your own statements:
+    /// what sqlx executes on. One call, wherever the transaction is held:
+    /// owned by a consumer's handler, or behind the guard an HTTP handler
+    /// locks (`tx.lock().await?.conn()`), where a dereference would take
+    /// two stars.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idem_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_core::store::Transaction;
+    ///
+    /// let mut tx = store.begin().await?;
+    /// idem_postgres::sqlx::query("INSERT INTO orders (id) VALUES ($1)")
+    ///     .bind("order-42")
+    ///     .execute(tx.conn())
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn conn(&mut self) -> &mut PgConnection {
+        &mut self.tx
     }
 }
 

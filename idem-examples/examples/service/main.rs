@@ -52,13 +52,13 @@ impl Handler for Shipping {
         let (Some(id), Some(version)) = (event.aggregate(), event.version()) else {
             return Err(Permanent::new("an order event without its version").into());
         };
-        let check = self.1.advance(&mut *tx, id, version).await?;
+        let check = self.1.advance(tx.conn(), id, version).await?;
         if check == VersionCheck::Apply {
             sqlx::query("INSERT INTO shipments VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET quantity = $3")
                 .bind(id)
                 .bind(version as i64)
                 .bind(i64::from(order.quantity))
-                .execute(&mut *tx)
+                .execute(tx.conn())
                 .await?;
         }
         Ok((tx, check.into()))
@@ -177,7 +177,7 @@ async fn place(
     let insert = sqlx::query("INSERT INTO orders VALUES ($1, $2)")
         .bind(&id)
         .bind(body);
-    insert.execute(&mut **tx).await.map_err(unavailable)?;
+    insert.execute(tx.conn()).await.map_err(unavailable)?;
     outbox
         .enqueue_in(&mut tx, &event)
         .await
