@@ -5,11 +5,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use idem_consumer::{Consumed, Consumer, ConsumerError, Handler, Stuck};
+use idem_consumer::{Consumer, ConsumerError, Handler, Settled, Stuck};
 use idem_core::store::{
     ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution, Timestamp,
 };
-use idem_core::{IdempotencyKey, InvalidInput, Scope, StoreError, Tenant, async_trait};
+use idem_core::{ConsumerName, IdempotencyKey, InvalidInput, StoreError, async_trait};
 use serde::Serialize;
 
 use crate::error::AdminError;
@@ -21,13 +21,13 @@ const PART: &str = "parking";
 /// `idem_consumer::Consumer`, whatever its handler.
 #[async_trait]
 trait Replayer: Send + Sync + 'static {
-    async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Consumed>, ConsumerError>;
+    async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Settled>, ConsumerError>;
     async fn drop_parked(&self, id: &IdempotencyKey, reason: &str) -> Result<bool, StoreError>;
 }
 
 #[async_trait]
 impl<H: Handler> Replayer for Consumer<H> {
-    async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Consumed>, ConsumerError> {
+    async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Settled>, ConsumerError> {
         Consumer::replay(self, id).await
     }
 
@@ -53,7 +53,7 @@ impl<H: Handler> Replayer for Consumer<H> {
 /// ```
 #[derive(Clone)]
 pub struct ConsumerParking {
-    name: Tenant,
+    name: ConsumerName,
     parking: Arc<dyn ParkingStore>,
     consumer: Option<Arc<dyn Replayer>>,
 }
@@ -152,7 +152,7 @@ impl ConsumerParking {
     /// [`InvalidInput`] for a bad name.
     pub fn new(name: &str, parking: Arc<dyn ParkingStore>) -> Result<Self, InvalidInput> {
         Ok(Self {
-            name: Tenant::new(name)?,
+            name: ConsumerName::new(name)?,
             parking,
             consumer: None,
         })
@@ -210,10 +210,6 @@ impl ConsumerParking {
     /// Whether replays run here (the consumer was given).
     pub fn replays(&self) -> bool {
         self.consumer.is_some()
-    }
-
-    fn scope(&self, id: &IdempotencyKey) -> Scope {
-        Scope::new(self.name.clone(), id.clone())
     }
 
     pub(crate) async fn count(&self) -> Result<u64, AdminError> {
@@ -293,13 +289,13 @@ impl ConsumerParking {
             },
         })?;
         match replayed {
-            Some(Consumed::Parked { reason }) => Ok(Done::new(
+            Some(Settled::Parked { reason }) => Ok(Done::new(
                 Action::ConsumerReplay,
                 true,
                 "parked",
                 Some(reason),
             )),
-            Some(Consumed::InProgress { after } | Consumed::Retried { after, .. }) => {
+            Some(Settled::InProgress { after } | Settled::Retried { after, .. }) => {
                 Err(AdminError::Busy {
                     detail: "another delivery of the message is being handled".into(),
                     retry_after: after,
@@ -340,7 +336,7 @@ impl ConsumerParking {
             Some(consumer) => consumer.drop_parked(id, reason).await,
             None => {
                 let resolution = Resolution::Dropped(reason.to_string());
-                self.parking.resolve(&self.scope(id), &resolution).await
+                self.parking.resolve(&self.name, id, &resolution).await
             }
         }
         .map_err(AdminError::store(PART))?;

@@ -14,7 +14,7 @@ use idem_admin::{Admin, ConsumerParking};
 use idem_conformance::consumers::Shop;
 use idem_consumer::Consumer;
 use idem_core::store::{MessageState, OperationState, ParkedState};
-use idem_core::{Idempotency, IdempotencyKey, Tenant};
+use idem_core::{ConsumerName, Idempotency, IdempotencyKey};
 use idem_journal::Journal;
 use idem_memory::MemoryStore;
 use serde_json::json;
@@ -272,7 +272,7 @@ async fn consumers(api: &Api, stores: &Stores, built: &Built) {
     api.post(&drop, json!({"id": "m-1", "reason": "late"}))
         .await
         .assert_problem(409, "conflict");
-    let consumer = Tenant::new(name).unwrap();
+    let consumer = ConsumerName::new(name).unwrap();
     let entry = parking
         .get(&consumer, &IdempotencyKey::new("m-2").unwrap())
         .await

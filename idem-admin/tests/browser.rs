@@ -21,7 +21,7 @@ use idem_admin::{Admin, ConsumerParking};
 use idem_conformance::consumers::Shop;
 use idem_consumer::Consumer;
 use idem_core::store::{MessageState, ParkedState};
-use idem_core::{IdempotencyKey, Tenant};
+use idem_core::{ConsumerName, IdempotencyKey};
 use idem_memory::MemoryStore;
 
 /// A program named by `var`, or found on the `PATH` as `name`.
@@ -268,7 +268,7 @@ async fn the_page_shows_the_stores_and_its_forms_retry_and_drop_in_chromium() {
     assert_eq!(shop.effects().await, ["shipped order-1"]);
     let entry = parking
         .get(
-            &Tenant::new(&name).unwrap(),
+            &ConsumerName::new(&name).unwrap(),
             &IdempotencyKey::new("m-1").unwrap(),
         )
         .await

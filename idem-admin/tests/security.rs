@@ -158,7 +158,7 @@ async fn refused_requests_change_nothing() {
     );
     assert_eq!(
         parking
-            .count(&idem_core::Tenant::new("shipping").unwrap())
+            .count(&idem_core::ConsumerName::new("shipping").unwrap())
             .await
             .unwrap(),
         1

@@ -215,7 +215,7 @@ async fn parking(store: &str, table: &[&str], parking: &dyn idem_core::store::Pa
     said(store, table, &drop).await.says("cancelled");
     let entry = parking
         .get(
-            &idem_core::Tenant::new(&name).unwrap(),
+            &idem_core::ConsumerName::new(&name).unwrap(),
             &idem_core::IdempotencyKey::new("m-1").unwrap(),
         )
         .await

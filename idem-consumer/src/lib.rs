@@ -59,7 +59,7 @@ mod options;
 mod permanent;
 mod raw;
 
-pub use consumer::{Consumed, Consumer, ConsumerError, Handled, Handler, Stuck, WAITING_PER_SLOT};
+pub use consumer::{Consumer, ConsumerError, Handled, Handler, Settled, Stuck, WAITING_PER_SLOT};
 pub use delivery::{BrokerError, Delivery, RedeliveryHorizon, Source, bounded};
 pub use options::ConsumerOptions;
 pub use permanent::Permanent;
@@ -83,12 +83,12 @@ pub const STUCK: &str = "idem_consumer_stuck_aggregates";
 
 /// Records how many aggregates a sweep left stuck.
 #[cfg(feature = "metrics")]
-fn record_stuck(consumer: &idem_core::Tenant, stuck: usize) {
+fn record_stuck(consumer: &idem_core::ConsumerName, stuck: usize) {
     metrics::gauge!(STUCK, "consumer" => consumer.as_str().to_string()).set(stuck as f64);
 }
 
 #[cfg(not(feature = "metrics"))]
-fn record_stuck(_: &idem_core::Tenant, _: usize) {}
+fn record_stuck(_: &idem_core::ConsumerName, _: usize) {}
 
 /// A batch's deliveries counted in [`IN_FLIGHT`] until dropped; its size
 /// recorded in [`BATCH_SIZE`].
@@ -101,7 +101,7 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     #[cfg(feature = "metrics")]
-    pub(crate) fn new(consumer: &idem_core::Tenant, size: usize) -> Self {
+    pub(crate) fn new(consumer: &idem_core::ConsumerName, size: usize) -> Self {
         let name = consumer.as_str().to_string();
         let size = size as f64;
         metrics::histogram!(BATCH_SIZE, "consumer" => name.clone()).record(size);
@@ -111,7 +111,7 @@ impl InFlight {
     }
 
     #[cfg(not(feature = "metrics"))]
-    pub(crate) fn new(_: &idem_core::Tenant, _: usize) -> Self {
+    pub(crate) fn new(_: &idem_core::ConsumerName, _: usize) -> Self {
         Self {}
     }
 }
@@ -126,8 +126,8 @@ impl Drop for InFlight {
 /// Records one settled delivery's metrics.
 #[cfg(feature = "metrics")]
 fn record(
-    consumer: &idem_core::Tenant,
-    consumed: &Consumed,
+    consumer: &idem_core::ConsumerName,
+    consumed: &Settled,
     published_at: Option<idem_core::store::Timestamp>,
 ) {
     use idem_core::store::{Clock, SystemClock};
@@ -141,4 +141,4 @@ fn record(
 }
 
 #[cfg(not(feature = "metrics"))]
-fn record(_: &idem_core::Tenant, _: &Consumed, _: Option<idem_core::store::Timestamp>) {}
+fn record(_: &idem_core::ConsumerName, _: &Settled, _: Option<idem_core::store::Timestamp>) {}

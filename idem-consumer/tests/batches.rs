@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{deliveries, event, outcomes, plain};
 use idem_conformance::consumers::consumer_with;
-use idem_consumer::{Consumed, ConsumerOptions};
+use idem_consumer::{ConsumerOptions, Settled};
 use idem_core::store::{IdempotencyStore, ParkingStore};
 use idem_core::{IdempotencyKey, Scope};
 
@@ -39,14 +39,14 @@ async fn a_batch_commits_once_and_its_redelivery_is_all_duplicates() {
     let ids = ids(10);
     let batch = deliveries(ids.iter().map(|id| plain(id, id)).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled, vec![Consumed::Applied; 10]);
+    assert_eq!(settled, vec![Settled::Applied; 10]);
     assert_eq!(shop.begun(), 1, "one transaction");
     assert_eq!(sorted_effects(&shop).await, ids);
     // Killed between the commit and the acks: the broker delivers the
     // batch again, and nothing applies twice.
     let again = deliveries(ids.iter().map(|id| plain(id, id)).collect());
     let settled = outcomes(consumer.consume_batch(&again).await);
-    assert_eq!(settled, vec![Consumed::Duplicate; 10]);
+    assert_eq!(settled, vec![Settled::Duplicate; 10]);
     assert_eq!(shop.effects().await.len(), 10);
 }
 
@@ -67,10 +67,13 @@ async fn nothing_of_a_batch_shows_before_its_one_commit() {
     // The first two are claimed, handled and completed in the
     // transaction: neither their effects nor their records show yet.
     assert!(shop.effects().await.is_empty());
-    let first = Scope::new(consumer.name().clone(), IdempotencyKey::new("m-0").unwrap());
+    let first = Scope::new(
+        consumer.name().inbox_tenant(),
+        IdempotencyKey::new("m-0").unwrap(),
+    );
     assert!(shop.books.store.get(&first).await.unwrap().is_none());
     go.notify_one();
-    assert_eq!(running.await.unwrap(), vec![Consumed::Applied; 3]);
+    assert_eq!(running.await.unwrap(), vec![Settled::Applied; 3]);
     assert_eq!(sorted_effects(&shop).await, ids(3));
     assert!(shop.books.store.get(&first).await.unwrap().is_some());
 }
@@ -81,12 +84,12 @@ async fn a_poison_message_inside_a_batch_parks_only_itself_and_its_batch_mates_a
     shop.fail("m-2", u32::MAX);
     let batch = deliveries(ids(5).iter().map(|id| plain(id, id)).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[..2], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[..2], [Settled::Applied, Settled::Applied]);
     assert!(
-        matches!(&settled[2], Consumed::Parked { reason } if reason.contains("m-2 is refused")),
+        matches!(&settled[2], Settled::Parked { reason } if reason.contains("m-2 is refused")),
         "{settled:?}"
     );
-    assert_eq!(settled[3..], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[3..], [Settled::Applied, Settled::Applied]);
     assert_eq!(
         sorted_effects(&shop).await,
         ["m-0", "m-1", "m-3", "m-4"],
@@ -109,12 +112,12 @@ async fn a_gap_inside_a_batch_rolls_back_only_its_savepoint() {
         event("c-1", "c", 1),
     ]);
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[0], Consumed::Applied);
+    assert_eq!(settled[0], Settled::Applied);
     assert!(
-        matches!(&settled[1], Consumed::Retried { reason, .. } if reason.contains("version gap")),
+        matches!(&settled[1], Settled::Retried { reason, .. } if reason.contains("version gap")),
         "{settled:?}"
     );
-    assert_eq!(settled[2], Consumed::Applied);
+    assert_eq!(settled[2], Settled::Applied);
     assert_eq!(sorted_effects(&shop).await, ["a@1", "c@1"]);
     assert_eq!(shop.begun(), 1);
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
@@ -122,7 +125,7 @@ async fn a_gap_inside_a_batch_rolls_back_only_its_savepoint() {
     // predecessor applied, applies.
     let filled = deliveries(vec![event("b-1", "b", 1), event("b-2", "b", 2)]);
     for delivery in &filled {
-        assert_eq!(consumer.consume(delivery).await.unwrap(), Consumed::Applied);
+        assert_eq!(consumer.consume(delivery).await.unwrap(), Settled::Applied);
     }
 }
 
@@ -139,10 +142,10 @@ async fn a_duplicate_inside_one_batch_applies_once() {
     assert_eq!(
         settled,
         [
-            Consumed::Applied,
-            Consumed::Applied,
-            Consumed::Applied,
-            Consumed::Duplicate
+            Settled::Applied,
+            Settled::Applied,
+            Settled::Applied,
+            Settled::Duplicate
         ]
     );
     assert_eq!(sorted_effects(&shop).await, ["m-1", "m-2", "twice"]);
@@ -171,9 +174,9 @@ async fn two_deliveries_of_one_message_in_two_batches_at_once_apply_once() {
     // The second batch claims `m` too, and commits first.
     let batch = deliveries(vec![plain("other", "other"), plain("m", "m")]);
     let second = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(second, [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(second, [Settled::Applied, Settled::Applied]);
     go.notify_one();
-    assert_eq!(first.await.unwrap(), [Consumed::Duplicate]);
+    assert_eq!(first.await.unwrap(), [Settled::Duplicate]);
     assert_eq!(sorted_effects(&shop).await, ["m", "other"]);
     // Two transactions: the refused batch's message, on its own, found
     // its record completed before it opened another.

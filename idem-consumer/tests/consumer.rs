@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{Broker, Interrupted, Settled, Shop, TestSource, event, plain};
 use idem_conformance::consumers::{self, Books, MemoryBackend, consumer_with};
 use idem_consumer::{
-    BrokerError, Consumed, Consumer, ConsumerError, ConsumerOptions, Delivery, RedeliveryHorizon,
+    BrokerError, Consumer, ConsumerError, ConsumerOptions, Delivery, RedeliveryHorizon, Settled,
 };
 use idem_core::IdempotencyKey;
 use idem_core::store::{ParkedState, ParkingStore};
@@ -29,7 +29,7 @@ fn consumer() -> (Consumer<Shop>, Shop, MemoryParking) {
 }
 
 /// Delivers and consumes what the broker has ready until it has nothing.
-async fn drain(consumer: &Consumer<Shop>, broker: &Broker) -> Vec<Result<Consumed, String>> {
+async fn drain(consumer: &Consumer<Shop>, broker: &Broker) -> Vec<Result<Settled, String>> {
     let mut outcomes = Vec::new();
     while let Some(delivery) = broker.deliver() {
         outcomes.push(consumer.consume(&delivery).await.map_err(|e| e.to_string()));
@@ -48,7 +48,7 @@ async fn a_message_applies_once_and_its_redelivery_is_acked_without_effect() {
     broker.publish(plain("m-1", "order 1 placed"));
     broker.publish(plain("m-1", "order 1 placed"));
     let outcomes = drain(&consumer, &broker).await;
-    assert_eq!(outcomes, [Ok(Consumed::Applied), Ok(Consumed::Duplicate)]);
+    assert_eq!(outcomes, [Ok(Settled::Applied), Ok(Settled::Duplicate)]);
     assert_eq!(shop.effects().await, ["order 1 placed"]);
     assert_eq!(
         broker.settled(),
@@ -68,7 +68,7 @@ async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect() {
         outcomes[0].as_ref().is_err_and(|e| e.contains("ack")),
         "{outcomes:?}"
     );
-    assert_eq!(outcomes[1], Ok(Consumed::Duplicate));
+    assert_eq!(outcomes[1], Ok(Settled::Duplicate));
     assert_eq!(shop.effects().await, ["order 1 placed"]);
 }
 
@@ -88,13 +88,13 @@ async fn a_duplicate_delivered_while_the_first_is_handled_waits_for_it() {
     entered.notified().await;
     let waiting = consumer.consume(&second).await.unwrap();
     assert!(
-        matches!(waiting, Consumed::InProgress { after } if after > Duration::ZERO),
+        matches!(waiting, Settled::InProgress { after } if after > Duration::ZERO),
         "{waiting:?}"
     );
     go.notify_one();
-    assert_eq!(handling.await.unwrap(), Consumed::Applied);
+    assert_eq!(handling.await.unwrap(), Settled::Applied);
     // The broker delivers the waiting one again: now a duplicate.
-    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Duplicate)]);
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Settled::Duplicate)]);
     assert_eq!(shop.effects().await, ["order 1 placed"]);
 }
 
@@ -108,7 +108,7 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
     let delays: Vec<Duration> = outcomes
         .iter()
         .filter_map(|o| match o {
-            Ok(Consumed::Retried { after, reason }) => {
+            Ok(Settled::Retried { after, reason }) => {
                 assert!(reason.contains("m-1 is refused"), "{reason}");
                 Some(*after)
             }
@@ -117,7 +117,7 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
         .collect();
     assert_eq!(delays, [FIRST, FIRST * 2, FIRST * 4]);
     assert!(
-        matches!(outcomes.last(), Some(Ok(Consumed::Parked { reason })) if reason.contains("refused")),
+        matches!(outcomes.last(), Some(Ok(Settled::Parked { reason })) if reason.contains("refused")),
         "{outcomes:?}"
     );
     assert_eq!(broker.settled().last(), Some(&Settled::Acked("m-1".into())));
@@ -128,7 +128,7 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
 
     shop.fail("m-1", 1);
     let again = consumer.replay(&key("m-1")).await.unwrap();
-    assert!(matches!(again, Some(Consumed::Parked { .. })), "{again:?}");
+    assert!(matches!(again, Some(Settled::Parked { .. })), "{again:?}");
     assert_eq!(
         parking.count(consumer.name()).await.unwrap(),
         1,
@@ -137,7 +137,7 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
 
     assert_eq!(
         consumer.replay(&key("m-1")).await.unwrap(),
-        Some(Consumed::Applied)
+        Some(Settled::Applied)
     );
     assert_eq!(shop.effects().await, ["order 1 placed"]);
     let entry = parking
@@ -152,7 +152,7 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
         "resolved"
     );
     broker.publish(plain("m-1", "order 1 placed"));
-    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Duplicate)]);
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Settled::Duplicate)]);
 }
 
 /// A handler's `Permanent` error parks its message at its first attempt,
@@ -166,7 +166,7 @@ async fn a_permanent_failure_is_parked_at_once_with_its_reason() {
     broker.publish(plain("m-1", "order 1 placed"));
     let outcomes = drain(&consumer, &broker).await;
     assert!(
-        matches!(&outcomes[..], [Ok(Consumed::Parked { reason })] if reason == "permanent: m-1 can never apply"),
+        matches!(&outcomes[..], [Ok(Settled::Parked { reason })] if reason == "permanent: m-1 can never apply"),
         "{outcomes:?}"
     );
     assert_eq!(broker.settled(), [Settled::Acked("m-1".into())]);
@@ -183,11 +183,11 @@ async fn a_permanent_failure_is_parked_at_once_with_its_reason() {
     let batch: Vec<_> = std::iter::from_fn(|| broker.deliver()).collect();
     let outcomes = consumer.consume_batch(&batch).await;
     assert!(
-        matches!(&outcomes[1], Ok(Consumed::Parked { reason }) if reason.starts_with("permanent: ")),
+        matches!(&outcomes[1], Ok(Settled::Parked { reason }) if reason.starts_with("permanent: ")),
         "{outcomes:?}"
     );
-    assert!(matches!(outcomes[0], Ok(Consumed::Applied)), "{outcomes:?}");
-    assert!(matches!(outcomes[2], Ok(Consumed::Applied)), "{outcomes:?}");
+    assert!(matches!(outcomes[0], Ok(Settled::Applied)), "{outcomes:?}");
+    assert!(matches!(outcomes[2], Ok(Settled::Applied)), "{outcomes:?}");
     assert_eq!(shop.effects().await, ["order 2", "order 4"]);
     assert_eq!(consumer.parked(None, 10).await.unwrap().len(), 2);
 }
@@ -224,7 +224,7 @@ async fn an_id_delivered_with_another_payload_is_parked_at_once() {
     let outcomes = drain(&consumer, &broker).await;
     assert_eq!(outcomes.len(), 2);
     assert!(
-        matches!(&outcomes[1], Ok(Consumed::Parked { reason }) if reason.contains("another payload")),
+        matches!(&outcomes[1], Ok(Settled::Parked { reason }) if reason.contains("another payload")),
         "{outcomes:?}"
     );
     assert_eq!(shop.effects().await, ["order 1 placed"]);
@@ -242,9 +242,9 @@ async fn a_stale_event_is_acked_without_effect() {
     assert_eq!(
         outcomes,
         [
-            Ok(Consumed::Applied),
-            Ok(Consumed::Applied),
-            Ok(Consumed::Stale)
+            Ok(Settled::Applied),
+            Ok(Settled::Applied),
+            Ok(Settled::Stale)
         ]
     );
     assert_eq!(shop.effects().await, ["order-1@1", "order-1@2"]);
@@ -263,7 +263,7 @@ async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
     let outcomes = drain(&consumer, &broker).await;
     let parked: Vec<_> = outcomes
         .iter()
-        .filter(|o| matches!(o, Ok(Consumed::Parked { reason }) if reason.contains("version gap")))
+        .filter(|o| matches!(o, Ok(Settled::Parked { reason }) if reason.contains("version gap")))
         .collect();
     assert_eq!(parked.len(), 2, "{outcomes:?}");
     assert_eq!(shop.effects().await, ["order-1@1", "order-2@1"]);
@@ -272,7 +272,7 @@ async fn a_gap_is_retried_parked_and_released_in_order_when_it_fills() {
     assert_eq!(versions, [Some(3), Some(4)]);
 
     broker.publish(event("e-2", "order-1", 2));
-    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Applied)]);
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Settled::Applied)]);
     assert_eq!(
         shop.effects().await,
         [
@@ -689,7 +689,7 @@ async fn copies_no_consumer_settled_do_not_count_toward_parking() {
     let first = broker.deliver().unwrap();
     assert!(matches!(
         consumer.consume(&first).await.unwrap(),
-        Consumed::Retried { .. }
+        Settled::Retried { .. }
     ));
     drop(first);
     for _ in 0..3 {
@@ -699,10 +699,10 @@ async fn copies_no_consumer_settled_do_not_count_toward_parking() {
     assert_eq!(fifth.deliveries(), 5);
     assert!(matches!(
         consumer.consume(&fifth).await.unwrap(),
-        Consumed::Retried { .. }
+        Settled::Retried { .. }
     ));
     drop(fifth);
-    assert_eq!(drain(&consumer, &broker).await, [Ok(Consumed::Applied)]);
+    assert_eq!(drain(&consumer, &broker).await, [Ok(Settled::Applied)]);
     assert_eq!(shop.effects().await, ["order 1 placed"]);
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
 }
@@ -721,7 +721,7 @@ async fn runs_sweep_releases_a_stuck_aggregate() {
     broker.publish(event("e-2", "order-1", 2));
     assert!(matches!(
         drain(&consumer, &broker).await[..],
-        [Ok(Consumed::Parked { .. })]
+        [Ok(Settled::Parked { .. })]
     ));
     assert_eq!(consumer.stuck(10).await.unwrap().len(), 1);
     let mut tx = shop.books.begin().await.unwrap();

@@ -63,7 +63,7 @@ pub use outbox::message::Event;
 pub use plumbing::clock::ManualClock;
 pub use plumbing::error::{BoxError, InvalidInput, Operation, StoreError};
 pub use plumbing::options::StoreOptions;
-pub use plumbing::scope::{IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant, redacted};
+pub use plumbing::scope::{ConsumerName, IdempotencyKey, MAX_NAME_BYTES, Scope, Tenant, redacted};
 pub use plumbing::service::{PartOutput, Service, ServiceError, Shutdown};
 
 /// Re-exported so store crates and their users agree on one version.

@@ -13,7 +13,7 @@ use idem_core::store::{
     Capabilities, InboundMessage, NewParked, ParkedMessage, ParkedQuery, ParkedState, ParkingStore,
     Resolution, Timestamp, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
+use idem_core::{ConsumerName, IdempotencyKey, Operation, StoreError, async_trait};
 
 use crate::codec::{Item, b, check_fits, get_b, get_n, get_s, n, s, text_list};
 use crate::error::{build_failure, classify, corrupt, is_condition_failure};
@@ -117,7 +117,7 @@ crate::part::dynamo_part!(
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use idem_core::Tenant;
+    /// use idem_core::ConsumerName;
     /// use idem_core::store::{ParkedQuery, ParkingStore};
     /// use idem_dynamo::{aws_sdk_dynamodb, DynamoParking, DynamoParkingOptions};
     ///
@@ -125,7 +125,7 @@ crate::part::dynamo_part!(
     /// let client = aws_sdk_dynamodb::Client::from_conf(config);
     /// let parking = DynamoParking::with_options(client, DynamoParkingOptions::default().table("shipping-parked"))?;
     /// parking.create_table().await?; // tests and quick starts
-    /// for entry in parking.parked(&ParkedQuery::new(Tenant::new("shipping")?)).await? {
+    /// for entry in parking.parked(&ParkedQuery::new(ConsumerName::new("shipping")?)).await? {
     ///     println!("{:?}: {}", entry.parked.message, entry.parked.reason);
     /// }
     /// # Ok(()) }
@@ -321,7 +321,7 @@ fn entry(item: &Item, op: Operation) -> Result<ParkedMessage, StoreError> {
     };
     Ok(ParkedMessage {
         parked: NewParked {
-            consumer: Tenant::new(text(attr::PK)?).map_err(|_| corrupt(op, attr::PK))?,
+            consumer: ConsumerName::new(text(attr::PK)?).map_err(|_| corrupt(op, attr::PK))?,
             message,
             reason: text(attr::REASON)?.to_string(),
             deliveries: u32::try_from(number(attr::DELIVERIES)?)
@@ -335,7 +335,7 @@ fn entry(item: &Item, op: Operation) -> Result<ParkedMessage, StoreError> {
 }
 
 impl Entries {
-    fn key(consumer: &Tenant, id: &IdempotencyKey) -> Item {
+    fn key(consumer: &ConsumerName, id: &IdempotencyKey) -> Item {
         Item::from([
             (attr::PK.to_string(), s(consumer.as_str())),
             (attr::SK.to_string(), s(id.as_str())),
@@ -348,7 +348,7 @@ impl Entries {
     async fn query(
         &self,
         index: &str,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         prefix: Option<String>,
         limit: usize,
     ) -> Result<Vec<ParkedMessage>, StoreError> {
@@ -447,7 +447,7 @@ impl ParkingStore for Entries {
 
     async fn get(
         &self,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError> {
         let output = self
@@ -477,7 +477,12 @@ impl ParkingStore for Entries {
         }
     }
 
-    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
+    async fn resolve(
+        &self,
+        consumer: &ConsumerName,
+        id: &IdempotencyKey,
+        resolution: &Resolution,
+    ) -> Result<bool, StoreError> {
         const OP: Operation = Operation::Resolve;
         let mut set = format!(
             "SET #{st} = :st, #{rat} = :now, #{rsv} = :rsv",
@@ -505,7 +510,7 @@ impl ParkingStore for Entries {
             .client
             .update_item()
             .table_name(self.table())
-            .set_key(Some(Self::key(entry.tenant(), entry.key())))
+            .set_key(Some(Self::key(consumer, id)))
             .set_expression_attribute_names(Some(names(&[&update, &condition])))
             .update_expression(update)
             .condition_expression(condition)
@@ -556,7 +561,7 @@ impl ParkingStore for Entries {
         Ok(deleted)
     }
 
-    async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {
+    async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Stats;
         let condition = format!("#{} = :c", attr::PK);
         let mut counted = 0;
@@ -604,7 +609,7 @@ mod tests {
             .and_then(|m| m.with_header("content-type", "text/plain"))
             .unwrap();
         NewParked {
-            consumer: Tenant::new("shipping").unwrap(),
+            consumer: ConsumerName::new("shipping").unwrap(),
             message,
             reason: "bad total".into(),
             deliveries: 5,

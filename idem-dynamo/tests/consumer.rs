@@ -20,7 +20,7 @@ use idem_conformance::consumers::{
     scenario_options,
 };
 use idem_conformance::jetstream::JetStream;
-use idem_consumer::{Consumed, Consumer, ConsumerOptions, Delivery};
+use idem_consumer::{Consumer, ConsumerOptions, Delivery, Settled};
 use idem_core::store::{NewMessage, ParkingStore, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
 use idem_dynamo::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
@@ -280,10 +280,7 @@ async fn the_inbox_claim_and_the_domain_write_commit_in_one_transact_write_items
     };
     let before = counted().await;
     backend.requests.take();
-    assert_eq!(
-        consumer.consume(&delivery).await.unwrap(),
-        Consumed::Applied
-    );
+    assert_eq!(consumer.consume(&delivery).await.unwrap(), Settled::Applied);
     let sent = backend.requests.take();
     let after = counted().await;
     let tables = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
@@ -339,17 +336,17 @@ async fn racing_deliveries_of_one_version_apply_it_once_and_the_loser_is_retried
         async move { consumer.consume(&first).await }
     });
     checked.notified().await;
-    assert_eq!(consumer.consume(&second).await.unwrap(), Consumed::Applied);
+    assert_eq!(consumer.consume(&second).await.unwrap(), Settled::Applied);
     go.notify_one();
     match loser.await.unwrap().unwrap() {
-        Consumed::Retried { reason, .. } => {
+        Settled::Retried { reason, .. } => {
             assert!(reason.contains("ConditionalCheckFailed"), "{reason}");
         }
         other => panic!("expected a retry, got {other:?}"),
     }
     let again = next(&mut source).await;
     assert_eq!(again.message().id().as_str(), first_id);
-    assert_eq!(consumer.consume(&again).await.unwrap(), Consumed::Stale);
+    assert_eq!(consumer.consume(&again).await.unwrap(), Settled::Stale);
     assert_eq!(shop.effects().await, ["order 7"]);
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
     broker.kill(source).await;

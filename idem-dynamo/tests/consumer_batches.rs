@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker::{Broker, TestSource, deliveries, event, outcomes, plain};
-use idem_consumer::{Consumed, Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon};
+use idem_consumer::{Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon, Settled};
 use idem_core::store::{InboundMessage, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
 use idem_dynamo::aws_sdk_dynamodb::types::{
@@ -206,7 +206,7 @@ async fn a_batch_commits_once_and_its_redelivery_is_all_duplicates() {
     let batch = deliveries(ids.iter().map(|id| plain(id, id)).collect());
     let before = common::requests(&inbox).await;
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled, vec![Consumed::Applied; 10]);
+    assert_eq!(settled, vec![Settled::Applied; 10]);
     assert_eq!(books.begun.load(Ordering::SeqCst), 1, "one transaction");
     // Each claim one consistent read, then one TransactWriteItems.
     assert_eq!(common::requests(&inbox).await - before, 10 + 1);
@@ -217,7 +217,7 @@ async fn a_batch_commits_once_and_its_redelivery_is_all_duplicates() {
     let again = deliveries(ids.iter().map(|id| plain(id, id)).collect());
     let before = common::requests(&inbox).await;
     let settled = outcomes(consumer.consume_batch(&again).await);
-    assert_eq!(settled, vec![Consumed::Duplicate; 10]);
+    assert_eq!(settled, vec![Settled::Duplicate; 10]);
     assert_eq!(common::requests(&inbox).await - before, 10);
     assert_eq!(books.effects().await.len(), 10);
     books.delete().await;
@@ -233,12 +233,12 @@ async fn a_poison_message_inside_a_batch_parks_only_itself_and_its_batch_mates_a
         .insert("m-2".to_string(), u32::MAX);
     let batch = deliveries((0..5).map(|n| plain(&format!("m-{n}"), "x")).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[..2], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[..2], [Settled::Applied, Settled::Applied]);
     assert!(
-        matches!(&settled[2], Consumed::Parked { reason } if reason.contains("m-2 is refused")),
+        matches!(&settled[2], Settled::Parked { reason } if reason.contains("m-2 is refused")),
         "{settled:?}"
     );
-    assert_eq!(settled[3..], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[3..], [Settled::Applied, Settled::Applied]);
     assert_eq!(
         books.effects().await,
         ["m-0", "m-1", "m-3", "m-4"],
@@ -262,19 +262,19 @@ async fn a_gap_inside_a_batch_rolls_back_only_its_savepoint() {
         event("c-1", "c", 1),
     ]);
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[0], Consumed::Applied);
+    assert_eq!(settled[0], Settled::Applied);
     assert!(
-        matches!(&settled[1], Consumed::Retried { reason, .. } if reason.contains("version gap")),
+        matches!(&settled[1], Settled::Retried { reason, .. } if reason.contains("version gap")),
         "{settled:?}"
     );
-    assert_eq!(settled[2], Consumed::Applied);
+    assert_eq!(settled[2], Settled::Applied);
     assert_eq!(books.effects().await, ["a-1", "c-1"]);
     assert_eq!(books.begun.load(Ordering::SeqCst), 1);
     // The gap left no claim behind: its next delivery, once the
     // predecessor applied, applies.
     let filled = deliveries(vec![event("b-1", "b", 1), event("b-2", "b", 2)]);
     for delivery in &filled {
-        assert_eq!(consumer.consume(delivery).await.unwrap(), Consumed::Applied);
+        assert_eq!(consumer.consume(delivery).await.unwrap(), Settled::Applied);
     }
     books.delete().await;
 }
@@ -292,10 +292,10 @@ async fn a_duplicate_inside_one_batch_applies_once() {
     assert_eq!(
         settled,
         [
-            Consumed::Applied,
-            Consumed::Applied,
-            Consumed::Applied,
-            Consumed::Duplicate
+            Settled::Applied,
+            Settled::Applied,
+            Settled::Applied,
+            Settled::Duplicate
         ]
     );
     assert_eq!(books.effects().await, ["m-1", "m-2", "twice"]);
@@ -328,11 +328,11 @@ async fn two_deliveries_of_one_message_in_two_batches_at_once_apply_once() {
     // commits first.
     let batch = deliveries(vec![plain("other", "x"), plain("m", "x")]);
     let second = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(second, [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(second, [Settled::Applied, Settled::Applied]);
     // The first batch's commit is cancelled by its claim's condition; on
     // its own, the message is a duplicate.
     go.notify_one();
-    assert_eq!(first.await.unwrap(), [Consumed::Duplicate]);
+    assert_eq!(first.await.unwrap(), [Settled::Duplicate]);
     assert_eq!(books.effects().await, ["m", "other"]);
     // Two batches; on its own, the duplicate opens no transaction.
     assert_eq!(books.begun.load(Ordering::SeqCst), 2);
@@ -349,12 +349,12 @@ async fn a_refused_commit_falls_back_to_one_message_per_transaction() {
         plain("m-3", "x"),
     ]);
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[0], Consumed::Applied);
+    assert_eq!(settled[0], Settled::Applied);
     assert!(
-        matches!(&settled[1], Consumed::Parked { reason } if reason.contains("ConditionalCheckFailed")),
+        matches!(&settled[1], Settled::Parked { reason } if reason.contains("ConditionalCheckFailed")),
         "the cancelled item's cause is named: {settled:?}"
     );
-    assert_eq!(settled[2..], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[2..], [Settled::Applied, Settled::Applied]);
     assert_eq!(books.effects().await, ["m-0", "m-2", "m-3"]);
     // The batch's transaction, then one per message.
     assert_eq!(books.begun.load(Ordering::SeqCst), 1 + 4);
@@ -368,7 +368,7 @@ async fn a_batch_over_a_transactions_100_items_commits_in_several() {
     let ids: Vec<String> = (0..64).map(|n| format!("m-{n:02}")).collect();
     let batch = deliveries(ids.iter().map(|id| plain(id, "x")).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled, vec![Consumed::Applied; 64]);
+    assert_eq!(settled, vec![Settled::Applied; 64]);
     assert_eq!(books.begun.load(Ordering::SeqCst), 2);
     assert_eq!(books.effects().await, ids);
     books.delete().await;
@@ -384,7 +384,7 @@ async fn messages_of_one_aggregate_in_one_batch_apply_in_order() {
         event("a-3", "a", 3),
     ]);
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled, vec![Consumed::Applied; 4]);
+    assert_eq!(settled, vec![Settled::Applied; 4]);
     // a-2 checks `a` again: the first transaction commits a-1 without
     // it; the second takes a-2 and b-1 and commits without a-3.
     assert_eq!(books.begun.load(Ordering::SeqCst), 3);

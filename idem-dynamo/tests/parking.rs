@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use idem_conformance::parking::inbound;
-use idem_conformance::support::fresh_tenant;
+use idem_conformance::support::fresh_consumer;
+use idem_core::IdempotencyKey;
 use idem_core::store::{NewParked, ParkedQuery, ParkingStore, Resolution};
-use idem_core::{IdempotencyKey, Scope};
 
 mod suite {
     idem_conformance::parking_suite!(super::common::own_parking("parking"));
@@ -21,9 +21,8 @@ mod suite {
 async fn every_parking_operation_is_one_request_and_a_purge_one_more_per_entry() {
     let parking = common::own_parking("parking-rt").await;
     let table = parking.table().to_string();
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     let id = IdempotencyKey::new("m-1").unwrap();
-    let entry = Scope::new(consumer.clone(), id.clone());
     let mut costs = Vec::new();
     macro_rules! cost {
         ($what:expr, $op:expr) => {{
@@ -55,14 +54,14 @@ async fn every_parking_operation_is_one_request_and_a_purge_one_more_per_entry()
     let resolved = cost!(
         "resolve",
         parking
-            .resolve(&entry, &Resolution::Replayed)
+            .resolve(&consumer, &id, &Resolution::Replayed)
             .await
             .unwrap()
     );
     let refused = cost!(
         "resolve of a resolved entry",
         parking
-            .resolve(&entry, &Resolution::Replayed)
+            .resolve(&consumer, &id, &Resolution::Replayed)
             .await
             .unwrap()
     );

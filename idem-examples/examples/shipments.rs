@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use idem_consumer::{
-    BrokerError, Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Source,
+    BrokerError, Consumer, ConsumerOptions, Delivery, Handled, Handler, Settled, Source,
     async_trait,
 };
 use idem_core::store::{
@@ -234,7 +234,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let outcome = consumer.consume(&delivery).await?;
         println!("{label}: {}", describe(&outcome));
-        redelivered |= outcome == Consumed::Duplicate;
+        redelivered |= outcome == Settled::Duplicate;
         let shipped: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT version FROM {shipments} WHERE id = 'order-1'"
         )))
@@ -288,14 +288,14 @@ async fn outbox_id(pool: &PgPool, run: &str, status: &str) -> Result<uuid::Uuid,
     .await
 }
 
-fn describe(outcome: &Consumed) -> String {
+fn describe(outcome: &Settled) -> String {
     match outcome {
-        Consumed::Applied => "applied".into(),
-        Consumed::Duplicate => "a duplicate: acked, no second effect".into(),
-        Consumed::Stale => "stale: acked, no effect".into(),
-        Consumed::Retried { after, reason } => format!("{reason}; again in {after:?}"),
-        Consumed::InProgress { after } => format!("held by another delivery; again in {after:?}"),
-        Consumed::Parked { reason } => format!("parked: {reason}"),
+        Settled::Applied => "applied".into(),
+        Settled::Duplicate => "a duplicate: acked, no second effect".into(),
+        Settled::Stale => "stale: acked, no effect".into(),
+        Settled::Retried { after, reason } => format!("{reason}; again in {after:?}"),
+        Settled::InProgress { after } => format!("held by another delivery; again in {after:?}"),
+        Settled::Parked { reason } => format!("parked: {reason}"),
         other => format!("{other:?}"),
     }
 }

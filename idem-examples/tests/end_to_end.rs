@@ -49,7 +49,7 @@ use http::StatusCode;
 use idem_conformance::consumers::KilledBeforeAck;
 use idem_conformance::relays::{DiesAfterConfirm, wait_until};
 use idem_consumer::{
-    Consumed, Consumer, ConsumerError, ConsumerOptions, Delivery, Handler, Source, async_trait,
+    Consumer, ConsumerError, ConsumerOptions, Delivery, Handler, Settled, Source, async_trait,
 };
 use idem_core::store::OutboxStore;
 use idem_outbox::{Publisher, Relay, RelayError, RelayOptions, RelayPass};
@@ -335,14 +335,10 @@ async fn consume<B: Broker, K: Backend>(
         }
         match consumer.consume(&delivery).await {
             Ok(outcome) => {
-                assert!(!matches!(outcome, Consumed::Parked { .. }), "{outcome:?}");
+                assert!(!matches!(outcome, Settled::Parked { .. }), "{outcome:?}");
                 // Seen before: Kafka counts no redelivery, so the tally does.
                 if tally.killed.as_ref() == Some(&id) && tally.deliveries[&id] > 1 {
-                    assert_eq!(
-                        outcome,
-                        Consumed::Duplicate,
-                        "the redelivery after the kill"
-                    );
+                    assert_eq!(outcome, Settled::Duplicate, "the redelivery after the kill");
                     redelivered = true;
                 }
                 tally.count(outcome.as_str());

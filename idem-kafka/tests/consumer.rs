@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_conformance::consumers::{self, ConsumerBroker, MemoryBackend};
 use idem_conformance::kafka::Kafka;
-use idem_consumer::{Consumed, Delivery, Source};
+use idem_consumer::{Delivery, Settled, Source};
 use idem_core::store::NewMessage;
 use idem_kafka::{KafkaSetupError, KafkaSource};
 
@@ -192,7 +192,7 @@ async fn a_rebalance_while_deliveries_are_held_loses_nothing_and_applies_once() 
     for delivery in &held {
         let consumed = consumer.consume(delivery).await.unwrap();
         assert!(
-            matches!(consumed, Consumed::Applied | Consumed::Duplicate),
+            matches!(consumed, Settled::Applied | Settled::Duplicate),
             "{consumed:?}"
         );
     }

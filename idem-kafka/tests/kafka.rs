@@ -16,7 +16,7 @@ use idem_conformance::relays::{
     HoldAfterPublish, LEASE, PATIENCE, Refusing, Running, check_order, drained, fill, logged,
     partitioned, relay_options, sharing_options, wait_until,
 };
-use idem_consumer::{Consumed, Delivery};
+use idem_consumer::{Delivery, Settled};
 use idem_core::ManualClock;
 use idem_core::store::{NewMessage, OutboxStore, Timestamp};
 use idem_kafka::{KafkaOptions, KafkaPublisher, KafkaSetupError};
@@ -234,11 +234,11 @@ async fn a_crash_between_report_and_cursor_move_is_applied_once_by_the_consumer(
     }
     let applied = outcomes
         .iter()
-        .filter(|c| matches!(c, Consumed::Applied))
+        .filter(|c| matches!(c, Settled::Applied))
         .count();
     let duplicates = outcomes
         .iter()
-        .filter(|c| matches!(c, Consumed::Duplicate))
+        .filter(|c| matches!(c, Settled::Duplicate))
         .count();
     assert_eq!((applied, duplicates), (10, 10), "{outcomes:?}");
     assert_eq!(shop.effects().await.len(), 10);

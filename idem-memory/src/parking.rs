@@ -11,7 +11,7 @@ use idem_core::store::{
     ParkedMessage, ParkedQuery, ParkedState, ParkingStore, Resolution, SystemClock,
     TransactionSharing, forward_parking_store, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, Scope, StoreError, Tenant, async_trait};
+use idem_core::{ConsumerName, IdempotencyKey, StoreError, async_trait};
 
 use crate::part::STORE;
 
@@ -20,13 +20,13 @@ use crate::part::STORE;
 /// one lock, so each is atomic. Cloning is cheap and shares the entries.
 ///
 /// ```
-/// use idem_core::Tenant;
+/// use idem_core::ConsumerName;
 /// use idem_core::store::{InboundMessage, NewParked, ParkingStore};
 /// use idem_memory::MemoryParking;
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let parking = MemoryParking::new();
-/// let consumer = Tenant::new("billing")?;
+/// let consumer = ConsumerName::new("billing")?;
 /// let message = InboundMessage::new("m-1", "order.placed", b"{}".to_vec())?;
 /// parking
 ///     .park(&NewParked { consumer: consumer.clone(), message, reason: "bad total".into(), deliveries: 5 })
@@ -43,7 +43,7 @@ pub struct MemoryParking {
 forward_parking_store!(MemoryParking => entries);
 
 /// Entries by consumer and message id.
-type Map = BTreeMap<(Tenant, IdempotencyKey), ParkedMessage>;
+type Map = BTreeMap<(ConsumerName, IdempotencyKey), ParkedMessage>;
 
 #[derive(Clone)]
 struct Entries {
@@ -108,7 +108,7 @@ impl ParkingStore for Entries {
 
     async fn get(
         &self,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError> {
         Ok(self.locked().get(&(consumer.clone(), id.clone())).cloned())
@@ -133,8 +133,12 @@ impl ParkingStore for Entries {
         Ok(found)
     }
 
-    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
-        let (consumer, id) = (entry.tenant(), entry.key());
+    async fn resolve(
+        &self,
+        consumer: &ConsumerName,
+        id: &IdempotencyKey,
+        resolution: &Resolution,
+    ) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut map = self.locked();
         let Some(entry) = map
@@ -168,7 +172,7 @@ impl ParkingStore for Entries {
         Ok(due.len() as u64)
     }
 
-    async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {
+    async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError> {
         let map = self.locked();
         let parked = map
             .values()

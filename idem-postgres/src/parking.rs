@@ -9,7 +9,7 @@ use idem_core::store::{
     Capabilities, InboundMessage, Layered, NewParked, ParkedMessage, ParkedQuery, ParkedState,
     ParkingStore, Resolution, Timestamp, forward_parking_store, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, Operation, Scope, StoreError, Tenant, async_trait};
+use idem_core::{ConsumerName, IdempotencyKey, Operation, StoreError, async_trait};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgRow;
 
@@ -32,14 +32,14 @@ const COLUMNS: &str = "consumer, id, kind, aggregate, version, header_names, hea
 /// batch (`SKIP LOCKED`, so racing purges share the work).
 ///
 /// ```no_run
-/// use idem_core::Tenant;
+/// use idem_core::ConsumerName;
 /// use idem_core::store::{ParkedQuery, ParkingStore};
 /// use idem_postgres::PostgresParking;
 ///
 /// # async fn example(pool: idem_postgres::sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let parking = PostgresParking::new(pool);
 /// parking.migrate().await?;
-/// for entry in parking.parked(&ParkedQuery::new(Tenant::new("billing")?)).await? {
+/// for entry in parking.parked(&ParkedQuery::new(ConsumerName::new("billing")?)).await? {
 ///     println!("{:?}: {}", entry.parked.message, entry.parked.reason);
 /// }
 /// # Ok(()) }
@@ -154,7 +154,7 @@ fn entry(row: &PgRow, op: Operation) -> Result<ParkedMessage, StoreError> {
     let resolved_at: Option<i64> = column(row, "resolved_at", op)?;
     Ok(ParkedMessage {
         parked: NewParked {
-            consumer: Tenant::new(text("consumer")?).map_err(|_| corrupt(op, "consumer"))?,
+            consumer: ConsumerName::new(text("consumer")?).map_err(|_| corrupt(op, "consumer"))?,
             message,
             reason: text("reason")?,
             deliveries: u32::try_from(deliveries).map_err(|_| corrupt(op, "deliveries"))?,
@@ -198,7 +198,7 @@ impl ParkingStore for Entries {
 
     async fn get(
         &self,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError> {
         const OP: Operation = Operation::Get;
@@ -232,8 +232,12 @@ impl ParkingStore for Entries {
         rows.iter().map(|row| entry(row, OP)).collect()
     }
 
-    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
-        let (consumer, id) = (entry.tenant(), entry.key());
+    async fn resolve(
+        &self,
+        consumer: &ConsumerName,
+        id: &IdempotencyKey,
+        resolution: &Resolution,
+    ) -> Result<bool, StoreError> {
         let done = sqlx::query(AssertSqlSafe(self.sql.resolve.clone()))
             .bind(consumer.as_str())
             .bind(id.as_str())
@@ -250,7 +254,7 @@ impl ParkingStore for Entries {
         crate::part::purge(&self.pool, &self.sql.purge, older_than, limit).await
     }
 
-    async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {
+    async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError> {
         const OP: Operation = Operation::Stats;
         let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.count.clone()))
             .bind(consumer.as_str())

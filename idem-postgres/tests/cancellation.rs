@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker::{Broker, TestSource, event};
-use idem_conformance::support::fresh_tenant;
+use idem_conformance::support::{fresh_consumer, fresh_tenant};
 use idem_consumer::{Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon};
 use idem_core::HandlerError;
 use idem_core::store::{
@@ -662,7 +662,7 @@ async fn parkings_aborted_at_random_leave_one_entry_per_message_with_its_last_re
         .unwrap(),
     );
     parking.migrate().await.unwrap();
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     let parked = |n: u32, reason: &str, deliveries: u32| NewParked {
         consumer: consumer.clone(),
         message: InboundMessage::new(&format!("m-{n}"), "order.placed", b"{}".to_vec()).unwrap(),

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker::{Broker, TestSource, deliveries, event, outcomes, plain};
-use idem_consumer::{Consumed, Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon};
+use idem_consumer::{Consumer, ConsumerOptions, Handled, Handler, RedeliveryHorizon, Settled};
 use idem_core::store::{InboundMessage, VersionCheck, VersionStore};
 use idem_core::{HandlerError, StoreError, async_trait};
 use idem_memory::MemoryParking;
@@ -176,7 +176,7 @@ async fn a_batch_commits_once_and_its_redelivery_is_all_duplicates() {
     let ids: Vec<String> = (0..10).map(|n| format!("m-{n}")).collect();
     let batch = deliveries(ids.iter().map(|id| plain(id, id)).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled, vec![Consumed::Applied; 10]);
+    assert_eq!(settled, vec![Settled::Applied; 10]);
     assert_eq!(books.begun.load(Ordering::SeqCst), 1, "one transaction");
     assert_eq!(effects(&pool, &books).await, {
         let mut sorted = ids.clone();
@@ -187,7 +187,7 @@ async fn a_batch_commits_once_and_its_redelivery_is_all_duplicates() {
     // batch again, and nothing applies twice.
     let again = deliveries(ids.iter().map(|id| plain(id, id)).collect());
     let settled = outcomes(consumer.consume_batch(&again).await);
-    assert_eq!(settled, vec![Consumed::Duplicate; 10]);
+    assert_eq!(settled, vec![Settled::Duplicate; 10]);
     assert_eq!(effects(&pool, &books).await.len(), 10);
 }
 
@@ -201,12 +201,12 @@ async fn a_poison_message_inside_a_batch_parks_only_itself_and_its_batch_mates_a
         .insert("m-2".to_string(), u32::MAX);
     let batch = deliveries((0..5).map(|n| plain(&format!("m-{n}"), "x")).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[..2], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[..2], [Settled::Applied, Settled::Applied]);
     assert!(
-        matches!(&settled[2], Consumed::Parked { reason } if reason.contains("m-2 is refused")),
+        matches!(&settled[2], Settled::Parked { reason } if reason.contains("m-2 is refused")),
         "{settled:?}"
     );
-    assert_eq!(settled[3..], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[3..], [Settled::Applied, Settled::Applied]);
     assert_eq!(
         effects(&pool, &books).await,
         ["m-0", "m-1", "m-3", "m-4"],
@@ -230,12 +230,12 @@ async fn a_gap_inside_a_batch_rolls_back_only_its_savepoint() {
         event("c-1", "c", 1),
     ]);
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[0], Consumed::Applied);
+    assert_eq!(settled[0], Settled::Applied);
     assert!(
-        matches!(&settled[1], Consumed::Retried { reason, .. } if reason.contains("version gap")),
+        matches!(&settled[1], Settled::Retried { reason, .. } if reason.contains("version gap")),
         "{settled:?}"
     );
-    assert_eq!(settled[2], Consumed::Applied);
+    assert_eq!(settled[2], Settled::Applied);
     assert_eq!(effects(&pool, &books).await, ["a-1", "c-1"]);
     // The batch ran without savepoints until the gap had to be undone
     // alone: then it began again with one per message, and committed once.
@@ -244,7 +244,7 @@ async fn a_gap_inside_a_batch_rolls_back_only_its_savepoint() {
     // predecessor applied, applies.
     let filled = deliveries(vec![event("b-1", "b", 1), event("b-2", "b", 2)]);
     for delivery in &filled {
-        assert_eq!(consumer.consume(delivery).await.unwrap(), Consumed::Applied);
+        assert_eq!(consumer.consume(delivery).await.unwrap(), Settled::Applied);
     }
 }
 
@@ -261,10 +261,10 @@ async fn a_duplicate_inside_one_batch_applies_once() {
     assert_eq!(
         settled,
         [
-            Consumed::Applied,
-            Consumed::Applied,
-            Consumed::Applied,
-            Consumed::Duplicate
+            Settled::Applied,
+            Settled::Applied,
+            Settled::Applied,
+            Settled::Duplicate
         ]
     );
     assert_eq!(effects(&pool, &books).await, ["m-1", "m-2", "twice"]);
@@ -322,10 +322,10 @@ async fn two_deliveries_of_one_message_in_two_batches_at_once_apply_once() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     go.notify_one();
-    assert_eq!(first.await.unwrap(), [Consumed::Applied]);
+    assert_eq!(first.await.unwrap(), [Settled::Applied]);
     assert_eq!(
         second.await.unwrap(),
-        [Consumed::Applied, Consumed::Duplicate]
+        [Settled::Applied, Settled::Duplicate]
     );
     assert_eq!(effects(&pool, &books).await, ["m", "other"]);
 }
@@ -340,12 +340,12 @@ async fn a_refused_commit_falls_back_to_one_message_per_transaction() {
         plain("m-3", "x"),
     ]);
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled[0], Consumed::Applied);
+    assert_eq!(settled[0], Settled::Applied);
     assert!(
-        matches!(&settled[1], Consumed::Parked { reason } if reason.contains("unique")),
+        matches!(&settled[1], Settled::Parked { reason } if reason.contains("unique")),
         "{settled:?}"
     );
-    assert_eq!(settled[2..], [Consumed::Applied, Consumed::Applied]);
+    assert_eq!(settled[2..], [Settled::Applied, Settled::Applied]);
     assert_eq!(effects(&pool, &books).await, ["m-0", "m-2", "m-3"]);
     // The batch's transaction, then one per message.
     assert_eq!(books.begun.load(Ordering::SeqCst), 1 + 4);

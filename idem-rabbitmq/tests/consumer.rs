@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idem_conformance::consumers::{self, ConsumerBroker, MemoryBackend};
 use idem_conformance::faults::FaultProxy;
-use idem_consumer::{Consumed, Delivery, Source, async_trait};
+use idem_consumer::{Delivery, Settled, Source, async_trait};
 use idem_core::store::NewMessage;
 use idem_outbox::Publisher;
 use idem_rabbitmq::{RabbitOptions, RabbitPublisher, RabbitSource, RabbitSourceOptions};
@@ -180,7 +180,7 @@ async fn a_source_of_its_own_connection_reconnects_after_the_broker_cut_it_off()
     proxy.cut_all();
     let unsettled = consumer.consume(&delivered).await;
     assert!(
-        matches!(unsettled, Ok(Consumed::Applied) | Err(_)),
+        matches!(unsettled, Ok(Settled::Applied) | Err(_)),
         "{unsettled:?}"
     );
     let after = consumers::publish(&*broker.publisher(), &[order("after")]).await;
@@ -199,8 +199,8 @@ async fn a_source_of_its_own_connection_reconnects_after_the_broker_cut_it_off()
     assert_eq!(
         outcomes,
         BTreeMap::from([
-            (before[0].id().to_string(), Consumed::Duplicate),
-            (after[0].id().to_string(), Consumed::Applied),
+            (before[0].id().to_string(), Settled::Duplicate),
+            (after[0].id().to_string(), Settled::Applied),
         ])
     );
     assert_eq!(shop.effects().await, ["before", "after"]);

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_consumer::{
-    Consumed, Consumer, ConsumerOptions, Delivery, Handled, Handler, Permanent, Source, async_trait,
+    Consumer, ConsumerOptions, Delivery, Handled, Handler, Permanent, Settled, Source, async_trait,
 };
 use idem_core::store::{
     InboundMessage, NewMessage, OutboxMessage, OutboxStore, ParkingStore, Transaction, VersionCheck,
@@ -384,7 +384,7 @@ impl ParkingStore for GatedParking {
 
     async fn get(
         &self,
-        consumer: &idem_core::Tenant,
+        consumer: &idem_core::ConsumerName,
         id: &idem_core::IdempotencyKey,
     ) -> Result<Option<idem_core::store::ParkedMessage>, StoreError> {
         self.inner.get(consumer, id).await
@@ -411,17 +411,18 @@ impl ParkingStore for GatedParking {
 
     async fn resolve(
         &self,
-        entry: &idem_core::Scope,
+        consumer: &idem_core::ConsumerName,
+        id: &idem_core::IdempotencyKey,
         resolution: &idem_core::store::Resolution,
     ) -> Result<bool, StoreError> {
-        self.inner.resolve(entry, resolution).await
+        self.inner.resolve(consumer, id, resolution).await
     }
 
     async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         self.inner.purge_resolved(older_than, limit).await
     }
 
-    async fn count(&self, consumer: &idem_core::Tenant) -> Result<u64, StoreError> {
+    async fn count(&self, consumer: &idem_core::ConsumerName) -> Result<u64, StoreError> {
         self.inner.count(consumer).await
     }
 
@@ -583,13 +584,10 @@ pub async fn a_duplicate_delivery_is_acked_without_effect<B: ConsumerBroker, K: 
     assert_eq!(first.message().id().as_str(), sent[0].id().to_string());
     assert_eq!(first.message().aggregate(), Some("order-1"));
     assert_eq!(first.message().version(), Some(1));
-    assert_eq!(consumer.consume(&first).await.unwrap(), Consumed::Applied);
+    assert_eq!(consumer.consume(&first).await.unwrap(), Settled::Applied);
     let second = next(&mut source).await;
     assert_eq!(second.message().id(), first.message().id());
-    assert_eq!(
-        consumer.consume(&second).await.unwrap(),
-        Consumed::Duplicate
-    );
+    assert_eq!(consumer.consume(&second).await.unwrap(), Settled::Duplicate);
     assert_eq!(shop.effects().await, ["order 1"]);
     broker.kill(source).await;
 }
@@ -697,7 +695,7 @@ pub async fn killed_between_commit_and_ack_the_redelivery_has_no_second_effect<
             again.deliveries()
         );
     }
-    assert_eq!(consumer.consume(&again).await.unwrap(), Consumed::Duplicate);
+    assert_eq!(consumer.consume(&again).await.unwrap(), Settled::Duplicate);
     assert_eq!(shop.effects().await, ["order 2"]);
     broker.kill(survivor).await;
 }
@@ -717,7 +715,7 @@ pub async fn a_poison_message_is_parked_and_replayed<B: ConsumerBroker, K: Consu
     let id = sent[0].id().to_string();
     shop.fail(&id, u32::MAX);
     let mut outcomes = Vec::new();
-    while !matches!(outcomes.last(), Some(Consumed::Parked { .. })) {
+    while !matches!(outcomes.last(), Some(Settled::Parked { .. })) {
         let delivery = next(&mut source).await;
         // The broker's count is for traces: the consumer parks by its own.
         assert!(delivery.deliveries() >= 1);
@@ -731,10 +729,7 @@ pub async fn a_poison_message_is_parked_and_replayed<B: ConsumerBroker, K: Consu
     assert!(shop.effects().await.is_empty());
     shop.fail(&id, 0);
     let key = idem_core::IdempotencyKey::new(id).unwrap();
-    assert_eq!(
-        consumer.replay(&key).await.unwrap(),
-        Some(Consumed::Applied)
-    );
+    assert_eq!(consumer.replay(&key).await.unwrap(), Some(Settled::Applied));
     assert_eq!(shop.effects().await, ["order 3"]);
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
     broker.kill(source).await;
@@ -772,7 +767,7 @@ pub async fn a_message_no_handler_can_read_is_parked_at_once<
     );
     let consumed = consumer.consume(&delivery).await.unwrap();
     assert!(
-        matches!(&consumed, Consumed::Parked { reason } if reason.starts_with("malformed: ")),
+        matches!(&consumed, Settled::Parked { reason } if reason.starts_with("malformed: ")),
         "{consumed:?}"
     );
     assert!(shop.effects().await.is_empty(), "no handler saw it");
@@ -795,7 +790,7 @@ pub async fn a_message_no_handler_can_read_is_parked_at_once<
     assert_eq!(following.message().id().as_str(), sent[0].id().to_string());
     assert_eq!(
         consumer.consume(&following).await.unwrap(),
-        Consumed::Applied
+        Settled::Applied
     );
     assert_eq!(parking.count(consumer.name()).await.unwrap(), 1);
     broker.kill(source).await;
@@ -826,7 +821,7 @@ pub async fn a_delivery_no_consumer_settled_is_delivered_again_and_never_counted
     assert!(
         matches!(
             consumer.consume(&first).await.unwrap(),
-            Consumed::Retried { .. }
+            Settled::Retried { .. }
         ),
         "the first attempt fails"
     );
@@ -840,14 +835,14 @@ pub async fn a_delivery_no_consumer_settled_is_delivered_again_and_never_counted
     let mut outcomes = Vec::new();
     while !matches!(
         outcomes.last(),
-        Some(Consumed::Applied | Consumed::Parked { .. })
+        Some(Settled::Applied | Settled::Parked { .. })
     ) {
         let delivery = next(&mut survivor).await;
         assert_eq!(delivery.message().id().as_str(), id);
         outcomes.push(consumer.consume(&delivery).await.unwrap());
     }
     assert!(
-        matches!(outcomes[..], [Consumed::Retried { .. }, Consumed::Applied]),
+        matches!(outcomes[..], [Settled::Retried { .. }, Settled::Applied]),
         "{outcomes:?}"
     );
     assert_eq!(shop.effects().await, ["order 4"]);
@@ -1129,7 +1124,7 @@ pub async fn a_gap_parked_while_its_predecessor_is_released_is_released_too<K: C
     let [v1, v2, v3] = [1, 2, 3].map(|version| event(&run, &aggregate, version));
     let parked = consumer.consume(&Handed::new(v2.clone())).await.unwrap();
     assert!(
-        matches!(&parked, Consumed::Parked { reason } if reason.contains("version gap")),
+        matches!(&parked, Settled::Parked { reason } if reason.contains("version gap")),
         "{parked:?}"
     );
 
@@ -1157,13 +1152,13 @@ pub async fn a_gap_parked_while_its_predecessor_is_released_is_released_too<K: C
         .await
         .expect("v1's consume ends")
         .unwrap();
-    assert_eq!(applied.unwrap(), Consumed::Applied);
+    assert_eq!(applied.unwrap(), Settled::Applied);
     let v3_parked = tokio::time::timeout(crate::relays::PATIENCE, parking_v3)
         .await
         .expect("v3's consume ends")
         .unwrap();
     assert!(
-        matches!(&v3_parked, Ok(Consumed::Parked { .. })),
+        matches!(&v3_parked, Ok(Settled::Parked { .. })),
         "{v3_parked:?}"
     );
     applied_in_order(
@@ -1190,7 +1185,7 @@ pub async fn a_gap_parked_after_its_predecessors_release_releases_itself<K: Cons
     let (consumer, shop, parking) = backend.consumer(scenario_options(1)).await;
     let [v1, v2, v3] = [1, 2, 3].map(|version| event(&run, &aggregate, version));
     let applied = consumer.consume(&Handed::new(v1)).await.unwrap();
-    assert_eq!(applied, Consumed::Applied);
+    assert_eq!(applied, Settled::Applied);
     let (parking_now, go) = parking.hold_park(v3.id().as_str());
     let parking_v3 = tokio::spawn({
         let consumer = consumer.clone();
@@ -1200,14 +1195,14 @@ pub async fn a_gap_parked_after_its_predecessors_release_releases_itself<K: Cons
         .await
         .expect("v3 found the aggregate at 1 and parks");
     let applied = consumer.consume(&Handed::new(v2)).await.unwrap();
-    assert_eq!(applied, Consumed::Applied);
+    assert_eq!(applied, Settled::Applied);
     go.notify_one();
     let v3_parked = tokio::time::timeout(crate::relays::PATIENCE, parking_v3)
         .await
         .expect("v3's consume ends")
         .unwrap();
     assert!(
-        matches!(&v3_parked, Ok(Consumed::Parked { reason }) if reason.contains("version gap")),
+        matches!(&v3_parked, Ok(Settled::Parked { reason }) if reason.contains("version gap")),
         "{v3_parked:?}"
     );
     applied_in_order(&consumer, &shop, &aggregate, 3, "v3 released itself").await;
@@ -1222,17 +1217,17 @@ pub async fn a_duplicate_releases_what_its_first_apply_did_not<K: ConsumerBacken
     let (consumer, shop, parking) = backend.consumer(scenario_options(1)).await;
     let [v1, v2] = [1, 2].map(|version| event(&run, &aggregate, version));
     let parked = consumer.consume(&Handed::new(v2)).await.unwrap();
-    assert!(matches!(parked, Consumed::Parked { .. }), "{parked:?}");
+    assert!(matches!(parked, Settled::Parked { .. }), "{parked:?}");
     parking.fail_listings(1);
     let applied = consumer.consume(&Handed::new(v1.clone())).await.unwrap();
-    assert_eq!(applied, Consumed::Applied);
+    assert_eq!(applied, Settled::Applied);
     assert_eq!(
         consumer.parked(Some(&aggregate), 10).await.unwrap().len(),
         1,
         "the release did not run"
     );
     let again = consumer.consume(&Handed::new(v1)).await.unwrap();
-    assert_eq!(again, Consumed::Duplicate);
+    assert_eq!(again, Settled::Duplicate);
     applied_in_order(&consumer, &shop, &aggregate, 2, "the duplicate released v2").await;
 }
 
@@ -1247,7 +1242,7 @@ pub async fn a_stuck_aggregate_is_listed_and_released<K: ConsumerBackend>(backen
     let [v2, v3] = [2, 3].map(|version| event(&run, &aggregate, version));
     for gap in [&v3, &v2] {
         let parked = consumer.consume(&Handed::new(gap.clone())).await.unwrap();
-        assert!(matches!(parked, Consumed::Parked { .. }), "{parked:?}");
+        assert!(matches!(parked, Settled::Parked { .. }), "{parked:?}");
     }
     let stuck = consumer.stuck(100).await.unwrap();
     let ours: Vec<_> = stuck.iter().filter(|s| s.aggregate == aggregate).collect();

@@ -10,9 +10,9 @@ use idem_core::store::{
     InboundMessage, MAX_OUTBOX_BATCH, NewParked, ParkedMessage, ParkedQuery, ParkedState,
     ParkingStore, Resolution,
 };
-use idem_core::{IdempotencyKey, Scope, StoreError, Tenant};
+use idem_core::{ConsumerName, IdempotencyKey, StoreError};
 
-use crate::support::{eventually, fresh_tenant};
+use crate::support::{eventually, fresh_consumer};
 
 /// A message `id` of `aggregate` at `version`.
 pub fn inbound(id: &str, aggregate: &str, version: Option<u64>) -> InboundMessage {
@@ -22,7 +22,7 @@ pub fn inbound(id: &str, aggregate: &str, version: Option<u64>) -> InboundMessag
         .expect("valid message")
 }
 
-fn new_parked(consumer: &Tenant, message: InboundMessage, reason: &str) -> NewParked {
+fn new_parked(consumer: &ConsumerName, message: InboundMessage, reason: &str) -> NewParked {
     NewParked {
         consumer: consumer.clone(),
         message,
@@ -33,7 +33,7 @@ fn new_parked(consumer: &Tenant, message: InboundMessage, reason: &str) -> NewPa
 
 async fn park<S: ParkingStore + ?Sized>(
     store: &S,
-    consumer: &Tenant,
+    consumer: &ConsumerName,
     message: InboundMessage,
 ) -> ParkedMessage {
     store
@@ -55,7 +55,7 @@ fn ids(entries: &[ParkedMessage]) -> Vec<String> {
 
 async fn listed<S: ParkingStore + ?Sized>(
     store: &S,
-    consumer: &Tenant,
+    consumer: &ConsumerName,
     aggregate: Option<&str>,
 ) -> Vec<String> {
     let mut query = ParkedQuery::new(consumer.clone()).limit(MAX_OUTBOX_BATCH);
@@ -73,7 +73,7 @@ async fn tick() {
 pub async fn park_keeps_the_message_its_reason_and_deliveries<S: ParkingStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     let new = new_parked(&consumer, inbound("m-1", "order-1", Some(3)), "bad total");
     let entry = store.park(&new).await.unwrap();
     assert_eq!(entry.parked, new);
@@ -93,7 +93,7 @@ pub async fn parking_a_message_again_keeps_one_entry_with_the_new_reason<
 >(
     store: Arc<S>,
 ) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     let message = inbound("m-1", "order-1", None);
     park(&*store, &consumer, message.clone()).await;
     let mut again = new_parked(&consumer, message.clone(), "still failing");
@@ -107,7 +107,8 @@ pub async fn parking_a_message_again_keeps_one_entry_with_the_new_reason<
     assert!(
         store
             .resolve(
-                &Scope::new(consumer.clone(), key("m-1")),
+                &consumer,
+                &key("m-1"),
                 &Resolution::Dropped("given up".into())
             )
             .await
@@ -134,7 +135,7 @@ pub async fn parking_a_message_again_keeps_one_entry_with_the_new_reason<
 pub async fn parking_a_message_again_moves_it_after_those_parked_since<S: ParkingStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     let first = park(&*store, &consumer, inbound("m-1", "order-1", None)).await;
     tick().await;
     park(&*store, &consumer, inbound("m-2", "order-2", None)).await;
@@ -154,7 +155,7 @@ pub async fn parking_a_message_again_moves_it_after_those_parked_since<S: Parkin
 /// with the reason and deliveries of one park (the one before, or the
 /// dropped one, even if it lands later), never none.
 pub async fn a_dropped_park_leaves_the_entry_whole<S: ParkingStore + ?Sized>(store: Arc<S>) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     let message = inbound("m-1", "order-1", Some(1));
     park(&*store, &consumer, message.clone()).await;
     // Each park's reason with its deliveries.
@@ -194,21 +195,18 @@ pub async fn a_dropped_park_leaves_the_entry_whole<S: ParkingStore + ?Sized>(sto
 pub async fn get_reads_an_entry_in_any_state_and_nothing_else<S: ParkingStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     park(&*store, &consumer, inbound("m-1", "order-1", None)).await;
     assert!(store.get(&consumer, &key("m-2")).await.unwrap().is_none());
     assert!(
         store
-            .get(&fresh_tenant(), &key("m-1"))
+            .get(&fresh_consumer(), &key("m-1"))
             .await
             .unwrap()
             .is_none()
     );
     store
-        .resolve(
-            &Scope::new(consumer.clone(), key("m-1")),
-            &Resolution::Replayed,
-        )
+        .resolve(&consumer, &key("m-1"), &Resolution::Replayed)
         .await
         .unwrap();
     let read = store
@@ -224,7 +222,7 @@ pub async fn get_reads_an_entry_in_any_state_and_nothing_else<S: ParkingStore + 
 pub async fn list_gives_the_consumers_parked_entries_oldest_first<S: ParkingStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     // Versions opposite to the age: a consumer's listing is by age alone.
     for (id, aggregate, version) in [
         ("m-b", "order-2", Some(9)),
@@ -236,7 +234,7 @@ pub async fn list_gives_the_consumers_parked_entries_oldest_first<S: ParkingStor
     }
     park(
         &*store,
-        &fresh_tenant(),
+        &fresh_consumer(),
         inbound("m-other", "order-1", None),
     )
     .await;
@@ -245,10 +243,7 @@ pub async fn list_gives_the_consumers_parked_entries_oldest_first<S: ParkingStor
         ["m-b", "m-a", "m-c"]
     );
     store
-        .resolve(
-            &Scope::new(consumer.clone(), key("m-a")),
-            &Resolution::Replayed,
-        )
+        .resolve(&consumer, &key("m-a"), &Resolution::Replayed)
         .await
         .unwrap();
     assert_eq!(listed(&*store, &consumer, None).await, ["m-b", "m-c"]);
@@ -257,7 +252,7 @@ pub async fn list_gives_the_consumers_parked_entries_oldest_first<S: ParkingStor
 
 /// List: one aggregate's entries by version, versionless last.
 pub async fn list_of_an_aggregate_orders_it_by_version<S: ParkingStore + ?Sized>(store: Arc<S>) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     for (id, version) in [
         ("v7", Some(7)),
         ("none", None),
@@ -276,7 +271,7 @@ pub async fn list_of_an_aggregate_orders_it_by_version<S: ParkingStore + ?Sized>
 
 /// List: at most `limit` entries.
 pub async fn list_holds_at_most_its_limit<S: ParkingStore + ?Sized>(store: Arc<S>) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     for i in 0..5 {
         park(
             &*store,
@@ -303,22 +298,19 @@ pub async fn list_holds_at_most_its_limit<S: ParkingStore + ?Sized>(store: Arc<S
 
 /// Resolve: a parked entry once, replayed or dropped with the reason.
 pub async fn resolve_settles_a_parked_entry_once<S: ParkingStore + ?Sized>(store: Arc<S>) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     park(&*store, &consumer, inbound("m-1", "order-1", None)).await;
     park(&*store, &consumer, inbound("m-2", "order-1", None)).await;
     let dropped = Resolution::Dropped("refunded by hand".into());
     assert!(
         store
-            .resolve(&Scope::new(consumer.clone(), key("m-1")), &dropped)
+            .resolve(&consumer, &key("m-1"), &dropped)
             .await
             .unwrap()
     );
     assert!(
         !store
-            .resolve(
-                &Scope::new(consumer.clone(), key("m-1")),
-                &Resolution::Replayed
-            )
+            .resolve(&consumer, &key("m-1"), &Resolution::Replayed)
             .await
             .unwrap()
     );
@@ -331,10 +323,7 @@ pub async fn resolve_settles_a_parked_entry_once<S: ParkingStore + ?Sized>(store
     assert_eq!(m1.resolution.as_deref(), Some("refunded by hand"));
     assert!(
         store
-            .resolve(
-                &Scope::new(consumer.clone(), key("m-2")),
-                &Resolution::Replayed
-            )
+            .resolve(&consumer, &key("m-2"), &Resolution::Replayed)
             .await
             .unwrap()
     );
@@ -346,19 +335,13 @@ pub async fn resolve_settles_a_parked_entry_once<S: ParkingStore + ?Sized>(store
     assert_eq!((m2.state, m2.resolution), (ParkedState::Replayed, None));
     assert!(
         !store
-            .resolve(
-                &Scope::new(consumer.clone(), key("absent")),
-                &Resolution::Replayed
-            )
+            .resolve(&consumer, &key("absent"), &Resolution::Replayed)
             .await
             .unwrap()
     );
     assert!(
         !store
-            .resolve(
-                &Scope::new(fresh_tenant(), key("m-2")),
-                &Resolution::Replayed
-            )
+            .resolve(&fresh_consumer(), &key("m-2"), &Resolution::Replayed)
             .await
             .unwrap()
     );
@@ -375,24 +358,18 @@ pub async fn purge_deletes_only_resolved_entries_older_than_asked<S: ParkingStor
     // longer age.
     let mut age = Duration::from_millis(300);
     let consumer = loop {
-        let consumer = fresh_tenant();
+        let consumer = fresh_consumer();
         for id in ["old", "parked", "young"] {
             park(&*store, &consumer, inbound(id, "order-1", None)).await;
         }
         store
-            .resolve(
-                &Scope::new(consumer.clone(), key("old")),
-                &Resolution::Replayed,
-            )
+            .resolve(&consumer, &key("old"), &Resolution::Replayed)
             .await
             .unwrap();
         tokio::time::sleep(age + Duration::from_millis(50)).await;
         let young_resolved = Instant::now();
         store
-            .resolve(
-                &Scope::new(consumer.clone(), key("young")),
-                &Resolution::Dropped("no".into()),
-            )
+            .resolve(&consumer, &key("young"), &Resolution::Dropped("no".into()))
             .await
             .unwrap();
         let purged = store.purge_resolved(age, MAX_OUTBOX_BATCH).await.unwrap();
@@ -436,11 +413,11 @@ pub async fn purge_deletes_only_resolved_entries_older_than_asked<S: ParkingStor
 
 /// Purge: at most `limit` entries at a time.
 pub async fn purge_deletes_up_to_its_limit<S: ParkingStore + ?Sized>(store: Arc<S>) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     for id in ["m-1", "m-2", "m-3"] {
         park(&*store, &consumer, inbound(id, "order-1", None)).await;
-        let entry = Scope::new(consumer.clone(), key(id));
-        assert!(store.resolve(&entry, &Resolution::Replayed).await.unwrap());
+        let resolved = store.resolve(&consumer, &key(id), &Resolution::Replayed);
+        assert!(resolved.await.unwrap());
     }
     assert_eq!(store.purge_resolved(Duration::ZERO, 2).await.unwrap(), 2);
     assert_eq!(store.purge_resolved(Duration::ZERO, 2).await.unwrap(), 1);
@@ -448,17 +425,14 @@ pub async fn purge_deletes_up_to_its_limit<S: ParkingStore + ?Sized>(store: Arc<
 
 /// Count: a consumer's parked entries.
 pub async fn count_counts_a_consumers_parked_entries<S: ParkingStore + ?Sized>(store: Arc<S>) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     assert_eq!(store.count(&consumer).await.unwrap(), 0);
     for id in ["m-1", "m-2", "m-3"] {
         park(&*store, &consumer, inbound(id, "order-1", None)).await;
     }
-    park(&*store, &fresh_tenant(), inbound("m-1", "order-1", None)).await;
+    park(&*store, &fresh_consumer(), inbound("m-1", "order-1", None)).await;
     store
-        .resolve(
-            &Scope::new(consumer.clone(), key("m-2")),
-            &Resolution::Replayed,
-        )
+        .resolve(&consumer, &key("m-2"), &Resolution::Replayed)
         .await
         .unwrap();
     assert_eq!(store.count(&consumer).await.unwrap(), 2);
@@ -468,7 +442,7 @@ pub async fn count_counts_a_consumers_parked_entries<S: ParkingStore + ?Sized>(s
 pub async fn parking_limits_out_of_range_are_invalid_input<S: ParkingStore + ?Sized>(
     store: Arc<S>,
 ) {
-    let consumer = fresh_tenant();
+    let consumer = fresh_consumer();
     for limit in [0, MAX_OUTBOX_BATCH + 1] {
         let listed = store
             .parked(&ParkedQuery::new(consumer.clone()).limit(limit))

@@ -8,8 +8,8 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, Lease, Record, SystemClock, Timestamp,
 };
 use idem_core::{
-    Checkpoint, Fingerprint, Idempotency, IdempotencyKey, RunError, RunOutcome, Scope, StoreError,
-    StoredResponse, Tenant,
+    Checkpoint, ConsumerName, Fingerprint, Idempotency, IdempotencyKey, RunError, RunOutcome,
+    Scope, StoreError, StoredResponse, Tenant,
 };
 
 /// A lease short enough that cases can wait it out.
@@ -78,6 +78,11 @@ pub const SKEW: Duration = Duration::from_secs(3 * 3600);
 /// A tenant no other case uses.
 pub fn fresh_tenant() -> Tenant {
     Tenant::new(format!("conformance-{}", uuid::Uuid::new_v4())).expect("valid tenant")
+}
+
+/// A consumer name no other test uses.
+pub fn fresh_consumer() -> ConsumerName {
+    ConsumerName::new(format!("conformance-{}", uuid::Uuid::new_v4())).expect("valid consumer name")
 }
 
 /// A scope in a fresh tenant.

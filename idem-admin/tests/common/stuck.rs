@@ -13,7 +13,7 @@ use idem_core::store::{
     NewMessage, NewOperation, NewParked, OperationId, OperationKey, OperationState, OutboxStore,
     OwnerToken, ParkingStore, PublishFailure,
 };
-use idem_core::{Fingerprint, Idempotency, Scope, StoredResponse, Tenant};
+use idem_core::{ConsumerName, Fingerprint, Idempotency, Scope, StoredResponse, Tenant};
 
 /// A completed record of `key` in `tenant`, its response `body`.
 pub async fn completed_record<S: IdempotencyStore + ?Sized>(
@@ -114,7 +114,7 @@ pub async fn parked_message(
         .with_aggregate(aggregate, None)
         .unwrap();
     let parked = NewParked {
-        consumer: Tenant::new(consumer).unwrap(),
+        consumer: ConsumerName::new(consumer).unwrap(),
         message,
         reason: "no carrier ships a lost order".into(),
         deliveries: 5,
@@ -136,7 +136,7 @@ pub async fn parked_gap(
         .with_aggregate(aggregate, Some(version))
         .unwrap();
     let parked = NewParked {
-        consumer: Tenant::new(consumer).unwrap(),
+        consumer: ConsumerName::new(consumer).unwrap(),
         message,
         reason: format!("version gap: the aggregate is at {at}, the event at {version}"),
         deliveries: 5,

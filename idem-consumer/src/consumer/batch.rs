@@ -109,7 +109,7 @@ impl<H: Handler> Consumer<H> {
     pub async fn consume_batch<D: Delivery>(
         &self,
         batch: &[D],
-    ) -> Vec<Result<Consumed, ConsumerError>> {
+    ) -> Vec<Result<Settled, ConsumerError>> {
         if batch.is_empty() {
             return Vec::new();
         }
@@ -302,8 +302,8 @@ impl<H: Handler> Consumer<H> {
             }
             for (at, handled) in taken.into_iter().zip(handled) {
                 let consumed = match handled {
-                    Handled::Applied => Consumed::Applied,
-                    _ => Consumed::Stale,
+                    Handled::Applied => Settled::Applied,
+                    _ => Settled::Stale,
                 };
                 done.push((at, Attempt::Done(consumed)));
             }
@@ -358,8 +358,8 @@ impl<H: Handler> Consumer<H> {
             // A gap writes nothing and leaves no claim behind.
             Handled::Gap { current } => Err(Attempt::Gap(gap(current, message))),
             handled => match tx.complete(&lease, &handled.to_stored()).await {
-                Ok(()) if handled == Handled::Applied => Ok(Attempt::Done(Consumed::Applied)),
-                Ok(()) => Ok(Attempt::Done(Consumed::Stale)),
+                Ok(()) if handled == Handled::Applied => Ok(Attempt::Done(Settled::Applied)),
+                Ok(()) => Ok(Attempt::Done(Settled::Stale)),
                 Err(StoreError::LostLease) => Err(Attempt::Busy(self.parts.options.first_backoff)),
                 Err(
                     error @ (StoreError::Rejected { .. }
@@ -394,7 +394,7 @@ impl<H: Handler> Consumer<H> {
         &self,
         batch: &[D],
         attempts: Vec<Attempt>,
-    ) -> Vec<Result<Consumed, ConsumerError>> {
+    ) -> Vec<Result<Settled, ConsumerError>> {
         let mut settled = Vec::with_capacity(batch.len());
         let mut acks = Vec::new();
         let mut releases = Vec::new();

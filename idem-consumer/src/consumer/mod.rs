@@ -24,8 +24,8 @@ use idem_core::store::{
     ParkedQuery, ParkingStore, Resolution, Transaction, VersionCheck,
 };
 use idem_core::{
-    Fingerprint, HandlerError, Idempotency, IdempotencyKey, InvalidInput, RunError, RunOutcome,
-    Scope, Storable, StoreError, StoredResponse, Tenant, Verdict, async_trait,
+    ConsumerName, Fingerprint, HandlerError, Idempotency, IdempotencyKey, InvalidInput, RunError,
+    RunOutcome, Scope, Storable, StoreError, StoredResponse, Verdict, async_trait,
 };
 use tracing::{Instrument, field};
 
@@ -40,7 +40,7 @@ pub const WAITING_PER_SLOT: usize = 8;
 
 /// What a handler found a message to be, after its writes: the handler's
 /// verdict, which it returns. What the consumer then made of the delivery
-/// (committed and acknowledged, retried, parked...) is a [`Consumed`].
+/// (committed and acknowledged, retried, parked...) is a [`Settled`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Handled {
@@ -184,11 +184,15 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// What became of one delivery: the consumer's outcome, from the
-/// handler's verdict ([`Handled`]), the inbox and the broker's answer.
+/// How the consumer settled one delivery with its broker: acknowledged
+/// (applied, stale, a duplicate, parked) or given back to be delivered
+/// again (retried, in progress elsewhere). The consumer decides it from the
+/// handler's verdict (a [`Handled`], which only a handler returns), the
+/// inbox and the commit; [`Consumer::consume`] and the batch calls answer
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Consumed {
+pub enum Settled {
     /// Applied and committed, then acknowledged.
     Applied,
     /// Found stale by its version check: acknowledged, nothing written.
@@ -215,7 +219,7 @@ pub enum Consumed {
     },
 }
 
-impl Consumed {
+impl Settled {
     /// The outcome's name, as spans and metrics carry it.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -301,7 +305,7 @@ pub struct Consumer<H> {
 }
 
 struct Parts<H> {
-    name: Tenant,
+    name: ConsumerName,
     idem: Idempotency,
     parking: Arc<dyn ParkingStore>,
     handler: H,
@@ -373,8 +377,9 @@ async fn keep_alive<D: Delivery + ?Sized>(held: &[&D]) {
 }
 
 impl<H: Handler> Consumer<H> {
-    /// A consumer named `name` (its inbox's tenant: one name per consuming
-    /// service) with the default options.
+    /// A consumer named `name` (a [`ConsumerName`]: one per consuming
+    /// service; its inbox records are kept under the tenant of that name,
+    /// [`ConsumerName::inbox_tenant`]) with the default options.
     ///
     /// # Errors
     ///
@@ -402,7 +407,7 @@ impl<H: Handler> Consumer<H> {
         handler: H,
         options: ConsumerOptions,
     ) -> Result<Self, InvalidInput> {
-        let name = Tenant::new(name)?;
+        let name = ConsumerName::new(name)?;
         let options = options.validated()?;
         let idem = Idempotency::new(inbox)
             .with_lease(options.lease)?
@@ -421,7 +426,7 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// The consumer's name.
-    pub fn name(&self) -> &Tenant {
+    pub fn name(&self) -> &ConsumerName {
         &self.parts.name
     }
 

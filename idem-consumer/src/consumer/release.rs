@@ -49,7 +49,7 @@ impl Stuck {
     /// The parking store's.
     pub async fn find(
         parking: &dyn ParkingStore,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         limit: usize,
     ) -> Result<Vec<Self>, StoreError> {
         let oldest = parking
@@ -141,7 +141,7 @@ impl<H: Handler> Consumer<H> {
                 match self.replay_waiting(entry).await? {
                     // Resolved meanwhile by another release: on to the next.
                     None => {}
-                    Some(Consumed::Applied | Consumed::Stale | Consumed::Duplicate) => {
+                    Some(Settled::Applied | Settled::Stale | Settled::Duplicate) => {
                         replayed += 1;
                     }
                     Some(_) => return Ok(replayed),
@@ -160,17 +160,17 @@ impl<H: Handler> Consumer<H> {
     pub(super) async fn replay_waiting(
         &self,
         entry: &ParkedMessage,
-    ) -> Result<Option<Consumed>, ConsumerError> {
+    ) -> Result<Option<Settled>, ConsumerError> {
         let patience = tokio::time::Instant::now() + self.parts.options.lease.saturating_mul(2);
         let mut pause = Duration::from_millis(10);
         loop {
             let consumed = self.replay_entry(entry).await?;
-            let Some(Consumed::InProgress { after }) = consumed else {
+            let Some(Settled::InProgress { after }) = consumed else {
                 return Ok(consumed);
             };
             let now = tokio::time::Instant::now();
             if now >= patience {
-                return Ok(Some(Consumed::InProgress { after }));
+                return Ok(Some(Settled::InProgress { after }));
             }
             tokio::time::sleep(pause.min(after).min(patience - now)).await;
             pause = pause.saturating_mul(2).min(Duration::from_secs(1));
@@ -230,12 +230,12 @@ impl<H: Handler> Consumer<H> {
     /// # Errors
     ///
     /// A store failure (the message stays parked).
-    pub async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Consumed>, ConsumerError> {
+    pub async fn replay(&self, id: &IdempotencyKey) -> Result<Option<Settled>, ConsumerError> {
         let Some(entry) = self.parts.parking.get(&self.parts.name, id).await? else {
             return Ok(None);
         };
         let consumed = self.replay_entry(&entry).await?;
-        if consumed == Some(Consumed::Applied) {
+        if consumed == Some(Settled::Applied) {
             self.release_behind(&entry.parked.message).await;
         }
         Ok(consumed)
@@ -244,7 +244,7 @@ impl<H: Handler> Consumer<H> {
     pub(super) async fn replay_entry(
         &self,
         entry: &ParkedMessage,
-    ) -> Result<Option<Consumed>, ConsumerError> {
+    ) -> Result<Option<Settled>, ConsumerError> {
         if entry.state != idem_core::store::ParkedState::Parked {
             return Ok(None);
         }
@@ -253,19 +253,16 @@ impl<H: Handler> Consumer<H> {
             Attempt::Done(consumed) => {
                 self.parts
                     .parking
-                    .resolve(
-                        &Scope::new(self.parts.name.clone(), message.id().clone()),
-                        &Resolution::Replayed,
-                    )
+                    .resolve(&self.parts.name, message.id(), &Resolution::Replayed)
                     .await?;
                 consumed
             }
-            Attempt::Busy(after) => Consumed::InProgress { after },
+            Attempt::Busy(after) => Settled::InProgress { after },
             Attempt::Unavailable(error) => return Err(error.into()),
             Attempt::Failed(reason) | Attempt::Gap(reason) | Attempt::Poison(reason) => {
                 let deliveries = entry.parked.deliveries.saturating_add(1);
                 self.park(message, &reason, deliveries).await?;
-                Consumed::Parked { reason }
+                Settled::Parked { reason }
             }
         };
         Ok(Some(consumed))
@@ -280,7 +277,7 @@ impl<H: Handler> Consumer<H> {
         let dropped = Resolution::Dropped(reason.to_string());
         self.parts
             .parking
-            .resolve(&Scope::new(self.parts.name.clone(), id.clone()), &dropped)
+            .resolve(&self.parts.name, id, &dropped)
             .await
     }
 }

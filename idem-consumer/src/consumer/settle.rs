@@ -24,7 +24,7 @@ pub(super) fn handler_failed(error: idem_core::BoxError) -> Attempt {
 
 /// How a delivery was settled, short of its ack.
 pub(super) struct Settlement {
-    pub(super) consumed: Consumed,
+    pub(super) consumed: Settled,
     /// Whether it is to be acknowledged.
     pub(super) ack: bool,
     /// Whether its aggregate's parked later versions are to be replayed.
@@ -33,7 +33,7 @@ pub(super) struct Settlement {
 
 impl Settlement {
     /// Asked of the broker again: not acknowledged, nothing released.
-    fn unacked(consumed: Consumed) -> Self {
+    fn unacked(consumed: Settled) -> Self {
         Self {
             consumed,
             ack: false,
@@ -44,7 +44,7 @@ impl Settlement {
 
 /// How one attempt at a message ended, before the delivery is settled.
 pub(super) enum Attempt {
-    Done(Consumed),
+    Done(Settled),
     /// The message's fault: counts toward parking.
     Failed(String),
     /// A version gap: counts toward parking; parked, its aggregate is
@@ -75,7 +75,7 @@ impl<H: Handler> Consumer<H> {
     pub async fn consume<D: Delivery + ?Sized>(
         &self,
         delivery: &D,
-    ) -> Result<Consumed, ConsumerError> {
+    ) -> Result<Settled, ConsumerError> {
         let span = self.delivery_span(delivery);
         let result = self.settle(delivery).instrument(span.clone()).await;
         self.settled(&span, delivery, &result);
@@ -85,7 +85,7 @@ impl<H: Handler> Consumer<H> {
     pub(super) async fn settle<D: Delivery + ?Sized>(
         &self,
         delivery: &D,
-    ) -> Result<Consumed, ConsumerError> {
+    ) -> Result<Settled, ConsumerError> {
         let attempt = match delivery.malformed() {
             Some(reason) => Attempt::Poison(format!("{MALFORMED}{reason}")),
             None => {
@@ -127,12 +127,12 @@ impl<H: Handler> Consumer<H> {
                 failures.forget(message.id());
                 // A duplicate too: the consumer that applied it may have
                 // died before it released what waits behind it.
-                let release = matches!(consumed, Consumed::Applied | Consumed::Duplicate);
+                let release = matches!(consumed, Settled::Applied | Settled::Duplicate);
                 (consumed, release)
             }
             Attempt::Busy(after) => {
                 delivery.retry(after).await?;
-                return Ok(Settlement::unacked(Consumed::InProgress { after }));
+                return Ok(Settlement::unacked(Settled::InProgress { after }));
             }
             Attempt::Unavailable(error) => {
                 // Not the message's fault: paced by the broker's count, as
@@ -140,26 +140,26 @@ impl<H: Handler> Consumer<H> {
                 let after = self.parts.options.delay_after(delivery.deliveries());
                 delivery.retry(after).await?;
                 let reason = error.to_string();
-                return Ok(Settlement::unacked(Consumed::Retried { after, reason }));
+                return Ok(Settlement::unacked(Settled::Retried { after, reason }));
             }
             Attempt::Failed(reason) | Attempt::Gap(reason)
                 if failures.count(message.id()).saturating_add(1) < parks_at =>
             {
                 let after = self.parts.options.delay_after(failures.fail(message.id()));
                 delivery.retry(after).await?;
-                return Ok(Settlement::unacked(Consumed::Retried { after, reason }));
+                return Ok(Settlement::unacked(Settled::Retried { after, reason }));
             }
             Attempt::Gap(reason) => {
                 let tried = failures.count(message.id()).saturating_add(1);
                 self.park(message, &reason, tried).await?;
                 failures.forget(message.id());
-                (Consumed::Parked { reason }, true)
+                (Settled::Parked { reason }, true)
             }
             Attempt::Failed(reason) | Attempt::Poison(reason) => {
                 let tried = failures.count(message.id()).saturating_add(1);
                 self.park(message, &reason, tried).await?;
                 failures.forget(message.id());
-                (Consumed::Parked { reason }, false)
+                (Settled::Parked { reason }, false)
             }
         };
         Ok(Settlement {
@@ -174,7 +174,7 @@ impl<H: Handler> Consumer<H> {
         &self,
         message: &InboundMessage,
     ) -> Result<ClaimRequest, StoreError> {
-        let scope = Scope::new(self.parts.name.clone(), message.id().clone());
+        let scope = Scope::new(self.parts.name.inbox_tenant(), message.id().clone());
         ClaimRequest::new(scope, Fingerprint::of_bytes(message.payload()))
             .with_lease(self.parts.options.lease)
             .and_then(|request| request.with_retention(self.parts.options.retention))
@@ -184,7 +184,7 @@ impl<H: Handler> Consumer<H> {
     /// What a claim that did not claim makes of its message.
     pub(super) fn unclaimed(&self, outcome: ClaimOutcome) -> Attempt {
         match outcome {
-            ClaimOutcome::Completed(_) => Attempt::Done(Consumed::Duplicate),
+            ClaimOutcome::Completed(_) => Attempt::Done(Settled::Duplicate),
             ClaimOutcome::InProgress { retry_after } => Attempt::Busy(retry_after),
             ClaimOutcome::Mismatch => Attempt::Poison(MISMATCH.to_string()),
             _ => Attempt::Busy(self.parts.options.first_backoff),
@@ -209,7 +209,7 @@ impl<H: Handler> Consumer<H> {
         &self,
         span: &tracing::Span,
         delivery: &D,
-        result: &Result<Consumed, ConsumerError>,
+        result: &Result<Settled, ConsumerError>,
     ) {
         match result {
             Ok(consumed) => {
@@ -239,7 +239,7 @@ impl<H: Handler> Consumer<H> {
 
     /// One attempt: the inbox claim, the handler and the commit.
     pub(super) async fn attempt(&self, message: &InboundMessage) -> Attempt {
-        let scope = Scope::new(self.parts.name.clone(), message.id().clone());
+        let scope = Scope::new(self.parts.name.inbox_tenant(), message.id().clone());
         let fingerprint = Fingerprint::of_bytes(message.payload());
         let handler = &self.parts.handler;
         let run = self
@@ -260,9 +260,9 @@ impl<H: Handler> Consumer<H> {
             Ok(RunOutcome::Executed(Handled::Gap { current })) => {
                 Attempt::Gap(gap(current, message))
             }
-            Ok(RunOutcome::Executed(Handled::Stale { .. })) => Attempt::Done(Consumed::Stale),
-            Ok(RunOutcome::Executed(_)) => Attempt::Done(Consumed::Applied),
-            Ok(RunOutcome::Replayed(_)) => Attempt::Done(Consumed::Duplicate),
+            Ok(RunOutcome::Executed(Handled::Stale { .. })) => Attempt::Done(Settled::Stale),
+            Ok(RunOutcome::Executed(_)) => Attempt::Done(Settled::Applied),
+            Ok(RunOutcome::Replayed(_)) => Attempt::Done(Settled::Duplicate),
             Err(RunError::InProgress { retry_after }) => Attempt::Busy(retry_after),
             Err(RunError::Mismatch) => Attempt::Poison(MISMATCH.to_string()),
             Err(RunError::NotStarted(error) | RunError::Failed(error)) => handler_failed(error),

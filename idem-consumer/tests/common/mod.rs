@@ -243,7 +243,7 @@ pub fn deliveries(messages: Vec<InboundMessage>) -> Vec<TestDelivery> {
 
 /// What a batch's deliveries came to, each of which must have settled.
 pub fn outcomes(
-    settled: Vec<Result<idem_consumer::Consumed, idem_consumer::ConsumerError>>,
-) -> Vec<idem_consumer::Consumed> {
+    settled: Vec<Result<idem_consumer::Settled, idem_consumer::ConsumerError>>,
+) -> Vec<idem_consumer::Settled> {
     settled.into_iter().map(Result::unwrap).collect()
 }

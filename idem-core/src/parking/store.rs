@@ -6,7 +6,7 @@ use crate::plumbing::capabilities::Capabilities;
 use crate::plumbing::clock::Timestamp;
 use crate::plumbing::error::{InvalidInput, Operation, StoreError};
 use crate::plumbing::layer::Layered;
-use crate::plumbing::scope::{IdempotencyKey, Scope, Tenant};
+use crate::plumbing::scope::{ConsumerName, IdempotencyKey};
 use async_trait::async_trait;
 use std::fmt;
 use std::time::Duration;
@@ -45,7 +45,7 @@ impl ParkedState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewParked {
     /// The consumer that could not apply it.
-    pub consumer: Tenant,
+    pub consumer: ConsumerName,
     /// The message.
     pub message: InboundMessage,
     /// Why (the handler's last error, a version gap, ...).
@@ -142,21 +142,26 @@ pub trait ParkingStore: Send + Sync + fmt::Debug + 'static {
     /// One entry.
     async fn get(
         &self,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError>;
 
     /// The parked entries `query` asks for.
     async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError>;
 
-    /// Resolves a parked entry; whether it was parked.
-    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError>;
+    /// Resolves a consumer's parked entry; whether it was parked.
+    async fn resolve(
+        &self,
+        consumer: &ConsumerName,
+        id: &IdempotencyKey,
+        resolution: &Resolution,
+    ) -> Result<bool, StoreError>;
 
     /// Deletes up to `limit` entries resolved before `older_than` ago.
     async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError>;
 
     /// How many entries a consumer has parked.
-    async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError>;
+    async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError>;
 
     /// What the store is.
     fn capabilities(&self) -> Capabilities;
@@ -176,11 +181,11 @@ pub fn validate_parking_batch(limit: usize) -> Result<usize, InvalidInput> {
 /// of one aggregate if given, at most `limit`.
 ///
 /// ```
-/// use idem_core::Tenant;
+/// use idem_core::ConsumerName;
 /// use idem_core::store::ParkedQuery;
 ///
 /// # fn example() -> Result<(), idem_core::InvalidInput> {
-/// let waiting = ParkedQuery::new(Tenant::new("shipping")?).of_aggregate("order-7").limit(10);
+/// let waiting = ParkedQuery::new(ConsumerName::new("shipping")?).of_aggregate("order-7").limit(10);
 /// assert_eq!(waiting.aggregate.as_deref(), Some("order-7"));
 /// # Ok(()) }
 /// ```
@@ -188,7 +193,7 @@ pub fn validate_parking_batch(limit: usize) -> Result<usize, InvalidInput> {
 #[non_exhaustive]
 pub struct ParkedQuery {
     /// The consumer whose entries are listed.
-    pub consumer: Tenant,
+    pub consumer: ConsumerName,
     /// Only this aggregate's entries, by version, if given.
     pub aggregate: Option<String>,
     /// At most this many (1 to [`MAX_OUTBOX_BATCH`](crate::store::MAX_OUTBOX_BATCH):
@@ -198,7 +203,7 @@ pub struct ParkedQuery {
 
 impl ParkedQuery {
     /// Every parked entry of `consumer`, oldest first, at most 100.
-    pub fn new(consumer: Tenant) -> Self {
+    pub fn new(consumer: ConsumerName) -> Self {
         Self {
             consumer,
             aggregate: None,
@@ -230,7 +235,7 @@ impl<S: ParkingStore> ParkingStore for Layered<S> {
 
     async fn get(
         &self,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError> {
         let read = self.get_ref().get(consumer, id);
@@ -242,8 +247,13 @@ impl<S: ParkingStore> ParkingStore for Layered<S> {
         self.layer().call(Operation::List, None, listed).await
     }
 
-    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
-        let done = self.get_ref().resolve(entry, resolution);
+    async fn resolve(
+        &self,
+        consumer: &ConsumerName,
+        id: &IdempotencyKey,
+        resolution: &Resolution,
+    ) -> Result<bool, StoreError> {
+        let done = self.get_ref().resolve(consumer, id, resolution);
         self.layer().call(Operation::Resolve, None, done).await
     }
 
@@ -252,7 +262,7 @@ impl<S: ParkingStore> ParkingStore for Layered<S> {
         self.layer().call(Operation::Purge, None, purged).await
     }
 
-    async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {
+    async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError> {
         let counted = self.get_ref().count(consumer);
         self.layer().call(Operation::Stats, None, counted).await
     }
@@ -269,19 +279,19 @@ macro_rules! forward_parking {
             async fn park(&self, parked: &NewParked) -> Result<ParkedMessage, StoreError> {
                 (**self).park(parked).await
             }
-            async fn get(&self, consumer: &Tenant, id: &IdempotencyKey) -> Result<Option<ParkedMessage>, StoreError> {
+            async fn get(&self, consumer: &ConsumerName, id: &IdempotencyKey) -> Result<Option<ParkedMessage>, StoreError> {
                 (**self).get(consumer, id).await
             }
             async fn parked(&self, query: &ParkedQuery) -> Result<Vec<ParkedMessage>, StoreError> {
                 (**self).parked(query).await
             }
-            async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
-                (**self).resolve(entry, resolution).await
+            async fn resolve(&self, consumer: &ConsumerName, id: &IdempotencyKey, resolution: &Resolution) -> Result<bool, StoreError> {
+                (**self).resolve(consumer, id, resolution).await
             }
             async fn purge_resolved(&self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
                 (**self).purge_resolved(older_than, limit).await
             }
-            async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {
+            async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError> {
                 (**self).count(consumer).await
             }
             fn capabilities(&self) -> Capabilities {
@@ -311,7 +321,7 @@ macro_rules! __forward_parking_store {
             }
             async fn get(
                 &self,
-                consumer: &$crate::Tenant,
+                consumer: &$crate::ConsumerName,
                 id: &$crate::IdempotencyKey,
             ) -> ::core::result::Result<
                 ::core::option::Option<$crate::store::ParkedMessage>,
@@ -330,10 +340,11 @@ macro_rules! __forward_parking_store {
             }
             async fn resolve(
                 &self,
-                entry: &$crate::Scope,
+                consumer: &$crate::ConsumerName,
+                id: &$crate::IdempotencyKey,
                 resolution: &$crate::store::Resolution,
             ) -> ::core::result::Result<bool, $crate::StoreError> {
-                self.$field.resolve(entry, resolution).await
+                self.$field.resolve(consumer, id, resolution).await
             }
             async fn purge_resolved(
                 &self,
@@ -344,7 +355,7 @@ macro_rules! __forward_parking_store {
             }
             async fn count(
                 &self,
-                consumer: &$crate::Tenant,
+                consumer: &$crate::ConsumerName,
             ) -> ::core::result::Result<u64, $crate::StoreError> {
                 self.$field.count(consumer).await
             }

@@ -96,6 +96,61 @@ name_type!(
 );
 
 name_type!(
+    /// A consumer's name: whose inbox records and parked messages they
+    /// are (`idem-consumer`). One name per consuming service; two
+    /// consumers of one name share an inbox, so each message applies once
+    /// between them.
+    ///
+    /// ```
+    /// use idem_core::ConsumerName;
+    ///
+    /// let shipping = ConsumerName::new("shipping")?;
+    /// assert_eq!(shipping.as_str(), "shipping");
+    /// assert!(ConsumerName::new("").is_err());
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    ///
+    /// A type of its own, so that a tenant of the records is never taken
+    /// for a consumer where parked messages are looked up:
+    ///
+    /// ```compile_fail
+    /// use idem_core::Tenant;
+    /// use idem_core::store::ParkedQuery;
+    ///
+    /// let query = ParkedQuery::new(Tenant::new("shipping").unwrap());
+    /// ```
+    ConsumerName,
+    "consumer"
+);
+
+impl ConsumerName {
+    /// The tenant its inbox records are kept under, in the records store
+    /// the consumer shares with the rest of a service: the same text.
+    ///
+    /// ```
+    /// # use idem_core::ConsumerName;
+    /// let shipping = ConsumerName::new("shipping")?;
+    /// assert_eq!(shipping.inbox_tenant().as_str(), "shipping");
+    /// # Ok::<(), idem_core::InvalidInput>(())
+    /// ```
+    pub fn inbox_tenant(&self) -> Tenant {
+        Tenant(Arc::clone(&self.0))
+    }
+}
+
+impl fmt::Debug for ConsumerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ConsumerName").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for ConsumerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+name_type!(
     /// The idempotency key a client minted once for one intent, before its first attempt.
     ///
     /// Keys may be secrets (some clients put tokens in them), so `Debug` shows

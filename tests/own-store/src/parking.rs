@@ -8,7 +8,7 @@ use idem_core::store::{
     Capabilities, Clock, ClockSource, Durability, NewParked, ParkedMessage, ParkedQuery,
     ParkedState, ParkingStore, Resolution, SystemClock, TransactionSharing, validate_parking_batch,
 };
-use idem_core::{IdempotencyKey, Scope, StoreError, Tenant, async_trait};
+use idem_core::{ConsumerName, IdempotencyKey, StoreError, async_trait};
 
 /// A deliberate bug of a parking store, for proving that the parking suite
 /// catches it.
@@ -102,7 +102,7 @@ impl OwnParking {
         self.defect == defect
     }
 
-    fn matches(&self, entry: &ParkedMessage, consumer: &Tenant, id: &IdempotencyKey) -> bool {
+    fn matches(&self, entry: &ParkedMessage, consumer: &ConsumerName, id: &IdempotencyKey) -> bool {
         entry.parked.message.id() == id
             && (&entry.parked.consumer == consumer || self.is(ParkingDefect::IgnoresConsumerInKey))
     }
@@ -160,7 +160,7 @@ impl ParkingStore for OwnParking {
 
     async fn get(
         &self,
-        consumer: &Tenant,
+        consumer: &ConsumerName,
         id: &IdempotencyKey,
     ) -> Result<Option<ParkedMessage>, StoreError> {
         let entries = self.locked();
@@ -199,8 +199,12 @@ impl ParkingStore for OwnParking {
         Ok(found)
     }
 
-    async fn resolve(&self, entry: &Scope, resolution: &Resolution) -> Result<bool, StoreError> {
-        let (consumer, id) = (entry.tenant(), entry.key());
+    async fn resolve(
+        &self,
+        consumer: &ConsumerName,
+        id: &IdempotencyKey,
+        resolution: &Resolution,
+    ) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut entries = self.locked();
         let Some(entry) = entries.iter_mut().find(|e| self.matches(e, consumer, id)) else {
@@ -241,7 +245,7 @@ impl ParkingStore for OwnParking {
         Ok(purged as u64)
     }
 
-    async fn count(&self, consumer: &Tenant) -> Result<u64, StoreError> {
+    async fn count(&self, consumer: &ConsumerName) -> Result<u64, StoreError> {
         let entries = self.locked();
         let counted = entries.iter().filter(|e| {
             &e.parked.consumer == consumer
