@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Broker, Interrupted, Settled, Shop, TestSource, event, plain};
+use common::{Broker, BrokerSaw, Interrupted, Shop, TestSource, event, plain};
 use idem_conformance::consumers::{self, Books, MemoryBackend, consumer_with};
 use idem_consumer::{
     BrokerError, Consumer, ConsumerError, ConsumerOptions, Delivery, RedeliveryHorizon, Settled,
@@ -52,7 +52,10 @@ async fn a_message_applies_once_and_its_redelivery_is_acked_without_effect() {
     assert_eq!(shop.effects().await, ["order 1 placed"]);
     assert_eq!(
         broker.settled(),
-        [Settled::Acked("m-1".into()), Settled::Acked("m-1".into())]
+        [
+            BrokerSaw::Acked("m-1".into()),
+            BrokerSaw::Acked("m-1".into())
+        ]
     );
 }
 
@@ -120,7 +123,10 @@ async fn a_failing_message_is_retried_with_back_off_then_parked_and_replayed() {
         matches!(outcomes.last(), Some(Ok(Settled::Parked { reason })) if reason.contains("refused")),
         "{outcomes:?}"
     );
-    assert_eq!(broker.settled().last(), Some(&Settled::Acked("m-1".into())));
+    assert_eq!(
+        broker.settled().last(),
+        Some(&BrokerSaw::Acked("m-1".into()))
+    );
     let parked = consumer.parked(None, 10).await.unwrap();
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].parked.deliveries, 4);
@@ -169,7 +175,7 @@ async fn a_permanent_failure_is_parked_at_once_with_its_reason() {
         matches!(&outcomes[..], [Ok(Settled::Parked { reason })] if reason == "permanent: m-1 can never apply"),
         "{outcomes:?}"
     );
-    assert_eq!(broker.settled(), [Settled::Acked("m-1".into())]);
+    assert_eq!(broker.settled(), [BrokerSaw::Acked("m-1".into())]);
     let parked = consumer.parked(None, 10).await.unwrap();
     assert_eq!(
         parked[0].parked.deliveries, 1,
@@ -506,7 +512,7 @@ fn run_in_task(
 }
 
 /// Waits until the broker has seen `count` settlements.
-async fn settled(broker: &Broker, count: usize) -> Vec<Settled> {
+async fn settled(broker: &Broker, count: usize) -> Vec<BrokerSaw> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let settled = broker.settled();
@@ -536,7 +542,7 @@ async fn aborting_runs_task_mid_delivery_lets_the_delivery_commit_and_settle() {
     running.abort();
     assert!(running.await.unwrap_err().is_cancelled());
     go.notify_one();
-    assert_eq!(settled(&broker, 1).await, [Settled::Acked("m-1".into())]);
+    assert_eq!(settled(&broker, 1).await, [BrokerSaw::Acked("m-1".into())]);
     assert_eq!(shop.effects().await, ["one"]);
     assert!(broker.deliver().is_none(), "nothing left to deliver again");
 }
@@ -579,7 +585,7 @@ async fn shutdown_waits_for_the_delivery_being_handled() {
     );
     go.notify_one();
     running.await.unwrap().unwrap();
-    assert_eq!(broker.settled(), [Settled::Acked("m-1".into())]);
+    assert_eq!(broker.settled(), [BrokerSaw::Acked("m-1".into())]);
     assert_eq!(shop.effects().await, ["one"]);
 }
 
@@ -601,7 +607,7 @@ async fn shutdown_returns_after_its_grace_and_the_delivery_finishes_in_its_task(
         .unwrap();
     assert!(broker.settled().is_empty(), "the delivery is still held");
     go.notify_one();
-    assert_eq!(settled(&broker, 1).await, [Settled::Acked("m-1".into())]);
+    assert_eq!(settled(&broker, 1).await, [BrokerSaw::Acked("m-1".into())]);
     assert_eq!(shop.effects().await, ["one"]);
 }
 
@@ -638,7 +644,7 @@ async fn aborting_run_with_deliveries_in_flight_lets_each_commit_and_settle() {
     acked.sort_by_key(|s| format!("{s:?}"));
     assert_eq!(
         acked,
-        ids.map(|id| Settled::Acked(id.into())),
+        ids.map(|id| BrokerSaw::Acked(id.into())),
         "each delivery acknowledged once"
     );
     let mut effects = shop.effects().await;

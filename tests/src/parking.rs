@@ -416,7 +416,8 @@ pub async fn purge_deletes_up_to_its_limit<S: ParkingStore + ?Sized>(store: Arc<
     let consumer = fresh_consumer();
     for id in ["m-1", "m-2", "m-3"] {
         park(&*store, &consumer, inbound(id, "order-1", None)).await;
-        let resolved = store.resolve(&consumer, &key(id), &Resolution::Replayed);
+        let id = key(id);
+        let resolved = store.resolve(&consumer, &id, &Resolution::Replayed);
         assert!(resolved.await.unwrap());
     }
     assert_eq!(store.purge_resolved(Duration::ZERO, 2).await.unwrap(), 2);

@@ -39,7 +39,7 @@ impl Drop for TestDelivery {
 
 /// What the broker saw of a delivery's settlement.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settled {
+pub enum BrokerSaw {
     Acked(String),
     Retried(String, Duration),
 }
@@ -47,7 +47,7 @@ pub enum Settled {
 #[derive(Default)]
 struct Queue {
     ready: VecDeque<(InboundMessage, u32)>,
-    settled: Vec<Settled>,
+    settled: Vec<BrokerSaw>,
     /// Ids whose next ack is lost (the consumer dies before it reaches the broker).
     lose_ack: Vec<String>,
     closed: bool,
@@ -89,7 +89,7 @@ impl Broker {
         self.queue.lock().unwrap().lose_ack.push(id.to_string());
     }
 
-    pub fn settled(&self) -> Vec<Settled> {
+    pub fn settled(&self) -> Vec<BrokerSaw> {
         self.queue.lock().unwrap().settled.clone()
     }
 
@@ -132,7 +132,7 @@ impl Delivery for TestDelivery {
             if let Some(at) = lost {
                 queue.lose_ack.remove(at);
             } else {
-                queue.settled.push(Settled::Acked(id));
+                queue.settled.push(BrokerSaw::Acked(id));
             }
             lost.is_some()
         };
@@ -156,7 +156,7 @@ impl Delivery for TestDelivery {
             .lock()
             .unwrap()
             .settled
-            .push(Settled::Retried(id, delay));
+            .push(BrokerSaw::Retried(id, delay));
         self.broker.again(self.message.clone(), self.deliveries);
         Ok(())
     }
