@@ -368,9 +368,22 @@ async fn a_batch_over_a_transactions_100_items_commits_in_several() {
     let ids: Vec<String> = (0..64).map(|n| format!("m-{n:02}")).collect();
     let batch = deliveries(ids.iter().map(|id| plain(id, "x")).collect());
     let settled = outcomes(consumer.consume_batch(&batch).await);
-    assert_eq!(settled, vec![Settled::Applied; 64]);
-    assert_eq!(books.begun.load(Ordering::SeqCst), 2);
+    // Every message applies once, in two transactions (one of 64 messages
+    // would be refused: 128 items).
     assert_eq!(books.effects().await, ids);
+    let (first, second) = settled.split_at(50);
+    let each = |part: &[Settled], outcome: Settled| part.iter().all(|s| *s == outcome);
+    if each(&settled, Settled::Applied) {
+        assert_eq!(books.begun.load(Ordering::SeqCst), 2);
+    } else {
+        // On a loaded machine moto can answer a commit after the store's
+        // operation timeout: its outcome is unknown, so its messages go
+        // one by one and each finds itself applied (a duplicate, with no
+        // transaction of its own); the other transaction's apply.
+        let one_lost = (each(first, Settled::Duplicate) && each(second, Settled::Applied))
+            || (each(first, Settled::Applied) && each(second, Settled::Duplicate));
+        assert!(one_lost, "{settled:?}");
+    }
     books.delete().await;
 }
 
