@@ -153,6 +153,22 @@ ensure_moto() {
     log "dynamodb: installing ${MOTO_REQUIREMENTS[*]} into $venv"
     "$venv/bin/pip" install -q "${MOTO_REQUIREMENTS[@]}" || die "pip install of moto failed"
   fi
+  # moto keeps every table in one Python process's memory, and a machine
+  # that runs the suite again and again grows it (2.2 GB after four runs,
+  # and slower: a purge's scan and a journal case outlasted their limits
+  # under load). A moto this script started is started afresh once it holds
+  # more than IDEM_MOTO_MAX_MB (1024); the tests make their tables anew.
+  local pid rss
+  pid=$(pgrep -f "scripts/moto_server.py --host 127.0.0.1 --port $port" | head -n 1 || true)
+  if [ -n "$pid" ]; then
+    rss=$(awk '/^VmRSS:/ {print int($2 / 1024)}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    if [ "${rss:-0}" -gt "${IDEM_MOTO_MAX_MB:-1024}" ]; then
+      log "dynamodb: moto holds $rss MB; starting it afresh"
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  fi
   if ! moto_answers "$venv" "$port"; then
     log "dynamodb: starting moto on 127.0.0.1:$port"
     nohup "$venv/bin/python" scripts/moto_server.py --host 127.0.0.1 --port "$port" \

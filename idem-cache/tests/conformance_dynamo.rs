@@ -6,5 +6,7 @@
 mod common;
 
 idem_conformance::conformance_suite!(async {
-    idem_cache::CachedStore::new(std::sync::Arc::new(common::shared_store().await))
+    idem_cache::CachedStore::new(std::sync::Arc::new(
+        common::own_store("cache-conformance").await,
+    ))
 });

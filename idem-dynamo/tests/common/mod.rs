@@ -91,11 +91,6 @@ pub async fn store_through(
     store_with_client(client, options, limit).await
 }
 
-/// A store on the shared conformance table (cases use tenants of their own).
-pub async fn shared_store() -> DynamoStore {
-    store_on("idem-conformance").await
-}
-
 /// A store on a table of the test's own, for counting its requests.
 pub async fn own_store(prefix: &str) -> DynamoStore {
     store_on(&own_table(prefix)).await
