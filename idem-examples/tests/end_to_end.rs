@@ -349,9 +349,9 @@ async fn consume<B: Broker, K: Backend>(
 }
 
 /// The shipping consumer's options: a version gap (a later event
-/// delivered while its predecessor waits out the killed consumer's ack
-/// wait, or on Kafka a rebalance that gives its partition to the next
-/// member) is retried for about 22 s before it would park (0.1 s doubling
+/// delivered while its predecessor is still with the killed consumer,
+/// where the broker hands out more than one delivery at a time, or on
+/// Kafka a rebalance that gives its partition to the next member) is retried for about 22 s before it would park (0.1 s doubling
 /// to 4 s over ten deliveries; at most 1 s, it was 7.5 s, which a
 /// rebalance on a loaded machine outlasted); four deliveries at once (of
 /// four aggregates), as a consumer that keeps up with its broker runs.

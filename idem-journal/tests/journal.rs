@@ -238,16 +238,19 @@ async fn past_the_window_no_match_or_two_matches_need_review<S: JournalStore + ?
 
 /// A search that lags past the window finds the charge on a later pass:
 /// an operation parked because nothing was found is searched again for the
-/// search period, then rests.
+/// search period, then rests. The case waits out nine windows in all, each
+/// wait as short as its sentence allows (a window fitted to a loaded
+/// emulator was 38 s: thirteen took 516 s of the 600 s a test may run).
 async fn a_lagging_search_is_made_again_until_it_finds_the_effect<S: JournalStore + ?Sized>(
     store: Arc<S>,
     env: Env,
 ) {
     let (journal, _) = env.setup(store);
     let w = env.short_window;
-    let journal = journal.with_search_period(w * 6);
+    let journal = journal.with_search_period(w * 3);
     let mut provider = env.forgetful();
-    // The search sees a charge only a while after it was made.
+    // The search sees a charge only a while after it was made: not yet
+    // when the operation is parked, a window and a half after the charge.
     provider.search_lag = w * 3;
     let id = operation("charge");
     recorded(&journal, &id).await;
@@ -257,7 +260,9 @@ async fn a_lagging_search_is_made_again_until_it_finds_the_effect<S: JournalStor
     let parked = journal.execute(&id, &provider).await.unwrap();
     assert_eq!(parked.state(), OperationState::NeedsReview);
     assert!(parked.parts().search_until.is_some(), "{parked:?}");
-    env.time.pass(w * 3).await;
+    // Past the lag (three and a half windows after the charge), within
+    // the period (two of its three windows).
+    env.time.pass(w * 2).await;
     let report = journal
         .reconcile(&provider, Duration::ZERO, 100, Duration::ZERO)
         .await
@@ -279,7 +284,8 @@ async fn a_lagging_search_is_made_again_until_it_finds_the_effect<S: JournalStor
         journal.execute(&lost, &provider).await.unwrap().state(),
         OperationState::NeedsReview
     );
-    env.time.pass(w * 7).await;
+    // Past its period, by a window.
+    env.time.pass(w * 4).await;
     journal
         .reconcile(&provider, Duration::ZERO, 100, Duration::ZERO)
         .await

@@ -224,6 +224,23 @@ impl Nats {
     }
 }
 
+impl Nats {
+    /// A source of the shipping consumer on a connection of its own (so
+    /// that killing it leaves the others be); the durable consumer, made by
+    /// the first, holds at most `pending` deliveries unacknowledged where
+    /// given.
+    async fn attach(&self, pending: Option<i64>) -> JetStreamSource {
+        let client = async_nats::connect(self.server.url()).await.unwrap();
+        let mut config = JetStreamSource::durable(CONSUMER, ACK_WAIT);
+        if let Some(pending) = pending {
+            config.max_ack_pending = pending;
+        }
+        JetStreamSource::attach(&jetstream::new(client), &self.stream, config)
+            .await
+            .unwrap()
+    }
+}
+
 #[async_trait]
 impl Broker for Nats {
     type Source = JetStreamSource;
@@ -242,13 +259,14 @@ impl Broker for Nats {
         )
     }
 
+    /// The scenario's consumer takes one delivery at a time, so the server
+    /// hands it one at a time (`max_ack_pending` 1). With the default, the
+    /// client held a pull of up to 200 while each one's ack wait ran: on
+    /// moto under load (a consume took about 0.7 s) every delivery not yet
+    /// handled came again each ack wait, and each copy cost another inbox
+    /// read, 306 copies of 36 events, until the patience ran out.
     async fn source(&self) -> JetStreamSource {
-        // A connection of its own, so that killing it leaves the others be.
-        let client = async_nats::connect(self.server.url()).await.unwrap();
-        let config = JetStreamSource::durable(CONSUMER, ACK_WAIT);
-        JetStreamSource::attach(&jetstream::new(client), &self.stream, config)
-            .await
-            .unwrap()
+        self.attach(Some(1)).await
     }
 
     async fn kill(&self, source: JetStreamSource) {
@@ -258,7 +276,7 @@ impl Broker for Nats {
     /// The pull consumer's own batches: JetStream redelivers what a dead
     /// process held after the ack wait, whatever its connection does.
     async fn process_source(&self, _prefetch: u16) -> (JetStreamSource, Option<FaultProxy>) {
-        (self.source().await, None)
+        (self.attach(None).await, None)
     }
 
     async fn go_down(&self) {
