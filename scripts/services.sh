@@ -136,6 +136,13 @@ json.load(reply)["requests"]
 PY
 }
 
+# One moto per slot of the suite's `dynamodb` test group (.config/nextest.toml
+# runs at most IDEM_MOTO_INSTANCES DynamoDB tests at once, 2): moto serves one
+# request at a time, and on a loaded machine one test's heavy load (sixteen
+# batches at once) held another test's single call past its 20 s. A test
+# finds its slot's emulator in IDEM_DYNAMO_ENDPOINTS
+# (idem_conformance::support::dynamo_endpoint); IDEM_DYNAMO_ENDPOINT is the
+# first, for everything else.
 ensure_moto() {
   if [ -n "${IDEM_DYNAMO_ENDPOINT:-}" ]; then
     log "dynamodb: using IDEM_DYNAMO_ENDPOINT"
@@ -153,17 +160,30 @@ ensure_moto() {
     log "dynamodb: installing ${MOTO_REQUIREMENTS[*]} into $venv"
     "$venv/bin/pip" install -q "${MOTO_REQUIREMENTS[@]}" || die "pip install of moto failed"
   fi
+  local instance endpoints=()
+  for instance in $(seq 0 $((${IDEM_MOTO_INSTANCES:-2} - 1))); do
+    ensure_moto_on "$venv" $((port + instance))
+    endpoints+=("http://127.0.0.1:$((port + instance))")
+  done
+  export IDEM_DYNAMO_ENDPOINT=${endpoints[0]}
+  IDEM_DYNAMO_ENDPOINTS=$(IFS=,; printf '%s' "${endpoints[*]}")
+  export IDEM_DYNAMO_ENDPOINTS
+  log "dynamodb: $IDEM_DYNAMO_ENDPOINTS"
+}
+
+# A moto of ours on `port`, started (afresh when it grew) unless one answers.
+ensure_moto_on() {
+  local venv=$1 port=$2 pid rss
   # moto keeps every table in one Python process's memory, and a machine
   # that runs the suite again and again grows it (2.2 GB after four runs,
   # and slower: a purge's scan and a journal case outlasted their limits
   # under load). A moto this script started is started afresh once it holds
   # more than IDEM_MOTO_MAX_MB (1024); the tests make their tables anew.
-  local pid rss
   pid=$(pgrep -f "scripts/moto_server.py --host 127.0.0.1 --port $port" | head -n 1 || true)
   if [ -n "$pid" ]; then
     rss=$(awk '/^VmRSS:/ {print int($2 / 1024)}' "/proc/$pid/status" 2>/dev/null || echo 0)
     if [ "${rss:-0}" -gt "${IDEM_MOTO_MAX_MB:-1024}" ]; then
-      log "dynamodb: moto holds $rss MB; starting it afresh"
+      log "dynamodb: moto on port $port holds $rss MB; starting it afresh"
       kill "$pid" 2>/dev/null || true
       for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
       kill -9 "$pid" 2>/dev/null || true
@@ -176,8 +196,6 @@ ensure_moto() {
     for _ in $(seq 1 60); do moto_answers "$venv" "$port" && break; sleep 0.25; done
     moto_answers "$venv" "$port" || die "moto did not answer on port $port (see ${TMPDIR:-/tmp}/idem-moto-$port.log)"
   fi
-  export IDEM_DYNAMO_ENDPOINT=http://127.0.0.1:$port
-  log "dynamodb: $IDEM_DYNAMO_ENDPOINT"
 }
 
 # RabbitMQ from Debian's packages on 127.0.0.1:5672, user guest/guest (which

@@ -705,7 +705,11 @@ async fn dynamo(_: &Env) -> Arc<idem_dynamo::DynamoJournal> {
     use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region};
     let config = idem_dynamo::aws_sdk_dynamodb::Config::builder()
         .behavior_version_latest()
-        .endpoint_url(env_var("IDEM_DYNAMO_ENDPOINT"))
+        .endpoint_url(
+            idem_conformance::support::dynamo_endpoint().unwrap_or_else(|| {
+                panic!("IDEM_DYNAMO_ENDPOINT is not set (scripts/test sets it)")
+            }),
+        )
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
         .build();

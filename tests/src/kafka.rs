@@ -282,7 +282,7 @@ pub fn summary(message: &idem_core::store::InboundMessage) -> (String, String, u
 
 /// A tansu broker of the test's own, on a port of its own, keeping its
 /// data in an S3 bucket of its own on the DynamoDB emulator (moto, at
-/// `IDEM_DYNAMO_ENDPOINT`, which serves S3 too), so that it can be killed
+/// [`dynamo_endpoint`](crate::support::dynamo_endpoint), which serves S3 too), so that it can be killed
 /// and started again on its data. The binary is `IDEM_TANSU`
 /// (scripts/test sets it), or `tansu` on the path. Killed when dropped.
 pub struct PrivateTansu {
@@ -302,7 +302,7 @@ impl Drop for PrivateTansu {
 }
 
 fn moto() -> String {
-    std::env::var("IDEM_DYNAMO_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8765".to_string())
+    crate::support::dynamo_endpoint().unwrap_or_else(|| "http://127.0.0.1:8765".to_string())
 }
 
 /// One HTTP/1.1 request without a body to `endpoint` (`http://host:port`);

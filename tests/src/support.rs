@@ -31,6 +31,31 @@ pub const RACE_TIME: Duration = Duration::from_millis(1_500);
 /// The response size that stands in for "the maximum" on a store with no limit.
 pub const UNLIMITED_STAND_IN: usize = 4 << 20;
 
+/// The DynamoDB-compatible server a test talks to: `IDEM_DYNAMO_ENDPOINT`,
+/// unless `IDEM_DYNAMO_ENDPOINTS` lists several (`scripts/services.sh`
+/// starts one moto per slot of the suite's `dynamodb` test group) and the
+/// test runs in a slot of that group (`NEXTEST_TEST_GROUP_SLOT`): then the
+/// one of its slot. Two DynamoDB tests running at once never queue behind
+/// each other on one emulator that serves one request at a time (on a
+/// loaded machine, one test's sixteen batches at once held another's
+/// single call past its 20 s).
+///
+/// ```
+/// // Outside nextest's group, the one endpoint named, if any.
+/// let _ = idem_conformance::support::dynamo_endpoint();
+/// ```
+pub fn dynamo_endpoint() -> Option<String> {
+    let slot = std::env::var("NEXTEST_TEST_GROUP_SLOT")
+        .ok()
+        .and_then(|slot| slot.parse::<usize>().ok());
+    let listed = std::env::var("IDEM_DYNAMO_ENDPOINTS").unwrap_or_default();
+    let endpoints: Vec<&str> = listed.split(',').filter(|e| !e.is_empty()).collect();
+    match slot {
+        Some(slot) if !endpoints.is_empty() => Some(endpoints[slot % endpoints.len()].to_string()),
+        _ => std::env::var("IDEM_DYNAMO_ENDPOINT").ok(),
+    }
+}
+
 /// The system clock moved by a fixed amount: a store's own clock far from
 /// the process's, for running a suite against a store whose time is not the
 /// caller's (every case must pass on it as on the true time).

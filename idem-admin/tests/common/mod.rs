@@ -260,12 +260,15 @@ pub async fn redis() -> Stores {
     }
 }
 
-/// A client of the DynamoDB emulator at `IDEM_DYNAMO_ENDPOINT`.
+/// A client of the test's DynamoDB emulator
+/// (`idem_conformance::support::dynamo_endpoint`).
 pub fn dynamo_client() -> idem_dynamo::aws_sdk_dynamodb::Client {
     use idem_dynamo::aws_sdk_dynamodb::config::{Credentials, Region};
+    let endpoint = idem_conformance::support::dynamo_endpoint()
+        .unwrap_or_else(|| panic!("IDEM_DYNAMO_ENDPOINT is not set (scripts/test sets it)"));
     let config = idem_dynamo::aws_sdk_dynamodb::Config::builder()
         .behavior_version_latest()
-        .endpoint_url(env("IDEM_DYNAMO_ENDPOINT"))
+        .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
         .build();

@@ -23,8 +23,10 @@ use idem_dynamo::{
 
 pub const ENDPOINT_VAR: &str = "IDEM_DYNAMO_ENDPOINT";
 
+/// The server of this test (`idem_conformance::support::dynamo_endpoint`:
+/// where several are listed, the one of the test's slot).
 pub fn endpoint() -> String {
-    std::env::var(ENDPOINT_VAR).unwrap_or_else(|_| {
+    idem_conformance::support::dynamo_endpoint().unwrap_or_else(|| {
         panic!("{ENDPOINT_VAR} is not set: point it at a DynamoDB-compatible server (scripts/test starts moto and sets it)")
     })
 }

@@ -13,8 +13,9 @@ use idem_conformance::faults::FaultProxy;
 use idem_conformance::kafka::{PrivateTansu, member_config};
 use idem_conformance::relays::wait_until;
 use idem_consumer::{Source, async_trait};
+use idem_kafka::rdkafka::ClientConfig;
 use idem_kafka::rdkafka::error::KafkaError;
-use idem_kafka::rdkafka::producer::{FutureRecord, Producer};
+use idem_kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use idem_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
 use idem_nats::{JetStreamOptions, JetStreamPublisher, JetStreamSource};
 use idem_outbox::Publisher;
@@ -44,6 +45,12 @@ pub(crate) trait Broker: Send + Sync + 'static {
 
     /// A publisher to where the shipping consumer reads.
     async fn publisher(&self) -> Arc<dyn Publisher>;
+
+    /// Its publishers' time limit for a batch, which a relay's lease must
+    /// outlast.
+    fn publish_timeout(&self) -> Duration {
+        PUBLISH_TIMEOUT
+    }
 
     /// A source of the shipping consumer.
     async fn source(&self) -> Self::Source;
@@ -427,6 +434,35 @@ impl Broker for Rabbit {
     }
 }
 
+/// A batch's time limit on the private tansu, fitted to its measured
+/// latency: at least [`PUBLISH_TIMEOUT`], and twenty times the slowest of
+/// three produces (after one that connects and gets the producer its id).
+/// tansu keeps every batch in S3 on moto, which serves one request at a
+/// time to the DynamoDB tests as well: on a loaded machine the soak's
+/// first produce outlasted a second every time it was tried.
+async fn fitted_publish_timeout(brokers: &str, topic: &str) -> Duration {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", PATIENCE.as_millis().to_string())
+        .create()
+        .unwrap();
+    let mut slowest = Duration::ZERO;
+    for probe in 0..4 {
+        let started = Instant::now();
+        let record = FutureRecord::to(topic).key("probe").payload("{}");
+        producer
+            .send(record, PATIENCE)
+            .await
+            .map_err(|(error, _)| error)
+            .unwrap();
+        if probe > 0 {
+            slowest = slowest.max(started.elapsed());
+        }
+    }
+    PUBLISH_TIMEOUT.max(slowest * 20)
+}
+
 /// Kafka on a private tansu keeping its data in S3 (moto), which the
 /// scenario kills and starts again on that data: a topic of four
 /// partitions and the shipping consumer's group; every source a member of
@@ -436,6 +472,7 @@ pub(crate) struct Kafka {
     topic: String,
     /// Where publishers send a record before their first batch.
     warm_up: String,
+    publish_timeout: Duration,
 }
 
 impl Kafka {
@@ -444,10 +481,12 @@ impl Kafka {
         let (topic, warm_up) = (format!("e2e-{run}"), format!("e2e-{run}-warm-up"));
         idem_conformance::kafka::create_topic(&server.brokers(), &topic, 4).await;
         idem_conformance::kafka::create_topic(&server.brokers(), &warm_up, 1).await;
+        let publish_timeout = fitted_publish_timeout(&server.brokers(), &warm_up).await;
         Self {
             server,
             topic,
             warm_up,
+            publish_timeout,
         }
     }
 
@@ -470,7 +509,7 @@ impl Broker for Kafka {
     async fn publisher(&self) -> Arc<dyn Publisher> {
         let options = KafkaOptions::new(&self.topic)
             .unwrap()
-            .with_timeout(PUBLISH_TIMEOUT)
+            .with_timeout(self.publish_timeout)
             .unwrap();
         let publisher = KafkaPublisher::new(&self.server.brokers(), options).unwrap();
         let producer = publisher.producer();
@@ -501,6 +540,10 @@ impl Broker for Kafka {
         })
         .await;
         Arc::new(publisher)
+    }
+
+    fn publish_timeout(&self) -> Duration {
+        self.publish_timeout
     }
 
     async fn source(&self) -> KafkaSource {

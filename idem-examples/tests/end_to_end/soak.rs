@@ -118,12 +118,12 @@ impl Process {
 }
 
 /// The relays' options: a short lease, so an aborted relay's partitions
-/// are taken over soon.
-fn relay_options(partitions: u32) -> RelayOptions {
+/// are taken over soon, outlasting a batch's time limit at the broker.
+fn relay_options(partitions: u32, publish_timeout: Duration) -> RelayOptions {
     RelayOptions::default()
         .with_batch(100)
         .unwrap()
-        .with_lease(LEASE)
+        .with_lease(LEASE.max(publish_timeout * 2))
         .unwrap()
         .with_max_partitions(partitions)
         .unwrap()
@@ -141,7 +141,8 @@ async fn relay<B: Broker>(
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let publisher: Arc<dyn Publisher> = broker.publisher().await;
-    let relay = Relay::new(outbox.clone(), publisher, relay_options(partitions));
+    let options = relay_options(partitions, broker.publish_timeout());
+    let relay = Relay::new(outbox.clone(), publisher, options);
     tokio::spawn(async move {
         relay
             .run(async move {
