@@ -229,9 +229,7 @@ impl Nats {
             prefix,
         }
     }
-}
 
-impl Nats {
     /// A source of the shipping consumer on a connection of its own (so
     /// that killing it leaves the others be); the durable consumer, made by
     /// the first, holds at most `pending` deliveries unacknowledged where
@@ -437,9 +435,9 @@ impl Broker for Rabbit {
 /// A batch's time limit on the private tansu, fitted to its measured
 /// latency: at least [`PUBLISH_TIMEOUT`], and twenty times the slowest of
 /// three produces (after one that connects and gets the producer its id).
-/// tansu keeps every batch in S3 on moto, which serves one request at a
-/// time to the DynamoDB tests as well: on a loaded machine the soak's
-/// first produce outlasted a second every time it was tried.
+/// tansu keeps every batch in S3 on moto (one request at a time, in one
+/// Python process): on a loaded machine the soak's first produce outlasted
+/// a second every time it was tried.
 async fn fitted_publish_timeout(brokers: &str, topic: &str) -> Duration {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
