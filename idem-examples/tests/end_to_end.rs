@@ -618,9 +618,6 @@ async fn on_jetstream_in_batches_of_100_every_committed_change_applies_once_in_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "on a loaded machine the private tansu, its data in S3 on moto, serves the consumers \
-            about 3 messages a second (11 without load): catching up on 1,500 changes outlasts \
-            the patience; run it with --run-ignored all"]
 async fn on_kafka_in_batches_of_100_every_committed_change_applies_once_in_order_through_kills_rebalances_and_a_restart()
  {
     let run = run();

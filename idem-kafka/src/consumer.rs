@@ -21,6 +21,14 @@ use crate::{AGGREGATE_HEADER, BROKER, ID_HEADER, KafkaSetupError, SEQUENCE_HEADE
 /// librdkafka's `max.poll.interval.ms` unless the configuration sets it.
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 
+/// librdkafka's `session.timeout.ms` unless the configuration sets it.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// How much longer than the member's session timeout [`KafkaSource::close`]
+/// waits for it to leave (librdkafka bounds a close by about that timeout
+/// while its broker answers).
+const CLOSE_MARGIN: Duration = Duration::from_secs(5);
+
 /// How long after a commit asked in the background the source commits
 /// the same offsets again, waiting for the broker's answer. librdkafka
 /// reports nothing of a commit asked in the background, and one lost on
@@ -254,7 +262,7 @@ type Inner = StreamConsumer<Tracking>;
 ///   duplicates, never is anything skipped. [`Delivery::ack_all`] commits
 ///   once per partition for its batch. 2 s after a commit asked in the
 ///   background the source makes it again, waiting for the broker's
-///   answer on a blocking thread, and again every 2 s while the source is
+///   answer on a thread of its own, and again every 2 s while the source is
 ///   read until one is answered or the partition goes: a commit lost on
 ///   its way (in a broker's restart, say) is made again, and the group's
 ///   committed offsets catch up with what was settled even when nothing
@@ -275,9 +283,12 @@ type Inner = StreamConsumer<Tracking>;
 ///   died without leaving (a process killed): the group's other members
 ///   get no partitions meanwhile, so keep it as short as the longest
 ///   pause between two calls of [`next`](Source::next) allows.
-/// - [`close`](Self::close) leaves the group and waits until it has;
-///   dropping the source leaves without waiting (librdkafka's close
-///   blocks: on a Tokio runtime it runs on a blocking thread).
+/// - [`close`](Self::close) leaves the group and waits until it has, for
+///   at most the session timeout and 5 s more; dropping the source leaves
+///   without waiting. librdkafka's close and a commit waiting for its
+///   answer block until the broker answers: they run on threads of their
+///   own, which nothing waits for, so a broker gone for good holds up no
+///   caller and no runtime's shutdown.
 ///
 /// ```no_run
 /// use idem_kafka::KafkaSource;
@@ -293,19 +304,33 @@ pub struct KafkaSource {
     consumer: Option<Arc<Inner>>,
     shared: Arc<Shared>,
     horizon: RedeliveryHorizon,
+    /// How long [`close`](Self::close) waits for the member to leave.
+    close_limit: Duration,
 }
 
 /// librdkafka's close blocks until the member has left its group: a
-/// source dropped on a Tokio runtime (a consumer's task aborted) closes on
-/// a blocking thread, never on the runtime's own.
+/// dropped source closes on a thread of its own, which nothing waits for
+/// (a runtime shutting down included), never on the caller's.
 impl Drop for KafkaSource {
     fn drop(&mut self) {
-        if let Some(consumer) = self.consumer.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            drop(runtime.spawn_blocking(move || drop(consumer)));
+        if let Some(consumer) = self.consumer.take() {
+            detached("idem-kafka-close", move || drop(consumer));
         }
     }
+}
+
+/// Runs `work` on a thread of its own that nothing waits for; `false` when
+/// no thread could be started (then `work` is dropped unrun, and what it
+/// owned with it, on the caller's thread). librdkafka's close and a commit
+/// waiting for its answer block until the broker answers, which is never
+/// once the broker is gone for good: on Tokio's blocking pool such a call
+/// would hold up the runtime's shutdown for ever (a service's, or a test's
+/// whose broker was removed first).
+fn detached(name: &str, work: impl FnOnce() + Send + 'static) -> bool {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(work)
+        .is_ok()
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -365,6 +390,10 @@ impl KafkaSource {
             .get("max.poll.interval.ms")
             .and_then(|ms| ms.parse().ok())
             .map_or(DEFAULT_MAX_POLL_INTERVAL, Duration::from_millis);
+        let session_timeout = config
+            .get("session.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .map_or(DEFAULT_SESSION_TIMEOUT, Duration::from_millis);
         let shared = Arc::new(Shared::default());
         let consumer: Inner = config
             .create_with_context(Tracking {
@@ -378,13 +407,17 @@ impl KafkaSource {
             consumer: Some(Arc::new(consumer)),
             shared,
             horizon: RedeliveryHorizon::new(BROKER, ack_wait),
+            close_limit: session_timeout.saturating_add(CLOSE_MARGIN),
         })
     }
 
     /// Leaves the group and waits until the member has left (librdkafka's
-    /// close, on a blocking thread): what it never settled goes to the
-    /// group's next owner of its partitions. Dropping the source leaves
-    /// too, without waiting.
+    /// close, on a thread of its own), for at most the member's
+    /// `session.timeout.ms` and 5 s more: what it never settled goes to
+    /// the group's next owner of its partitions. A broker gone for good
+    /// never answers the close; it goes on in the background, and nothing
+    /// waits for it (a runtime shutting down included). Dropping the source
+    /// leaves too, without waiting.
     ///
     /// ```no_run
     /// # async fn run(source: idem_kafka::KafkaSource) {
@@ -393,7 +426,12 @@ impl KafkaSource {
     /// ```
     pub async fn close(mut self) {
         if let Some(consumer) = self.consumer.take() {
-            let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+            let (left, leaving) = tokio::sync::oneshot::channel();
+            detached("idem-kafka-close", move || {
+                drop(consumer);
+                let _ = left.send(());
+            });
+            let _ = tokio::time::timeout(self.close_limit, leaving).await;
         }
     }
 
@@ -418,16 +456,17 @@ impl KafkaSource {
         }
     }
 
-    /// Commits `offsets` again on a blocking thread, waiting for the
-    /// broker's answer (librdkafka's commit blocks), and records what it
-    /// confirmed; a failed one is made again at the next time.
+    /// Commits `offsets` again on a thread of its own (see [`detached`]),
+    /// waiting for the broker's answer (librdkafka's commit blocks), and
+    /// records what it confirmed; a failed one is made again at the next
+    /// time.
     fn recommit(&self, offsets: Vec<(Place, i64)>) {
         let shared = Arc::clone(&self.shared);
         let consumer = self
             .consumer
             .as_ref()
             .map_or_else(Weak::new, Arc::downgrade);
-        drop(tokio::task::spawn_blocking(move || {
+        let started = detached("idem-kafka-commit", move || {
             let committed = consumer.upgrade().is_some_and(|consumer| {
                 commit(
                     &consumer,
@@ -440,7 +479,10 @@ impl KafkaSource {
             shared
                 .state()
                 .recommitted(committed.then_some(offsets.as_slice()));
-        }));
+        });
+        if !started {
+            self.shared.state().recommitted(None);
+        }
     }
 
     /// A retry whose time has come and whose partition is still this

@@ -269,3 +269,59 @@ fn a_member_that_would_commit_by_itself_is_refused() {
         "librdkafka's default commits"
     );
 }
+
+/// librdkafka's close and a commit waiting for its answer block for as long
+/// as the broker does not answer: a source whose broker is gone for good
+/// (removed while its members still held settled offsets to commit)
+/// neither holds its `close` past the session timeout and 5 s, nor, dropped,
+/// the runtime's shutdown (which waits for every blocking task it started).
+#[test]
+fn a_source_whose_broker_is_gone_holds_up_neither_its_close_nor_the_runtime() {
+    const SESSION: Duration = Duration::from_secs(6);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let closed_in = runtime.block_on(async {
+            let broker = idem_conformance::kafka::PrivateTansu::start().await;
+            let kafka = Kafka::on(&broker.brokers()).await;
+            let messages: Vec<NewMessage> = ["a", "b", "c", "d"].map(order).to_vec();
+            consumers::publish(&*kafka.publisher(), &messages).await;
+            // Two members, each settling what it was handed: each holds an
+            // offset it asked to commit, which its close commits again and
+            // waits for.
+            let (mut dropped, mut closed) = (kafka.source().await, kafka.source().await);
+            let (mut settled, mut turn) = (0, 0);
+            while settled < messages.len() {
+                turn += 1;
+                let source = if turn % 2 == 0 {
+                    &mut dropped
+                } else {
+                    &mut closed
+                };
+                let wait = Duration::from_millis(500);
+                if let Ok(next) = tokio::time::timeout(wait, source.next()).await {
+                    next.unwrap().unwrap().ack().await.unwrap();
+                    settled += 1;
+                }
+            }
+            broker.kill().await;
+            drop(dropped);
+            let started = std::time::Instant::now();
+            closed.close().await;
+            started.elapsed()
+        });
+        drop(runtime);
+        let _ = done.send(closed_in);
+    });
+    let closed_in = finished
+        .recv_timeout(Duration::from_secs(240))
+        .expect("the runtime shut down");
+    assert!(
+        closed_in <= SESSION + Duration::from_secs(5) + Duration::from_secs(5),
+        "closed in {closed_in:?}"
+    );
+}

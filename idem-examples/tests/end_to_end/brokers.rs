@@ -78,6 +78,14 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// Brings it back.
     async fn come_back(&self);
 
+    /// Whether a group whose leader left while it formed stays without a
+    /// leader until the broker restarts (Kafka on tansu), so that the
+    /// scenario takes it away once more after the last kill; `false`
+    /// elsewhere.
+    fn loses_a_forming_leader(&self) -> bool {
+        false
+    }
+
     /// The messages the broker still has for the consumer: not delivered
     /// yet, or delivered and not acknowledged.
     async fn outstanding(&self) -> u64;
@@ -582,6 +590,19 @@ impl Broker for Kafka {
 
     async fn come_back(&self) {
         self.server.spawn().await;
+    }
+
+    /// tansu 0.6.0 keeps a forming group's leader when that member leaves
+    /// (a killed process's source leaves the group as it is dropped): the
+    /// live members wait for the departed leader's assignment, and the
+    /// group can stay unformed for minutes (seen: generation 10 forming
+    /// under a leader gone for three minutes, nothing consumed; another
+    /// run stalled two and a half minutes). A restart reads the group back from its store without a leader that
+    /// is not a member, and the next member to join leads. (A member that
+    /// stops heartbeating loses its lead; Apache Kafka elects another
+    /// leader in either case.)
+    fn loses_a_forming_leader(&self) -> bool {
+        true
     }
 
     /// What the group has not committed past.

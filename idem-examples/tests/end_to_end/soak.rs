@@ -2,11 +2,12 @@
 //! producers commit changes over 60 aggregates (some rolled back, some
 //! held open while later ones commit) and a few poisoned ones; two relays
 //! over a partitioned outbox, one aborted now and then; two consumer
-//! processes sharing one durable consumer (JetStream) or queue (RabbitMQ),
-//! in batches, one of them killed every 1 to 3 s and started again (its
-//! task aborted, its connection cut); the broker taken away mid-run (the
-//! JetStream server killed and started again on its store; every RabbitMQ
-//! connection cut). Then, once the producers stop and the consumers catch
+//! processes sharing one durable consumer (JetStream), queue (RabbitMQ) or
+//! consumer group (Kafka), in batches, one of them killed every 1 to 3 s
+//! and started again (its task aborted, its connection cut); the broker
+//! taken away mid-run (the JetStream server or the private tansu killed and
+//! started again on its store, tansu once more after the last kill; every
+//! RabbitMQ connection cut). Then, once the producers stop and the consumers catch
 //! up: every committed change applied exactly once and in version order
 //! per aggregate, nothing rolled back delivered, nothing parked but the
 //! poisoned changes, no aggregate stuck, nothing left in the outbox or the
@@ -40,6 +41,11 @@ use super::{Backend, DOWN, LEASE, PATIENCE, POISON, env, pending};
 const AGGREGATES: usize = 60;
 const POISONED: usize = 3;
 const PRODUCERS: usize = 4;
+/// How long catching up may go without one more change applied: a slow
+/// broker on a loaded machine takes its time (tansu on moto applies about
+/// 10 changes a second under `scripts/load.sh`, and was seen flat for
+/// 10 s), a stuck aggregate or a group that no longer forms applies none.
+const STALL: Duration = Duration::from_secs(90);
 
 /// How batches are formed and spread: the consumer's batch and
 /// concurrency, the outbox's partitions.
@@ -223,6 +229,27 @@ async fn produce(
     }
 }
 
+/// Waits until `count` reaches `target` for as long as it keeps rising:
+/// panics with `what` once it has not risen for [`STALL`].
+async fn wait_while_rising<F, Fut>(what: &str, target: usize, mut count: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = usize>,
+{
+    let (mut reached, mut rose) = (count().await, Instant::now());
+    while reached < target {
+        assert!(
+            rose.elapsed() < STALL,
+            "{what}: {reached} of {target}, none more for {STALL:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = count().await;
+        if now > reached {
+            (reached, rose) = (now, Instant::now());
+        }
+    }
+}
+
 /// The whole soak on `broker` with `shape`; prints what it counted.
 pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     broker: B,
@@ -307,6 +334,15 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     let committed: HashMap<String, Vec<u64>> = produced.committed.lock().unwrap().clone();
     let committed_total: usize = committed.values().map(Vec::len).sum();
     let faults_for = started.elapsed();
+    let mut restarts = usize::from(down);
+    // Where a kill can leave a forming group without a leader for good,
+    // a restart after the last one lets the group form again.
+    if broker.loses_a_forming_leader() {
+        broker.go_down().await;
+        tokio::time::sleep(DOWN).await;
+        broker.come_back().await;
+        restarts += 1;
+    }
     // Where the broker keeps a dead member's partitions assigned to it
     // until another member joins: one joins once every dead one expired.
     if let Some(expiry) = broker.member_expiry() {
@@ -342,9 +378,11 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
             }
         }
     });
-    wait_until("every committed change applied", || async {
-        backend.effects().await.len() >= committed_total
-    })
+    wait_while_rising(
+        "every committed change applied",
+        committed_total,
+        || async { backend.effects().await.len() },
+    )
     .await;
     wait_until("the poisoned changes parked", || async {
         watcher.parked(None, 100).await.unwrap().len() >= POISONED
@@ -402,7 +440,7 @@ pub(crate) async fn every_committed_change_applies_once_in_order<B: Broker>(
     println!(
         "[{name}] committed {committed_total} changes over {} aggregates ({} rolled back), \
          {POISONED} poisoned; faults for {faults_for:.1?}: {kills} consumer processes killed, \
-         {relay_aborts} relays aborted, the broker away once; caught up {catch_up:.1?} after \
+         {relay_aborts} relays aborted, the broker away {restarts} times; caught up {catch_up:.1?} after \
          the outbox drained; effects {}, distinct {}; aggregates out of order or incomplete: \
          {}; parked: {}; stuck: {}",
         committed.len(),
