@@ -333,6 +333,15 @@ fn detached(name: &str, work: impl FnOnce() + Send + 'static) -> bool {
         .is_ok()
 }
 
+/// A duration setting of `config` in milliseconds, or librdkafka's
+/// `default` when it is not set (librdkafka refuses one it cannot read).
+fn millis(config: &ClientConfig, key: &str, default: Duration) -> Duration {
+    config
+        .get(key)
+        .and_then(|ms| ms.parse().ok())
+        .map_or(default, Duration::from_millis)
+}
+
 impl std::fmt::Debug for KafkaSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSource")
@@ -386,14 +395,8 @@ impl KafkaSource {
                 reason: "must be false".to_string(),
             });
         }
-        let ack_wait = config
-            .get("max.poll.interval.ms")
-            .and_then(|ms| ms.parse().ok())
-            .map_or(DEFAULT_MAX_POLL_INTERVAL, Duration::from_millis);
-        let session_timeout = config
-            .get("session.timeout.ms")
-            .and_then(|ms| ms.parse().ok())
-            .map_or(DEFAULT_SESSION_TIMEOUT, Duration::from_millis);
+        let ack_wait = millis(config, "max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL);
+        let session_timeout = millis(config, "session.timeout.ms", DEFAULT_SESSION_TIMEOUT);
         let shared = Arc::new(Shared::default());
         let consumer: Inner = config
             .create_with_context(Tracking {

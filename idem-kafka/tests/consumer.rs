@@ -277,7 +277,12 @@ fn a_member_that_would_commit_by_itself_is_refused() {
 /// the runtime's shutdown (which waits for every blocking task it started).
 #[test]
 fn a_source_whose_broker_is_gone_holds_up_neither_its_close_nor_the_runtime() {
-    const SESSION: Duration = Duration::from_secs(6);
+    // The session timeout of the members Kafka::source makes.
+    let session = idem_conformance::kafka::member_config("", "")
+        .get("session.timeout.ms")
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap();
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -321,7 +326,7 @@ fn a_source_whose_broker_is_gone_holds_up_neither_its_close_nor_the_runtime() {
         .recv_timeout(Duration::from_secs(240))
         .expect("the runtime shut down");
     assert!(
-        closed_in <= SESSION + Duration::from_secs(5) + Duration::from_secs(5),
+        closed_in <= session + Duration::from_secs(5) + Duration::from_secs(5),
         "closed in {closed_in:?}"
     );
 }

@@ -597,10 +597,10 @@ impl Broker for Kafka {
     /// live members wait for the departed leader's assignment, and the
     /// group can stay unformed for minutes (seen: generation 10 forming
     /// under a leader gone for three minutes, nothing consumed; another
-    /// run stalled two and a half minutes). A restart reads the group back from its store without a leader that
-    /// is not a member, and the next member to join leads. (A member that
-    /// stops heartbeating loses its lead; Apache Kafka elects another
-    /// leader in either case.)
+    /// run stalled two and a half minutes). A restart reads the group back
+    /// from its store without a leader that is not a member, and the next
+    /// member to join leads. (A member that stops heartbeating loses its
+    /// lead; Apache Kafka elects another leader in either case.)
     fn loses_a_forming_leader(&self) -> bool {
         true
     }

@@ -7,11 +7,11 @@
 //! and started again (its task aborted, its connection cut); the broker
 //! taken away mid-run (the JetStream server or the private tansu killed and
 //! started again on its store, tansu once more after the last kill; every
-//! RabbitMQ connection cut). Then, once the producers stop and the consumers catch
-//! up: every committed change applied exactly once and in version order
-//! per aggregate, nothing rolled back delivered, nothing parked but the
-//! poisoned changes, no aggregate stuck, nothing left in the outbox or the
-//! broker.
+//! RabbitMQ connection cut). Then, once the producers stop and the
+//! consumers catch up: every committed change applied exactly once and in
+//! version order per aggregate, nothing rolled back delivered, nothing
+//! parked but the poisoned changes, no aggregate stuck, nothing left in the
+//! outbox or the broker.
 //!
 //! `IDEM_SOAK_SECS` (20 by default) sets how long the faults go on and
 //! `IDEM_SOAK_CHANGES` (1,500 by default) how many changes are committed
