@@ -59,29 +59,21 @@ fn bound_requests<'q>(
         .bind(retentions)
 }
 
-/// The rows of a function answering one per request, or why there are not
-/// as many.
-async fn one_row_each<'e>(
-    query: Query<'_, Postgres, PgArguments>,
-    executor: impl PgExecutor<'e>,
-    requests: &[ClaimRequest],
-) -> Result<Vec<PgRow>, StoreError> {
-    let rows = query
-        .fetch_all(executor)
-        .await
-        .map_err(|e| classify(Operation::Claim, e))?;
-    if rows.len() != requests.len() {
-        return Err(StoreError::backend(
-            crate::error::STORE,
-            Operation::Claim,
-            format!(
-                "the claim function answered {} rows for {} claims",
-                rows.len(),
-                requests.len()
-            ),
-        ));
+/// Why a function meant to answer one row per request answered another
+/// count.
+fn counted(rows: &[PgRow], requests: &[ClaimRequest]) -> Result<(), StoreError> {
+    if rows.len() == requests.len() {
+        return Ok(());
     }
-    Ok(rows)
+    Err(StoreError::backend(
+        crate::error::STORE,
+        Operation::Claim,
+        format!(
+            "the claim function answered {} rows for {} claims",
+            rows.len(),
+            requests.len()
+        ),
+    ))
 }
 
 /// Runs the claim function on each request at once, in their order, on
@@ -91,7 +83,11 @@ pub(crate) async fn claim_all<'e>(
     executor: impl PgExecutor<'e>,
     requests: &[ClaimRequest],
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
-    let rows = one_row_each(bound_requests(sql, requests), executor, requests).await?;
+    let rows = bound_requests(sql, requests)
+        .fetch_all(executor)
+        .await
+        .map_err(|e| classify(Operation::Claim, e))?;
+    counted(&rows, requests)?;
     rows.iter()
         .zip(requests)
         .map(|(row, request)| claim_outcome(row, request, request.owner()))
@@ -108,15 +104,25 @@ pub(crate) async fn claim_completed_all<'e>(
     requests: &[ClaimRequest],
     response: &StoredResponse,
 ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
-    let query = bind_response(bound_requests(sql, requests), response);
-    let rows = one_row_each(query, executor, requests).await?;
+    let rows = bind_response(bound_requests(sql, requests), response)
+        .fetch_all(executor)
+        .await
+        .map_err(|e| classify(Operation::Claim, e))?;
+    let outcome = |row: &PgRow| -> Result<String, StoreError> {
+        row.try_get("o_outcome")
+            .map_err(|e| classify(Operation::Claim, e))
+    };
+    // Every request recorded (a consumer's batch, as a rule): one row.
+    if let [row] = rows.as_slice()
+        && outcome(row)? == "recorded_all"
+    {
+        return Ok(vec![None; requests.len()]);
+    }
+    counted(&rows, requests)?;
     rows.iter()
         .zip(requests)
         .map(|(row, request)| {
-            let outcome: String = row
-                .try_get("o_outcome")
-                .map_err(|e| classify(Operation::Claim, e))?;
-            if outcome == "recorded" {
+            if outcome(row)? == "recorded" {
                 return Ok(None);
             }
             claim_outcome(row, request, request.owner()).map(Some)

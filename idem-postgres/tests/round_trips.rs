@@ -278,7 +278,9 @@ async fn claim_all_and_complete_all_in_a_transaction_are_one_round_trip_each_on_
 
 /// The inbox's claim of a batch is one round trip for every outcome, and
 /// writes each free record once, completed: its inserts, and no update,
-/// counted by the server in the transaction (`pg_stat_xact_user_tables`).
+/// counted by the server in the transaction (`pg_stat_xact_user_tables`);
+/// a batch of free records searches no index before it inserts (each key
+/// is checked once, as it is inserted: no `ON CONFLICT` pass).
 /// A record found (completed, held, of another fingerprint) is answered
 /// in the same round trip, and one whose lease lapsed is taken and
 /// completed in it too.
@@ -319,14 +321,15 @@ async fn claim_completed_all_is_one_round_trip_and_one_write_per_free_record_on_
     let mut report = Vec::new();
 
     let fresh: Vec<_> = (0..8).map(|_| long(&fresh_scope(), "a")).collect();
-    let (inserted, updated) = written_in(&mut tx).await;
+    let (inserted, updated, searched) = written_in(&mut tx).await;
     let before = proxy.ready();
     let answers = tx.claim_completed_all(&fresh, &consumed).await.unwrap();
     report.push(("claim_completed_all: 8 free", wire(before)));
     assert!(answers.iter().all(Option::is_none), "{answers:?}");
-    let (inserted_after, updated_after) = written_in(&mut tx).await;
+    let (inserted_after, updated_after, searched_after) = written_in(&mut tx).await;
     assert_eq!(inserted_after - inserted, 8, "one insert per free record");
     assert_eq!(updated_after - updated, 0, "no record written twice");
+    assert_eq!(searched_after - searched, 0, "no index searched first");
 
     let mut mixed: Vec<_> = (0..4).map(|_| long(&fresh_scope(), "a")).collect();
     mixed.push(long(&completed, "a"));
@@ -357,17 +360,18 @@ async fn claim_completed_all_is_one_round_trip_and_one_write_per_free_record_on_
     }
 }
 
-/// The rows of the records table inserted and updated so far in `tx`, as
-/// the server counts them.
-async fn written_in(tx: &mut idem_postgres::PgTransaction) -> (i64, i64) {
+/// The rows of the records table inserted and updated so far in `tx`,
+/// and its index scans, as the server counts them.
+async fn written_in(tx: &mut idem_postgres::PgTransaction) -> (i64, i64, i64) {
     let row = sqlx::query(
-        "SELECT coalesce(sum(n_tup_ins), 0)::int8, coalesce(sum(n_tup_upd), 0)::int8 \
+        "SELECT coalesce(sum(n_tup_ins), 0)::int8, coalesce(sum(n_tup_upd), 0)::int8, \
+         coalesce(sum(idx_scan), 0)::int8 \
          FROM pg_stat_xact_user_tables WHERE relname = 'idem_records'",
     )
     .fetch_one(&mut **tx)
     .await
     .unwrap();
-    (row.get(0), row.get(1))
+    (row.get(0), row.get(1), row.get(2))
 }
 
 /// A request's store calls on the wire, through a pool of one connection:
