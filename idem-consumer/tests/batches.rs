@@ -7,13 +7,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{deliveries, event, outcomes, plain};
-use idem_conformance::consumers::consumer_with;
-use idem_consumer::{ConsumerOptions, Settled};
+use idem_conformance::consumers::{GatedParking, Shop, consumer_with};
+use idem_consumer::{Consumer, ConsumerOptions, Settled};
 use idem_core::store::{IdempotencyStore, ParkingStore};
 use idem_core::{IdempotencyKey, Scope};
+use idem_memory::{MemoryParking, MemoryStore};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -181,4 +183,58 @@ async fn two_deliveries_of_one_message_in_two_batches_at_once_apply_once() {
     // Two transactions: the refused batch's message, on its own, found
     // its record completed before it opened another.
     assert_eq!(shop.begun(), 2);
+}
+
+/// A consumer over the memory stores whose parking store counts its
+/// listings.
+fn counted_consumer() -> (Consumer<Shop>, Shop, Arc<GatedParking>) {
+    let store = MemoryStore::new();
+    let shop = Shop::new(store.clone());
+    let parking = GatedParking::new(Arc::new(MemoryParking::new()));
+    let consumer = Consumer::with_options(
+        "scenario",
+        Arc::new(store),
+        parking.clone(),
+        shop.clone(),
+        options(1),
+    )
+    .unwrap();
+    (consumer, shop, parking)
+}
+
+#[tokio::test]
+async fn a_batch_with_nothing_parked_lists_the_parking_store_once_not_per_event() {
+    let (consumer, _, parking) = counted_consumer();
+    let batch = deliveries(
+        (0..10)
+            .map(|n| event(&format!("o{n}-1"), &format!("o{n}"), 1))
+            .collect(),
+    );
+    let settled = outcomes(consumer.consume_batch(&batch).await);
+    assert_eq!(settled, vec![Settled::Applied; 10]);
+    assert_eq!(parking.listings(), 1);
+}
+
+#[tokio::test]
+async fn a_batch_releases_what_waits_behind_each_of_its_events_once_anything_is_parked() {
+    let (consumer, shop, parking) = counted_consumer();
+    // Versions 2 of two aggregates arrive first and are parked as gaps.
+    for early in deliveries(vec![event("b-2", "b", 2), event("d-2", "d", 2)]) {
+        let settled = consumer.consume(&early).await.unwrap();
+        assert!(matches!(settled, Settled::Parked { .. }), "{settled:?}");
+    }
+    let batch = deliveries(vec![
+        event("a-1", "a", 1),
+        event("b-1", "b", 1),
+        event("c-1", "c", 1),
+        event("d-1", "d", 1),
+    ]);
+    let settled = outcomes(consumer.consume_batch(&batch).await);
+    assert_eq!(settled, vec![Settled::Applied; 4]);
+    assert_eq!(
+        sorted_effects(&shop).await,
+        ["a@1", "b@1", "b@2", "c@1", "d@1", "d@2"]
+    );
+    assert!(consumer.parked(None, 10).await.unwrap().is_empty());
+    assert!(parking.listings() > 1);
 }

@@ -334,6 +334,7 @@ pub struct GatedParking {
     inner: Arc<dyn ParkingStore>,
     held: Mutex<HashMap<String, Gates>>,
     failing_listings: AtomicU64,
+    listings: AtomicU64,
 }
 
 impl GatedParking {
@@ -343,7 +344,13 @@ impl GatedParking {
             inner,
             held: Mutex::default(),
             failing_listings: AtomicU64::new(0),
+            listings: AtomicU64::new(0),
         })
+    }
+
+    /// How many listings ([`ParkingStore::parked`]) were asked of it.
+    pub fn listings(&self) -> u64 {
+        self.listings.load(Ordering::SeqCst)
     }
 
     /// Holds the next park of the message `id`: `entered` is notified
@@ -394,6 +401,7 @@ impl ParkingStore for GatedParking {
         &self,
         query: &idem_core::store::ParkedQuery,
     ) -> Result<Vec<idem_core::store::ParkedMessage>, StoreError> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
         let failing =
             self.failing_listings
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {

@@ -99,6 +99,11 @@ impl<H: Handler> Consumer<H> {
     ///   wait for the first transaction, then find it applied (Postgres, on
     ///   the record's primary key), or answer it held.
     ///
+    /// After the commit, each aggregate an event applied to is released
+    /// ([`release`](Self::release)) as on its own, but for a batch of a
+    /// consumer with nothing parked (as a rule): one listing of the
+    /// parking store then answers for all of them.
+    ///
     /// A malformed delivery ([`Delivery::malformed`]) is parked at once
     /// with its reason; a batch holding one is settled one delivery at a
     /// time. A handler transaction that does not batch ([`Transaction::batches`])
@@ -428,7 +433,11 @@ impl<H: Handler> Consumer<H> {
             results.push(result);
         }
         // Whether or not the acks got through: what committed or parked
-        // stands either way.
+        // stands either way. With nothing parked (as a rule) no aggregate
+        // has anything to release: one listing instead of one per message.
+        if releases.len() > 1 && !self.anything_parked().await {
+            return results;
+        }
         for at in releases {
             self.release_behind(batch[at].message()).await;
         }

@@ -109,6 +109,20 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
+    /// Whether the consumer has any message parked: one listing of at
+    /// most one entry (a failed listing answers yes). Asked after a
+    /// batch's commit, a "no" misses nothing that releasing each of its
+    /// aggregates would have found: an entry parked after it is a failure
+    /// (whose predecessor applied before it was tried) or a gap, which
+    /// releases its aggregate itself once parked.
+    pub(super) async fn anything_parked(&self) -> bool {
+        let query = ParkedQuery::new(self.parts.name.clone()).limit(1);
+        match self.parts.parking.parked(&query).await {
+            Ok(found) => !found.is_empty(),
+            Err(_) => true,
+        }
+    }
+
     /// Replays `aggregate`'s parked messages in version order while they
     /// apply (or turn out stale or applied before), listing them again
     /// until none is left or one does not apply (a gap still, or a
