@@ -7,15 +7,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::{deliveries, event, outcomes, plain};
-use idem_conformance::consumers::{GatedParking, Shop, consumer_with};
-use idem_consumer::{Consumer, ConsumerOptions, Settled};
+use idem_conformance::consumers::{ConsumerBackend, MemoryBackend, consumer_with};
+use idem_consumer::{ConsumerOptions, Settled};
 use idem_core::store::{IdempotencyStore, ParkingStore};
 use idem_core::{IdempotencyKey, Scope};
-use idem_memory::{MemoryParking, MemoryStore};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -185,26 +183,9 @@ async fn two_deliveries_of_one_message_in_two_batches_at_once_apply_once() {
     assert_eq!(shop.begun(), 2);
 }
 
-/// A consumer over the memory stores whose parking store counts its
-/// listings.
-fn counted_consumer() -> (Consumer<Shop>, Shop, Arc<GatedParking>) {
-    let store = MemoryStore::new();
-    let shop = Shop::new(store.clone());
-    let parking = GatedParking::new(Arc::new(MemoryParking::new()));
-    let consumer = Consumer::with_options(
-        "scenario",
-        Arc::new(store),
-        parking.clone(),
-        shop.clone(),
-        options(1),
-    )
-    .unwrap();
-    (consumer, shop, parking)
-}
-
 #[tokio::test]
 async fn a_batch_with_nothing_parked_lists_the_parking_store_once_not_per_event() {
-    let (consumer, _, parking) = counted_consumer();
+    let (consumer, _, parking) = MemoryBackend.consumer(options(1)).await;
     let batch = deliveries(
         (0..10)
             .map(|n| event(&format!("o{n}-1"), &format!("o{n}"), 1))
@@ -217,7 +198,7 @@ async fn a_batch_with_nothing_parked_lists_the_parking_store_once_not_per_event(
 
 #[tokio::test]
 async fn a_batch_releases_what_waits_behind_each_of_its_events_once_anything_is_parked() {
-    let (consumer, shop, parking) = counted_consumer();
+    let (consumer, shop, parking) = MemoryBackend.consumer(options(1)).await;
     // Versions 2 of two aggregates arrive first and are parked as gaps.
     for early in deliveries(vec![event("b-2", "b", 2), event("d-2", "d", 2)]) {
         let settled = consumer.consume(&early).await.unwrap();
