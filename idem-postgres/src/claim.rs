@@ -59,6 +59,17 @@ fn bound_requests<'q>(
         .bind(retentions)
 }
 
+/// The rows a claim function answers.
+async fn answered<'e>(
+    query: Query<'_, Postgres, PgArguments>,
+    executor: impl PgExecutor<'e>,
+) -> Result<Vec<PgRow>, StoreError> {
+    query
+        .fetch_all(executor)
+        .await
+        .map_err(|e| classify(Operation::Claim, e))
+}
+
 /// Why a function meant to answer one row per request answered another
 /// count.
 fn counted(rows: &[PgRow], requests: &[ClaimRequest]) -> Result<(), StoreError> {
@@ -83,10 +94,7 @@ pub(crate) async fn claim_all<'e>(
     executor: impl PgExecutor<'e>,
     requests: &[ClaimRequest],
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
-    let rows = bound_requests(sql, requests)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| classify(Operation::Claim, e))?;
+    let rows = answered(bound_requests(sql, requests), executor).await?;
     counted(&rows, requests)?;
     rows.iter()
         .zip(requests)
@@ -104,10 +112,8 @@ pub(crate) async fn claim_completed_all<'e>(
     requests: &[ClaimRequest],
     response: &StoredResponse,
 ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
-    let rows = bind_response(bound_requests(sql, requests), response)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| classify(Operation::Claim, e))?;
+    let query = bind_response(bound_requests(sql, requests), response);
+    let rows = answered(query, executor).await?;
     let outcome = |row: &PgRow| -> Result<String, StoreError> {
         row.try_get("o_outcome")
             .map_err(|e| classify(Operation::Claim, e))
