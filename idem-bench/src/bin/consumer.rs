@@ -32,6 +32,12 @@
 //! turns, each inbox row printed beside the floor of its own turn (so a
 //! machine's drift shows in both).
 //!
+//! `--expiring-floor` measures in each turn, after the floor, the floor
+//! with an inbox that expires: each inbox row carries its expiry time,
+//! indexed so that a purge can find the expired rows (as the records
+//! table's is). The floor's inbox only grows; any inbox that is purged
+//! pays for finding what to purge, and this says how much.
+//!
 //! RabbitMQ's prefetch is 2000 in every run (the most deliveries the
 //! largest figures hold at once: 16 batches of 100).
 //!
@@ -113,6 +119,10 @@ struct Args {
     /// its own turn.
     #[arg(long, default_value_t = 1)]
     pairs: usize,
+    /// Measure, in each turn after the floor, the floor with an inbox
+    /// whose rows carry an indexed expiry time.
+    #[arg(long)]
+    expiring_floor: bool,
 }
 
 type Fail = Box<dyn std::error::Error>;
@@ -245,18 +255,31 @@ const FLOOR_BATCH: usize = 100;
 /// The least any consumer with an inbox does, per batch of
 /// [`FLOOR_BATCH`] deliveries: one transaction inserting the batch's
 /// inbox rows and its domain rows, committed, then each delivery acked;
-/// messages a second.
+/// messages a second. With `expiring`, each inbox row also carries its
+/// expiry time, indexed for a purge.
 async fn drain_floor<S: Source>(
     pool: &PgPool,
     source: &mut S,
     count: usize,
     run: &str,
+    expiring: bool,
 ) -> Result<f64, Fail> {
     let (inbox, orders) = (format!("bench_inbox_{run}"), format!("bench_orders_{run}"));
-    for ddl in [
+    let mut ddl = vec![
         format!("CREATE TABLE {inbox} (id text PRIMARY KEY)"),
         format!("CREATE TABLE {orders} (id text PRIMARY KEY, body bytea NOT NULL)"),
-    ] {
+    ];
+    let mut insert = format!("INSERT INTO {inbox} (id) SELECT * FROM unnest($1::text[])");
+    if expiring {
+        ddl[0] =
+            format!("CREATE TABLE {inbox} (id text PRIMARY KEY, expires_at timestamptz NOT NULL)");
+        ddl.push(format!("CREATE INDEX ON {inbox} (expires_at)"));
+        insert = format!(
+            "INSERT INTO {inbox} (id, expires_at) \
+             SELECT id, now() + interval '1 day' FROM unnest($1::text[]) AS id"
+        );
+    }
+    for ddl in ddl {
         sqlx::query(AssertSqlSafe(ddl)).execute(pool).await?;
     }
     let started = Instant::now();
@@ -276,12 +299,10 @@ async fn drain_floor<S: Source>(
             .map(|d| d.message().payload().to_vec())
             .collect();
         let mut tx = idem_postgres::begin(pool).await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {inbox} (id) SELECT * FROM unnest($1::text[])"
-        )))
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(AssertSqlSafe(insert.clone()))
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {orders} (id, body) SELECT * FROM unnest($1::text[], $2::bytea[])"
         )))
@@ -302,14 +323,18 @@ async fn drain_floor<S: Source>(
 enum Run {
     Bare,
     Floor,
+    /// The floor with an inbox that expires.
+    ExpiringFloor,
     /// At a concurrency and a batch size.
     Inbox(usize, usize),
 }
 
-/// The bare consumer, then `pairs` times the floor followed by the inbox
-/// at each concurrency and batch size.
-fn runs(levels: &[usize], batches: &[usize], pairs: usize) -> Vec<Run> {
-    let turn = std::iter::once(Run::Floor).chain(
+/// The bare consumer, then `pairs` times the floor (and the expiring
+/// floor, with `expiring`) followed by the inbox at each concurrency and
+/// batch size.
+fn runs(levels: &[usize], batches: &[usize], pairs: usize, expiring: bool) -> Vec<Run> {
+    let floors = std::iter::once(Run::Floor).chain(expiring.then_some(Run::ExpiringFloor));
+    let turn = floors.chain(
         levels
             .iter()
             .flat_map(|level| batches.iter().map(|batch| Run::Inbox(*level, *batch))),
@@ -324,6 +349,8 @@ fn runs(levels: &[usize], batches: &[usize], pairs: usize) -> Vec<Run> {
 struct Measured {
     /// The floor measured in the same turn, and its CPU per message.
     floor: (f64, CpuPerUnit),
+    /// The expiring floor of the same turn, if measured.
+    expiring: Option<(f64, CpuPerUnit)>,
     rate: f64,
     /// CPU per message, by process.
     cpu: CpuPerUnit,
@@ -368,6 +395,7 @@ async fn drain_inbox<S: Source>(
     }
     Ok(Measured {
         floor: (0.0, CpuPerUnit::default()),
+        expiring: None,
         rate,
         cpu,
         per_message,
@@ -445,6 +473,7 @@ struct Row {
     bare: f64,
     floor: f64,
     floor_cpu: CpuPerUnit,
+    expiring: Option<(f64, CpuPerUnit)>,
     /// By concurrency and batch size.
     inbox: Vec<((usize, usize), Measured)>,
 }
@@ -457,6 +486,7 @@ impl Row {
             bare: 0.0,
             floor: 0.0,
             floor_cpu: CpuPerUnit::default(),
+            expiring: None,
             inbox: Vec::new(),
         }
     }
@@ -476,8 +506,14 @@ impl Row {
             Run::Bare => self.bare = drain_bare(source, count).await?,
             Run::Floor => {
                 let before = CpuSample::now(self.processes);
-                self.floor = drain_floor(pool, source, count, run).await?;
+                self.floor = drain_floor(pool, source, count, run, false).await?;
                 self.floor_cpu = CpuSample::now(self.processes).per_unit_since(&before, count);
+            }
+            Run::ExpiringFloor => {
+                let before = CpuSample::now(self.processes);
+                let rate = drain_floor(pool, source, count, run, true).await?;
+                let cpu = CpuSample::now(self.processes).per_unit_since(&before, count);
+                self.expiring = Some((rate, cpu));
             }
             Run::Inbox(level, batch) => {
                 let figures = (level, batch);
@@ -493,7 +529,15 @@ impl Row {
                 )
                 .await?;
                 let floor = (self.floor, self.floor_cpu);
-                self.inbox.push((figures, Measured { floor, ..measured }));
+                let expiring = self.expiring;
+                self.inbox.push((
+                    figures,
+                    Measured {
+                        floor,
+                        expiring,
+                        ..measured
+                    },
+                ));
             }
         }
         Ok(())
@@ -649,7 +693,12 @@ async fn main() -> Result<(), Fail> {
     let amqp_url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
-    let figures = runs(&args.concurrency, &args.batch, args.pairs);
+    let figures = runs(
+        &args.concurrency,
+        &args.batch,
+        args.pairs,
+        args.expiring_floor,
+    );
     // Every transaction opens whole (the store's, and the floor's through
     // `idem_postgres::begin`): the pool needs no release check.
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -658,9 +707,9 @@ async fn main() -> Result<(), Fail> {
         .connect(&pg_url)
         .await?;
     println!(
-        "| broker | bare consumer (acks only), msg/s | concurrency | batch | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | inbox CPU µs/msg: consumer / broker / Postgres | floor CPU µs/msg: consumer / broker / Postgres | Postgres transactions per message | WAL flushes per message |"
+        "| broker | bare consumer (acks only), msg/s | concurrency | batch | consumer with Postgres inbox and commit, msg/s | inbox / bare | floor: one commit per 100, msg/s | inbox / floor | inbox CPU µs/msg: consumer / broker / Postgres | floor CPU µs/msg: consumer / broker / Postgres | Postgres transactions per message | WAL flushes per message | expiring floor, msg/s | inbox / expiring floor | expiring floor CPU µs/msg: consumer / broker / Postgres |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let brokers: &[Broker] = match args.broker {
         Broker::Both => &[Broker::Rabbitmq, Broker::Nats],
         Broker::All => &[Broker::Rabbitmq, Broker::Nats, Broker::Kafka],
@@ -707,8 +756,12 @@ async fn main() -> Result<(), Fail> {
                 |(commits, syncs)| format!("{commits:.2} | {syncs:.2}"),
             );
             let (floor, floor_cpu) = measured.floor;
+            let expiring = measured.expiring.map_or_else(
+                || "not measured | not measured | not measured".to_string(),
+                |(rate, cpu)| format!("{rate:.0} | {:.2} | {}", measured.rate / rate, split(&cpu)),
+            );
             println!(
-                "| {} | {:.0} | {level} | {batch} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {} | {commits} |",
+                "| {} | {:.0} | {level} | {batch} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {} | {commits} | {expiring} |",
                 row.broker,
                 row.bare,
                 measured.rate,
