@@ -2,8 +2,9 @@
 //! aggregate, each aggregate's in version order (those without a version
 //! first), else in the order they were received.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
+use tokio::sync::mpsc;
 use tokio::task::{Id, JoinError, JoinSet};
 
 /// Which received deliveries may start, and which wait: at most `slots`
@@ -124,18 +125,31 @@ fn lowest<D>(behind: &mut VecDeque<(Option<u64>, D)>) -> Option<D> {
 }
 
 /// The tasks handling batches of deliveries (each ending in a `T`), each
-/// known by its deliveries' aggregates. Dropped (as `run` is), it lets
-/// them finish: a batch is never cut between its statements.
+/// known by its deliveries' aggregates. A task may say, before it ends,
+/// that some of its deliveries are handled ([`Handled::say`]): their
+/// aggregates go on while it settles them, and it counts as settling, no
+/// longer as handling. Dropped (as `run` is), it lets them finish: a
+/// batch is never cut between its statements.
 pub(crate) struct Tasks<T: 'static> {
     set: JoinSet<T>,
-    aggregates: HashMap<Id, Vec<Option<String>>>,
+    /// By task, its deliveries' aggregates in the batch's order; `None`
+    /// for one already said handled.
+    aggregates: HashMap<Id, Vec<Option<Option<String>>>>,
+    /// The tasks that said so, settling.
+    settling: HashSet<Id>,
+    said: mpsc::UnboundedSender<(Id, Vec<usize>)>,
+    heard: mpsc::UnboundedReceiver<(Id, Vec<usize>)>,
 }
 
 impl<T: 'static> Default for Tasks<T> {
     fn default() -> Self {
+        let (said, heard) = mpsc::unbounded_channel();
         Self {
             set: JoinSet::new(),
             aggregates: HashMap::new(),
+            settling: HashSet::new(),
+            said,
+            heard,
         }
     }
 }
@@ -143,30 +157,94 @@ impl<T: 'static> Default for Tasks<T> {
 /// A handled batch's aggregates and how its task ended.
 pub(crate) type Joined<T> = (Vec<Option<String>>, Result<T, JoinError>);
 
+/// How a task says which of its deliveries are handled.
+pub(crate) struct Handled(mpsc::UnboundedSender<(Id, Vec<usize>)>);
+
+impl Handled {
+    /// The deliveries at `positions` of the task's batch are handled
+    /// (committed): their aggregates may go on. Said from inside the task,
+    /// once.
+    pub(crate) fn say(self, positions: Vec<usize>) {
+        // Outside a task there is no one to tell; the join says it all.
+        if let Some(id) = tokio::task::try_id()
+            && !positions.is_empty()
+        {
+            // Gone only with the `Tasks`, when nothing is listening.
+            let _ = self.0.send((id, positions));
+        }
+    }
+}
+
 impl<T: Send + 'static> Tasks<T> {
     /// Handles a batch of deliveries of `aggregates` in a task of its own.
-    pub(crate) fn spawn(
+    pub(crate) fn spawn<F>(
         &mut self,
         aggregates: Vec<Option<String>>,
-        handling: impl Future<Output = T> + Send + 'static,
-    ) {
-        let id = self.set.spawn(handling).id();
-        self.aggregates.insert(id, aggregates);
+        handling: impl FnOnce(Handled) -> F,
+    ) where
+        F: Future<Output = T> + Send + 'static,
+    {
+        let id = self.set.spawn(handling(Handled(self.said.clone()))).id();
+        self.aggregates
+            .insert(id, aggregates.into_iter().map(Some).collect());
     }
 
-    /// How many batches are being handled.
-    pub(crate) fn len(&self) -> usize {
-        self.set.len()
+    /// Whether no task is left, handling or settling.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.set.is_empty()
     }
 
-    /// The next task to end; `None` when none runs.
-    pub(crate) async fn join_next(&mut self) -> Option<Joined<T>> {
-        let (id, ended) = match self.set.join_next_with_id().await? {
-            Ok((id, handled)) => (id, Ok(handled)),
-            Err(error) => (error.id(), Err(error)),
-        };
-        Some((self.aggregates.remove(&id).unwrap_or_default(), ended))
+    /// Whether another batch may start under `concurrency`: fewer being
+    /// handled, and the settling ones bounded too (as many again).
+    pub(crate) fn has_room(&self, concurrency: usize) -> bool {
+        self.set.len() - self.settling.len() < concurrency
+            && self.set.len() < concurrency.saturating_mul(2)
     }
+
+    /// What happens next: a task ends, with its deliveries' aggregates not
+    /// said handled before, or says deliveries handled, with theirs. `None`
+    /// when no task is left. What a task said after it was joined answers
+    /// nothing: its aggregates went on at the join.
+    pub(crate) async fn next(&mut self) -> Option<Next<T>> {
+        loop {
+            if self.set.is_empty() {
+                return None;
+            }
+            let heard = tokio::select! {
+                biased;
+                ended = self.set.join_next_with_id() => {
+                    let (id, ended) = match ended? {
+                        Ok((id, handled)) => (id, Ok(handled)),
+                        Err(error) => (error.id(), Err(error)),
+                    };
+                    self.settling.remove(&id);
+                    let left = self.aggregates.remove(&id).unwrap_or_default();
+                    return Some(Next::Joined((left.into_iter().flatten().collect(), ended)));
+                }
+                heard = self.heard.recv() => heard,
+            };
+            // The `Tasks` holds a sender: the channel never closes.
+            let (id, positions) = heard?;
+            let Some(aggregates) = self.aggregates.get_mut(&id) else {
+                continue;
+            };
+            self.settling.insert(id);
+            return Some(Next::Handled(
+                positions
+                    .into_iter()
+                    .filter_map(|at| aggregates.get_mut(at).and_then(Option::take))
+                    .collect(),
+            ));
+        }
+    }
+}
+
+/// What [`Tasks::next`] found.
+pub(crate) enum Next<T> {
+    /// A task ended.
+    Joined(Joined<T>),
+    /// A task said deliveries of these aggregates handled.
+    Handled(Vec<Option<String>>),
 }
 
 impl<T: 'static> Drop for Tasks<T> {
@@ -245,6 +323,52 @@ mod tests {
             "a copy after the first received"
         );
         assert!(lanes.is_idle());
+    }
+
+    #[tokio::test]
+    async fn deliveries_said_handled_go_on_before_their_task_ends_and_only_once() {
+        let mut tasks: Tasks<()> = Tasks::default();
+        let leave = std::sync::Arc::new(tokio::sync::Notify::new());
+        let left = leave.clone();
+        tasks.spawn(vec![a("x"), a("y"), None], |handled| async move {
+            handled.say(vec![0, 2]);
+            left.notified().await;
+        });
+        assert!(!tasks.has_room(1), "one batch is handled");
+        let Some(Next::Handled(went_on)) = tasks.next().await else {
+            panic!("the task said its deliveries handled before it ended");
+        };
+        assert_eq!(went_on, [a("x"), None]);
+        assert!(tasks.has_room(1), "a settling batch is not handled");
+        assert!(!tasks.has_room(0));
+        leave.notify_one();
+        let Some(Next::Joined((left, ended))) = tasks.next().await else {
+            panic!("the task ended");
+        };
+        assert!(ended.is_ok());
+        assert_eq!(left, [a("y")], "what it said handled went on once");
+        assert!(tasks.next().await.is_none());
+        assert!(tasks.has_room(1));
+    }
+
+    #[tokio::test]
+    async fn settling_batches_are_bounded_as_many_again_as_the_concurrency() {
+        let mut tasks: Tasks<()> = Tasks::default();
+        let leave = std::sync::Arc::new(tokio::sync::Notify::new());
+        for name in ["x", "y"] {
+            let left = leave.clone();
+            tasks.spawn(vec![a(name)], |handled| async move {
+                handled.say(vec![0]);
+                left.notified().await;
+            });
+            assert!(matches!(tasks.next().await, Some(Next::Handled(_))));
+        }
+        assert!(
+            !tasks.has_room(1),
+            "two batches settle under a concurrency of one"
+        );
+        assert!(tasks.has_room(2));
+        leave.notify_waiters();
     }
 
     #[test]

@@ -589,6 +589,119 @@ async fn shutdown_waits_for_the_delivery_being_handled() {
     assert_eq!(shop.effects().await, ["one"]);
 }
 
+/// Waits until `shop` has `count` effects, and returns them.
+async fn effects(shop: &Shop, count: usize) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let effects = shop.effects().await;
+        if effects.len() >= count {
+            return effects;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "effects: {effects:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A batch's aggregates go on once it has committed, while its acks are
+/// still on their way: with nothing of the consumer's parked, the next
+/// version of an aggregate is handled and acked while the ack of the
+/// version before it is held.
+#[tokio::test]
+async fn an_aggregates_next_version_is_handled_while_the_ack_of_the_last_is_on_its_way() {
+    let (consumer, shop, _) = consumer_with(ConsumerOptions::default().batch(1, Duration::ZERO));
+    let broker = Broker::default();
+    let (sent, leave) = broker.hold_next_ack("o-1");
+    broker.publish(event("o-1", "order-1", 1));
+    broker.publish(event("o-2", "order-1", 2));
+    let running = run_in_task(&consumer, &broker, std::future::pending());
+    tokio::time::timeout(Duration::from_secs(30), sent.notified())
+        .await
+        .expect("the first version committed and its ack was sent");
+    assert_eq!(
+        settled(&broker, 1).await,
+        [BrokerSaw::Acked("o-2".into())],
+        "the second version settled with the first's ack held"
+    );
+    assert_eq!(shop.effects().await, ["order-1@1", "order-1@2"]);
+    leave.notify_one();
+    assert_eq!(
+        settled(&broker, 2).await,
+        [
+            BrokerSaw::Acked("o-2".into()),
+            BrokerSaw::Acked("o-1".into())
+        ]
+    );
+    running.abort();
+}
+
+/// When the source closes, `run` returns once what it received is
+/// settled: a batch whose aggregates went on at its commit is waited for
+/// until its acks are sent.
+#[tokio::test]
+async fn run_returns_after_the_acks_of_its_last_batch() {
+    let (consumer, _, _) = consumer_with(ConsumerOptions::default().batch(1, Duration::ZERO));
+    let broker = Broker::default();
+    let (sent, leave) = broker.hold_next_ack("o-1");
+    broker.publish(event("o-1", "order-1", 1));
+    broker.close();
+    let running = run_in_task(&consumer, &broker, std::future::pending());
+    tokio::time::timeout(Duration::from_secs(30), sent.notified())
+        .await
+        .expect("the batch committed and its ack was sent");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !running.is_finished(),
+        "run returned with an ack on its way"
+    );
+    leave.notify_one();
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("run returns once the ack is through")
+        .unwrap()
+        .unwrap();
+    assert_eq!(broker.settled(), [BrokerSaw::Acked("o-1".into())]);
+}
+
+/// With a message of the consumer's parked, an aggregate goes on only
+/// once its batch is settled and has replayed what was parked behind its
+/// event: the next version finds the parked one applied, never a gap.
+#[tokio::test]
+async fn with_a_version_parked_the_next_waits_until_its_batch_released_it() {
+    let (consumer, shop, parking) = consumer_with(
+        ConsumerOptions::default()
+            .max_deliveries(1)
+            .batch(1, Duration::ZERO),
+    );
+    let broker = Broker::default();
+    broker.publish(event("o-2", "order-1", 2));
+    assert!(matches!(
+        drain(&consumer, &broker).await[..],
+        [Ok(Settled::Parked { .. })]
+    ));
+    let gaps = shop.gaps();
+    let (sent, leave) = broker.hold_next_ack("o-1");
+    broker.publish(event("o-1", "order-1", 1));
+    broker.publish(event("o-3", "order-1", 3));
+    let running = run_in_task(&consumer, &broker, std::future::pending());
+    tokio::time::timeout(Duration::from_secs(30), sent.notified())
+        .await
+        .expect("the first version committed and its ack was sent");
+    // Room for the third version to be handled, were it let go now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(shop.effects().await, ["order-1@1"]);
+    leave.notify_one();
+    assert_eq!(
+        effects(&shop, 3).await,
+        ["order-1@1", "order-1@2", "order-1@3"]
+    );
+    assert_eq!(shop.gaps(), gaps, "no version found a gap");
+    assert_eq!(parking.count(consumer.name()).await.unwrap(), 0);
+    running.abort();
+}
+
 /// A delivery that outlasts the shutdown grace does not keep `run` from
 /// returning; it still finishes in its task.
 #[tokio::test]
@@ -756,6 +869,14 @@ async fn runs_sweep_releases_a_stuck_aggregate() {
 #[tokio::test]
 async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
     consumers::a_gap_parked_after_its_predecessors_release_releases_itself(&MemoryBackend).await;
+}
+
+#[tokio::test]
+async fn a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself() {
+    consumers::a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself(
+        &MemoryBackend,
+    )
+    .await;
 }
 
 #[tokio::test]

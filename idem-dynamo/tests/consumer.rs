@@ -376,6 +376,14 @@ async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself() {
+    let backend = DynamoBackend::new().await;
+    consumers::a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself(&backend)
+        .await;
+    backend.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_releases_what_its_first_apply_did_not() {
     let backend = DynamoBackend::new().await;
     consumers::a_duplicate_releases_what_its_first_apply_did_not(&backend).await;

@@ -162,6 +162,14 @@ async fn a_gap_parked_after_its_predecessors_release_releases_itself() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself() {
+    let backend = PostgresBackend::new().await;
+    consumers::a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself(&backend)
+        .await;
+    backend.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_aggregate_is_listed_and_released() {
     let backend = PostgresBackend::new().await;
     consumers::a_stuck_aggregate_is_listed_and_released(&backend).await;

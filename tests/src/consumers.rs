@@ -1216,6 +1216,50 @@ pub async fn a_gap_parked_after_its_predecessors_release_releases_itself<K: Cons
     applied_in_order(&consumer, &shop, &aggregate, 3, "v3 released itself").await;
 }
 
+/// The same with v3 in a batch beside an event that applies: the batch's
+/// one listing of the parking store, after its commit, finds nothing
+/// parked (v3's park is held, v2 not yet applied), so only v3's own park
+/// can release its aggregate, and does.
+pub async fn a_gap_parked_by_a_batch_after_its_predecessors_release_releases_itself<
+    K: ConsumerBackend,
+>(
+    backend: &K,
+) {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let aggregate = format!("late-batch-{run}");
+    let (consumer, shop, parking) = backend.consumer(scenario_options(1)).await;
+    let [v1, v2, v3] = [1, 2, 3].map(|version| event(&run, &aggregate, version));
+    let applied = consumer.consume(&Handed::new(v1)).await.unwrap();
+    assert_eq!(applied, Settled::Applied);
+    let (parking_now, go) = parking.hold_park(v3.id().as_str());
+    let batch = tokio::spawn({
+        let consumer = consumer.clone();
+        let mate = event(&run, &format!("mate-{run}"), 1);
+        async move {
+            let batch = [Handed::new(mate), Handed::new(v3)];
+            consumer.consume_batch(&batch).await
+        }
+    });
+    tokio::time::timeout(crate::relays::PATIENCE, parking_now.notified())
+        .await
+        .expect("the batch committed its mate, and v3 found the aggregate at 1 and parks");
+    let applied = consumer.consume(&Handed::new(v2)).await.unwrap();
+    assert_eq!(applied, Settled::Applied);
+    go.notify_one();
+    let settled = tokio::time::timeout(crate::relays::PATIENCE, batch)
+        .await
+        .expect("the batch ends")
+        .unwrap();
+    assert!(
+        matches!(
+            &settled[..],
+            [Ok(Settled::Applied), Ok(Settled::Parked { reason })] if reason.contains("version gap")
+        ),
+        "{settled:?}"
+    );
+    applied_in_order(&consumer, &shop, &aggregate, 3, "v3 released itself").await;
+}
+
 /// An applied event whose release never ran (its listing failed, as a
 /// process dying after its commit would leave it) has it run by its
 /// redelivery: the duplicate releases what waits behind it.

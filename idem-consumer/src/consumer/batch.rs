@@ -99,10 +99,11 @@ impl<H: Handler> Consumer<H> {
     ///   wait for the first transaction, then find it applied (Postgres, on
     ///   the record's primary key), or answer it held.
     ///
-    /// After the commit, each aggregate an event applied to is released
-    /// ([`release`](Self::release)) as on its own, but for a batch of a
-    /// consumer with nothing parked (as a rule): one listing of the
-    /// parking store then answers for all of them.
+    /// After the commit the parking store is listed once: with nothing of
+    /// the consumer's parked (as a rule) no aggregate of the batch has
+    /// anything waiting behind its event, and only a gap the batch itself
+    /// parks is released; else each aggregate an event applied to is
+    /// released ([`release`](Self::release)) as on its own.
     ///
     /// A malformed delivery ([`Delivery::malformed`]) is parked at once
     /// with its reason; a batch holding one is settled one delivery at a
@@ -114,6 +115,21 @@ impl<H: Handler> Consumer<H> {
     pub async fn consume_batch<D: Delivery>(
         &self,
         batch: &[D],
+    ) -> Vec<Result<Settled, ConsumerError>> {
+        self.consume_batch_saying(batch, |_| ()).await
+    }
+
+    /// [`consume_batch`](Self::consume_batch), saying once, between the
+    /// commit and the settlements, which deliveries (by their positions in
+    /// `batch`) the commit took, when nothing of the consumer's is parked:
+    /// their aggregates may go on while the batch is settled (its acks,
+    /// which a later version's handling never depends on). With anything
+    /// parked, applying an event releases what waits behind it first, so
+    /// the batch says nothing and its aggregates go on once it is settled.
+    pub(super) async fn consume_batch_saying<D: Delivery>(
+        &self,
+        batch: &[D],
+        handled: impl FnOnce(Vec<usize>),
     ) -> Vec<Result<Settled, ConsumerError>> {
         if batch.is_empty() {
             return Vec::new();
@@ -139,7 +155,15 @@ impl<H: Handler> Consumer<H> {
                 let each = batch.iter().map(|delivery| self.consume(delivery));
                 return futures_util::future::join_all(each).await;
             };
-            self.settle_batch(batch, attempts).await
+            let committed: Vec<usize> = (0..attempts.len())
+                .filter(|at| matches!(attempts[*at], Attempt::Done(_)))
+                .collect();
+            // One listing answers for every aggregate of the batch.
+            let parked = committed.is_empty() || self.anything_parked().await;
+            if !parked {
+                handled(committed);
+            }
+            self.settle_batch(batch, attempts, parked).await
         }
         .instrument(span)
         .await
@@ -399,6 +423,7 @@ impl<H: Handler> Consumer<H> {
         &self,
         batch: &[D],
         attempts: Vec<Attempt>,
+        parked: bool,
     ) -> Vec<Result<Settled, ConsumerError>> {
         let mut settled = Vec::with_capacity(batch.len());
         let mut acks = Vec::new();
@@ -413,7 +438,11 @@ impl<H: Handler> Consumer<H> {
                 if settlement.ack {
                     acks.push(at);
                 }
-                if settlement.release {
+                // With nothing parked before, only a gap this batch parked
+                // has anything behind it (itself) to release.
+                if settlement.release
+                    && (parked || matches!(settlement.consumed, Settled::Parked { .. }))
+                {
                     releases.push(at);
                 }
             }
@@ -433,11 +462,7 @@ impl<H: Handler> Consumer<H> {
             results.push(result);
         }
         // Whether or not the acks got through: what committed or parked
-        // stands either way. With nothing parked (as a rule) no aggregate
-        // has anything to release: one listing instead of one per message.
-        if releases.len() > 1 && !self.anything_parked().await {
-            return results;
-        }
+        // stands either way.
         for at in releases {
             self.release_behind(batch[at].message()).await;
         }

@@ -4,12 +4,13 @@
 
 use super::*;
 
+use crate::flight::Next::{Handled, Joined};
 use crate::flight::{Lanes, Tasks};
 
 /// The deliveries being handled, each task ending in how it went.
 type Handling = Tasks<Result<(), ConsumerError>>;
-/// A handled batch's aggregates and how its task ended.
-type Joined = crate::flight::Joined<Result<(), ConsumerError>>;
+/// A batch's task ending, or saying deliveries handled.
+type Next = crate::flight::Next<Result<(), ConsumerError>>;
 
 /// What [`Consumer::run`] holds: the lanes of the deliveries received, the
 /// batches being handled, and the batch being gathered.
@@ -69,7 +70,11 @@ impl<H: Handler> Consumer<H> {
     /// of the same aggregate, and its version check keeps them in order.
     /// A delivery of an aggregate being handled waits behind it,
     /// outside any batch, so a slow aggregate holds up only its own and its
-    /// batch-mates (which commit with it); `run` stops receiving while
+    /// batch-mates (which commit with it). An aggregate goes on once its
+    /// batch has committed, while the batch's acknowledgements are on their
+    /// way, when nothing of the consumer's is parked (as a rule; else once
+    /// the batch has released what waited behind its events); as many
+    /// batches again as the concurrency may be settling so. `run` stops receiving while
     /// [`WAITING_PER_SLOT`] deliveries per slot
     /// ([`ConsumerOptions::slots`]) wait so. A retryable broker error
     /// receiving (a lost connection, a timeout) is logged and asked again
@@ -129,7 +134,7 @@ impl<H: Handler> Consumer<H> {
                         self.finish(flight.tasks).await;
                         return Ok(());
                     }
-                    Some(joined) = flight.tasks.join_next() => self.joined(&mut flight, joined),
+                    Some(next) = flight.tasks.next() => self.went_on(&mut flight, next),
                     _ = flight.keep.tick() => self.keep_waiting(&flight).await,
                     () = tokio::time::sleep_until(due), if flushable => self.flush(&mut flight),
                     // Nothing runs, so nothing would make room: receive.
@@ -209,7 +214,7 @@ impl<H: Handler> Consumer<H> {
                     self.finish(std::mem::take(&mut flight.tasks)).await;
                     return None;
                 }
-                Some(joined) = flight.tasks.join_next() => self.joined(flight, joined),
+                Some(next) = flight.tasks.next() => self.went_on(flight, next),
                 _ = flight.keep.tick() => self.keep_waiting(flight).await,
                 () = tokio::time::sleep_until(due), if flushable => self.flush(flight),
                 done = &mut work => return Some(done),
@@ -222,7 +227,7 @@ impl<H: Handler> Consumer<H> {
     pub(super) fn flush_due<D>(&self, flight: &Flight<D>) -> (bool, tokio::time::Instant) {
         let now = tokio::time::Instant::now();
         match flight.due {
-            Some(due) if flight.tasks.len() < self.parts.options.concurrency => (true, due),
+            Some(due) if flight.tasks.has_room(self.parts.options.concurrency) => (true, due),
             _ => (false, now),
         }
     }
@@ -241,7 +246,7 @@ impl<H: Handler> Consumer<H> {
         flight.gathered.push((aggregate, delivery));
         let options = &self.parts.options;
         while flight.gathered.len() >= options.batch_size
-            && flight.tasks.len() < options.concurrency
+            && flight.tasks.has_room(options.concurrency)
         {
             self.start(flight);
         }
@@ -249,7 +254,7 @@ impl<H: Handler> Consumer<H> {
 
     /// The gathered batch's wait is up: it starts as it is.
     pub(super) fn flush<D: Delivery + 'static>(&self, flight: &mut Flight<D>) {
-        if flight.tasks.len() < self.parts.options.concurrency {
+        if flight.tasks.has_room(self.parts.options.concurrency) {
             self.start(flight);
         }
     }
@@ -267,8 +272,11 @@ impl<H: Handler> Consumer<H> {
             flight.due = None;
         }
         let consumer = self.clone();
-        flight.tasks.spawn(aggregates, async move {
-            for settled in consumer.consume_batch(&batch).await {
+        flight.tasks.spawn(aggregates, |handled| async move {
+            let settled = consumer
+                .consume_batch_saying(&batch, |positions| handled.say(positions))
+                .await;
+            for settled in settled {
                 if let Err(error) = settled {
                     tracing::warn!(%error, "a delivery failed; the broker delivers it again");
                 }
@@ -277,10 +285,16 @@ impl<H: Handler> Consumer<H> {
         });
     }
 
-    /// A batch's task ended: logs how, and gathers what waited for it.
-    pub(super) fn joined<D: Delivery + 'static>(&self, flight: &mut Flight<D>, joined: Joined) {
-        let (aggregates, handled) = joined;
-        log_handled(handled);
+    /// A batch's task ended (logged), or said deliveries handled: gathers
+    /// what waited for their aggregates.
+    pub(super) fn went_on<D: Delivery + 'static>(&self, flight: &mut Flight<D>, next: Next) {
+        let aggregates = match next {
+            Joined((aggregates, handled)) => {
+                log_handled(handled);
+                aggregates
+            }
+            Handled(aggregates) => aggregates,
+        };
         for aggregate in aggregates {
             for (aggregate, delivery) in flight.lanes.finished(aggregate.as_deref()) {
                 self.gather(flight, aggregate, delivery);
@@ -295,14 +309,16 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// The source closed (or failed for good): handles what was received,
-    /// until the shutdown.
+    /// The source closed (or failed for good): handles what was received
+    /// and settles it, until the shutdown.
     pub(super) async fn drain<D: Delivery + 'static>(
         &self,
         flight: &mut Flight<D>,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) {
-        while !flight.lanes.is_idle() {
+        // A batch past its commit has let its aggregates go while its acks
+        // are on their way: it is waited for as well.
+        while !flight.lanes.is_idle() || !flight.tasks.is_empty() {
             let (flushable, due) = self.flush_due(flight);
             tokio::select! {
                 biased;
@@ -310,7 +326,7 @@ impl<H: Handler> Consumer<H> {
                     self.finish(std::mem::take(&mut flight.tasks)).await;
                     return;
                 }
-                Some(joined) = flight.tasks.join_next() => self.joined(flight, joined),
+                Some(next) = flight.tasks.next() => self.went_on(flight, next),
                 _ = flight.keep.tick() => self.keep_waiting(flight).await,
                 () = tokio::time::sleep_until(due), if flushable => self.flush(flight),
                 else => return,
@@ -322,8 +338,10 @@ impl<H: Handler> Consumer<H> {
     pub(super) async fn finish(&self, mut tasks: Handling) {
         let grace = self.parts.options.shutdown_grace;
         let finished = tokio::time::timeout(grace, async {
-            while let Some((_, handled)) = tasks.join_next().await {
-                log_handled(handled);
+            while let Some(next) = tasks.next().await {
+                if let Joined((_, handled)) = next {
+                    log_handled(handled);
+                }
             }
         })
         .await;

@@ -53,6 +53,8 @@ struct Queue {
     closed: bool,
     /// Deliveries dropped unsettled are delivered again.
     redeliver_unsettled: bool,
+    /// Ids whose next ack waits: told when it is sent, then for leave.
+    held_acks: Vec<(String, Arc<Notify>, Arc<Notify>)>,
 }
 
 /// An in-process broker: a queue, redelivery on retry or on a lost ack.
@@ -82,6 +84,18 @@ impl Broker {
     /// From now on a delivery dropped unsettled is delivered again.
     pub fn redeliver_unsettled(&self) {
         self.queue.lock().unwrap().redeliver_unsettled = true;
+    }
+
+    /// The next ack of `id` waits, once it is sent, until the second
+    /// notify is told; the first is told when it is sent.
+    pub fn hold_next_ack(&self, id: &str) -> (Arc<Notify>, Arc<Notify>) {
+        let (sent, leave) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        self.queue
+            .lock()
+            .unwrap()
+            .held_acks
+            .push((id.to_string(), sent.clone(), leave.clone()));
+        (sent, leave)
     }
 
     /// The next ack of `id` never reaches the broker, which delivers it again.
@@ -126,6 +140,15 @@ impl Delivery for TestDelivery {
         self.settled
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let id = self.message.id().as_str().to_string();
+        let held = {
+            let mut queue = self.broker.queue.lock().unwrap();
+            let at = queue.held_acks.iter().position(|(held, ..)| *held == id);
+            at.map(|at| queue.held_acks.remove(at))
+        };
+        if let Some((_, sent, leave)) = held {
+            sent.notify_one();
+            leave.notified().await;
+        }
         let lost = {
             let mut queue = self.broker.queue.lock().unwrap();
             let lost = queue.lose_ack.iter().position(|l| *l == id);
