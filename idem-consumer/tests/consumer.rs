@@ -589,19 +589,28 @@ async fn shutdown_waits_for_the_delivery_being_handled() {
     assert_eq!(shop.effects().await, ["one"]);
 }
 
-/// Waits until `shop` has `count` effects, and returns them.
-async fn effects(shop: &Shop, count: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let effects = shop.effects().await;
-        if effects.len() >= count {
-            return effects;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "effects: {effects:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+/// Runs `consumer` on `order-1`'s versions 1 (`o-1`) and `next`
+/// (`o-<next>`), once version 1 has committed and its ack is sent and
+/// held: the task, and the notify that lets the ack through.
+fn run_with_the_first_ack_held(
+    consumer: &Consumer<Shop>,
+    broker: &Broker,
+    next: u64,
+) -> impl std::future::Future<
+    Output = (
+        tokio::task::JoinHandle<Result<(), ConsumerError>>,
+        Arc<tokio::sync::Notify>,
+    ),
+> {
+    let (sent, leave) = broker.hold_next_ack("o-1");
+    broker.publish(event("o-1", "order-1", 1));
+    broker.publish(event(&format!("o-{next}"), "order-1", next));
+    let running = run_in_task(consumer, broker, std::future::pending());
+    async move {
+        tokio::time::timeout(Duration::from_secs(30), sent.notified())
+            .await
+            .expect("the first version committed and its ack was sent");
+        (running, leave)
     }
 }
 
@@ -613,13 +622,7 @@ async fn effects(shop: &Shop, count: usize) -> Vec<String> {
 async fn an_aggregates_next_version_is_handled_while_the_ack_of_the_last_is_on_its_way() {
     let (consumer, shop, _) = consumer_with(ConsumerOptions::default().batch(1, Duration::ZERO));
     let broker = Broker::default();
-    let (sent, leave) = broker.hold_next_ack("o-1");
-    broker.publish(event("o-1", "order-1", 1));
-    broker.publish(event("o-2", "order-1", 2));
-    let running = run_in_task(&consumer, &broker, std::future::pending());
-    tokio::time::timeout(Duration::from_secs(30), sent.notified())
-        .await
-        .expect("the first version committed and its ack was sent");
+    let (running, leave) = run_with_the_first_ack_held(&consumer, &broker, 2).await;
     assert_eq!(
         settled(&broker, 1).await,
         [BrokerSaw::Acked("o-2".into())],
@@ -682,19 +685,17 @@ async fn with_a_version_parked_the_next_waits_until_its_batch_released_it() {
         [Ok(Settled::Parked { .. })]
     ));
     let gaps = shop.gaps();
-    let (sent, leave) = broker.hold_next_ack("o-1");
-    broker.publish(event("o-1", "order-1", 1));
-    broker.publish(event("o-3", "order-1", 3));
-    let running = run_in_task(&consumer, &broker, std::future::pending());
-    tokio::time::timeout(Duration::from_secs(30), sent.notified())
-        .await
-        .expect("the first version committed and its ack was sent");
+    let (running, leave) = run_with_the_first_ack_held(&consumer, &broker, 3).await;
     // Room for the third version to be handled, were it let go now.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(shop.effects().await, ["order-1@1"]);
     leave.notify_one();
+    idem_conformance::relays::wait_until("the third version applied", || async {
+        shop.effects().await.len() == 3
+    })
+    .await;
     assert_eq!(
-        effects(&shop, 3).await,
+        shop.effects().await,
         ["order-1@1", "order-1@2", "order-1@3"]
     );
     assert_eq!(shop.gaps(), gaps, "no version found a gap");
