@@ -197,7 +197,7 @@ impl<T: Send + 'static> Tasks<T> {
     /// Whether another batch may start under `concurrency`: fewer being
     /// handled, and the settling ones bounded too (as many again).
     pub(crate) fn has_room(&self, concurrency: usize) -> bool {
-        self.set.len() - self.settling.len() < concurrency
+        self.set.len().saturating_sub(self.settling.len()) < concurrency
             && self.set.len() < concurrency.saturating_mul(2)
     }
 
