@@ -126,7 +126,7 @@ fn lowest<D>(behind: &mut VecDeque<(Option<u64>, D)>) -> Option<D> {
 
 /// The tasks handling batches of deliveries (each ending in a `T`), each
 /// known by its deliveries' aggregates. A task may say, before it ends,
-/// that some of its deliveries are handled ([`Handled::say`]): their
+/// that some of its deliveries are committed ([`Committed::say`]): their
 /// aggregates go on while it settles them, and it counts as settling, no
 /// longer as handling. Dropped (as `run` is), it lets them finish: a
 /// batch is never cut between its statements.
@@ -157,10 +157,10 @@ impl<T: 'static> Default for Tasks<T> {
 /// A handled batch's aggregates and how its task ended.
 pub(crate) type Joined<T> = (Vec<Option<String>>, Result<T, JoinError>);
 
-/// How a task says which of its deliveries are handled.
-pub(crate) struct Handled(mpsc::UnboundedSender<(Id, Vec<usize>)>);
+/// How a task says which of its deliveries its commit took.
+pub(crate) struct Committed(mpsc::UnboundedSender<(Id, Vec<usize>)>);
 
-impl Handled {
+impl Committed {
     /// The deliveries at `positions` of the task's batch are handled
     /// (committed): their aggregates may go on. Said from inside the task,
     /// once.
@@ -180,11 +180,11 @@ impl<T: Send + 'static> Tasks<T> {
     pub(crate) fn spawn<F>(
         &mut self,
         aggregates: Vec<Option<String>>,
-        handling: impl FnOnce(Handled) -> F,
+        handling: impl FnOnce(Committed) -> F,
     ) where
         F: Future<Output = T> + Send + 'static,
     {
-        let id = self.set.spawn(handling(Handled(self.said.clone()))).id();
+        let id = self.set.spawn(handling(Committed(self.said.clone()))).id();
         self.aggregates
             .insert(id, aggregates.into_iter().map(Some).collect());
     }
@@ -229,7 +229,7 @@ impl<T: Send + 'static> Tasks<T> {
                 continue;
             };
             self.settling.insert(id);
-            return Some(Next::Handled(
+            return Some(Next::Committed(
                 positions
                     .into_iter()
                     .filter_map(|at| aggregates.get_mut(at).and_then(Option::take))
@@ -243,8 +243,8 @@ impl<T: Send + 'static> Tasks<T> {
 pub(crate) enum Next<T> {
     /// A task ended.
     Joined(Joined<T>),
-    /// A task said deliveries of these aggregates handled.
-    Handled(Vec<Option<String>>),
+    /// A task said deliveries of these aggregates committed.
+    Committed(Vec<Option<String>>),
 }
 
 impl<T: 'static> Drop for Tasks<T> {
@@ -330,12 +330,12 @@ mod tests {
         let mut tasks: Tasks<()> = Tasks::default();
         let leave = std::sync::Arc::new(tokio::sync::Notify::new());
         let left = leave.clone();
-        tasks.spawn(vec![a("x"), a("y"), None], |handled| async move {
-            handled.say(vec![0, 2]);
+        tasks.spawn(vec![a("x"), a("y"), None], |committed| async move {
+            committed.say(vec![0, 2]);
             left.notified().await;
         });
         assert!(!tasks.has_room(1), "one batch is handled");
-        let Some(Next::Handled(went_on)) = tasks.next().await else {
+        let Some(Next::Committed(went_on)) = tasks.next().await else {
             panic!("the task said its deliveries handled before it ended");
         };
         assert_eq!(went_on, [a("x"), None]);
@@ -357,11 +357,11 @@ mod tests {
         let leave = std::sync::Arc::new(tokio::sync::Notify::new());
         for name in ["x", "y"] {
             let left = leave.clone();
-            tasks.spawn(vec![a(name)], |handled| async move {
-                handled.say(vec![0]);
+            tasks.spawn(vec![a(name)], |committed| async move {
+                committed.say(vec![0]);
                 left.notified().await;
             });
-            assert!(matches!(tasks.next().await, Some(Next::Handled(_))));
+            assert!(matches!(tasks.next().await, Some(Next::Committed(_))));
         }
         assert!(
             !tasks.has_room(1),

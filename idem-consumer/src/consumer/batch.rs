@@ -129,7 +129,7 @@ impl<H: Handler> Consumer<H> {
     pub(super) async fn consume_batch_saying<D: Delivery>(
         &self,
         batch: &[D],
-        handled: impl FnOnce(Vec<usize>),
+        committed_by: impl FnOnce(Vec<usize>),
     ) -> Vec<Result<Settled, ConsumerError>> {
         if batch.is_empty() {
             return Vec::new();
@@ -161,7 +161,7 @@ impl<H: Handler> Consumer<H> {
             // One listing answers for every aggregate of the batch.
             let parked = committed.is_empty() || self.anything_parked().await;
             if !parked {
-                handled(committed);
+                committed_by(committed);
             }
             self.settle_batch(batch, attempts, parked).await
         }

@@ -4,12 +4,11 @@
 
 use super::*;
 
-use crate::flight::Next::{Handled, Joined};
 use crate::flight::{Lanes, Tasks};
 
 /// The deliveries being handled, each task ending in how it went.
 type Handling = Tasks<Result<(), ConsumerError>>;
-/// A batch's task ending, or saying deliveries handled.
+/// A batch's task ending, or saying deliveries committed.
 type Next = crate::flight::Next<Result<(), ConsumerError>>;
 
 /// What [`Consumer::run`] holds: the lanes of the deliveries received, the
@@ -272,9 +271,9 @@ impl<H: Handler> Consumer<H> {
             flight.due = None;
         }
         let consumer = self.clone();
-        flight.tasks.spawn(aggregates, |handled| async move {
+        flight.tasks.spawn(aggregates, |committed| async move {
             let settled = consumer
-                .consume_batch_saying(&batch, |positions| handled.say(positions))
+                .consume_batch_saying(&batch, |positions| committed.say(positions))
                 .await;
             for settled in settled {
                 if let Err(error) = settled {
@@ -285,15 +284,15 @@ impl<H: Handler> Consumer<H> {
         });
     }
 
-    /// A batch's task ended (logged), or said deliveries handled: gathers
+    /// A batch's task ended (logged), or said deliveries committed: gathers
     /// what waited for their aggregates.
     pub(super) fn went_on<D: Delivery + 'static>(&self, flight: &mut Flight<D>, next: Next) {
         let aggregates = match next {
-            Joined((aggregates, handled)) => {
+            Next::Joined((aggregates, handled)) => {
                 log_handled(handled);
                 aggregates
             }
-            Handled(aggregates) => aggregates,
+            Next::Committed(aggregates) => aggregates,
         };
         for aggregate in aggregates {
             for (aggregate, delivery) in flight.lanes.finished(aggregate.as_deref()) {
@@ -339,7 +338,7 @@ impl<H: Handler> Consumer<H> {
         let grace = self.parts.options.shutdown_grace;
         let finished = tokio::time::timeout(grace, async {
             while let Some(next) = tasks.next().await {
-                if let Joined((_, handled)) = next {
+                if let Next::Joined((_, handled)) = next {
                     log_handled(handled);
                 }
             }
